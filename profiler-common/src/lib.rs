@@ -1,0 +1,101 @@
+//! Records shared by the kernel programs (`profiler-ebpf`) and the daemon.
+//!
+//! Everything here is `#[repr(C)]` plain data: the kernel writes it into BPF
+//! maps and the daemon reads the same bytes back. The `user` feature adds
+//! `aya::Pod` so the daemon can use the types as map keys and values.
+#![no_std]
+
+/// Length of a task's `comm` in the kernel (TASK_COMM_LEN).
+pub const COMM_LEN: usize = 16;
+
+/// Deepest stack the kernel records (kernel.perf_event_max_stack default).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Entries in each of the two count maps (double-buffered).
+pub const COUNTS_ENTRIES: u32 = 16_384;
+/// Entries in each of the two stack trace maps (double-buffered).
+pub const STACKS_ENTRIES: u32 = 16_384;
+/// Processes that may be targeted at once (`--pid`, `-- COMMAND` and descendants).
+pub const TARGETS_ENTRIES: u32 = 8_192;
+/// Processes whose first appearance has been reported to the daemon.
+pub const SEEN_ENTRIES: u32 = 32_768;
+/// Bytes in the process-event ring buffer.
+pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
+
+/// A stack id that means "no stack": the kernel returned this error.
+/// Stack ids are >= 0; a negative value is `-errno` from bpf_get_stackid.
+pub type StackId = i32;
+
+/// Key of one aggregated CPU sample: who ran, and where.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SampleKey {
+    /// Process id (thread group id).
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Id in the stack map of the user stack, or `-errno`.
+    pub user_stack_id: StackId,
+    /// Id in the stack map of the kernel stack, or `-errno`.
+    pub kernel_stack_id: StackId,
+    /// The thread's name at the time of the sample.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// What a [`ProcEvent`] reports.
+pub mod proc_event {
+    /// A process was seen for the first time: snapshot its metadata now,
+    /// while it lives.
+    pub const NEW: u32 = 1;
+    /// A process called exec: its mappings changed.
+    pub const EXEC: u32 = 2;
+    /// A process's main thread exited.
+    pub const EXIT: u32 = 3;
+}
+
+/// A process life-cycle event sent to the daemon through the ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcEvent {
+    /// One of the [`proc_event`] constants.
+    pub kind: u32,
+    /// Process id.
+    pub tgid: u32,
+}
+
+/// Indices into the per-CPU `COUNTERS` array: every loss the kernel side
+/// sees is counted here.
+pub mod counter {
+    /// CPU samples taken (after filtering).
+    pub const SAMPLES: u32 = 0;
+    /// Samples dropped because the count map was full.
+    pub const COUNTS_FULL: u32 = 1;
+    /// User stacks lost (stack map full or hash collision).
+    pub const USER_STACK_LOST: u32 = 2;
+    /// Kernel stacks lost (stack map full or hash collision).
+    pub const KERNEL_STACK_LOST: u32 = 3;
+    /// Process events dropped because the ring buffer was full.
+    pub const PROC_EVENTS_LOST: u32 = 4;
+    /// Descendants added to the target set (`-- COMMAND` mode).
+    pub const FORKS_FOLLOWED: u32 = 5;
+    /// Descendants not followed because the target map was full.
+    pub const TARGETS_FULL: u32 = 6;
+    /// Number of counters.
+    pub const COUNT: u32 = 7;
+}
+
+/// Index of the one-element `CONTROL` array entries.
+pub mod control {
+    /// Which of the two count/stack buffers the kernel writes (0 or 1).
+    pub const ACTIVE_BUFFER: u32 = 0;
+    /// Number of control words.
+    pub const COUNT: u32 = 1;
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `repr(C)` data without padding or pointers.
+    unsafe impl aya::Pod for super::SampleKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcEvent {}
+}

@@ -1,0 +1,158 @@
+//! Turns what the kernel buffers held into one window's CPU samples: counts
+//! keyed by process, thread and resolved stacks, merged across drains.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use profiler_common::{COMM_LEN, SampleKey};
+
+use crate::probes::Drained;
+
+/// `-EFAULT` from bpf_get_stackid: there is no stack of that kind (a kernel
+/// thread has no user stack; a sample in user mode has no kernel stack).
+const EFAULT: i32 = -14;
+
+/// What became of one of the two stacks of a sample.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Stack {
+    /// Instruction pointers, leaf first.
+    Frames(Arc<[u64]>),
+    /// There is none (kernel thread, or a sample taken in user mode).
+    None,
+    /// The kernel could not record it (stack map full or hash collision),
+    /// or it was gone when drained.
+    Lost,
+}
+
+/// Identity of an aggregated sample within a window.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SampleId {
+    pub tgid: u32,
+    pub tid: u32,
+    pub thread: [u8; COMM_LEN],
+    pub user: Stack,
+    pub kernel: Stack,
+}
+
+impl SampleId {
+    /// The thread name as text, up to its NUL.
+    pub fn thread_name(&self) -> String {
+        let end = self.thread.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+        String::from_utf8_lossy(&self.thread[..end]).into_owned()
+    }
+}
+
+/// One window's CPU samples.
+#[derive(Default, Debug)]
+pub struct CpuWindow {
+    pub samples: HashMap<SampleId, u64>,
+    /// Stacks lost between the kernel recording them and the drain.
+    pub missing_stacks: u64,
+}
+
+impl CpuWindow {
+    /// Merges one drained buffer into the window.
+    pub fn absorb(&mut self, drained: Drained) {
+        let Drained {
+            counts,
+            stacks,
+            missing_stacks,
+        } = drained;
+        self.missing_stacks += missing_stacks;
+        // Stacks shared by several keys are shared in memory too.
+        let stacks: HashMap<u32, Arc<[u64]>> = stacks
+            .into_iter()
+            .map(|(id, ips)| (id, Arc::from(ips)))
+            .collect();
+        let resolve = |id: i32| -> Stack {
+            if id == EFAULT {
+                Stack::None
+            } else if id < 0 {
+                Stack::Lost
+            } else {
+                match stacks.get(&(id as u32)) {
+                    Some(ips) if ips.is_empty() => Stack::None,
+                    Some(ips) => Stack::Frames(ips.clone()),
+                    None => Stack::Lost,
+                }
+            }
+        };
+        for (key, count) in counts {
+            let id = sample_id(&key, resolve(key.user_stack_id), resolve(key.kernel_stack_id));
+            *self.samples.entry(id).or_insert(0) += count;
+        }
+    }
+
+    /// Total samples in the window.
+    pub fn total(&self) -> u64 {
+        self.samples.values().sum()
+    }
+
+    /// The processes that have samples in this window.
+    pub fn processes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.samples.keys().map(|id| id.tgid)
+    }
+}
+
+fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
+    SampleId {
+        tgid: key.tgid,
+        tid: key.tid,
+        thread: key.comm,
+        user,
+        kernel,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(user: i32, kernel: i32) -> SampleKey {
+        let mut comm = [0u8; COMM_LEN];
+        comm[..4].copy_from_slice(b"work");
+        SampleKey {
+            tgid: 10,
+            tid: 11,
+            user_stack_id: user,
+            kernel_stack_id: kernel,
+            comm,
+        }
+    }
+
+    #[test]
+    fn merges_drains_and_resolves_stacks() {
+        let mut window = CpuWindow::default();
+        for _ in 0..2 {
+            let mut stacks = HashMap::new();
+            stacks.insert(3, vec![0x1000, 0x2000]);
+            window.absorb(Drained {
+                counts: vec![(key(3, EFAULT), 5), (key(-17, EFAULT), 1), (key(9, 3), 2)],
+                stacks,
+                missing_stacks: 0,
+            });
+        }
+        assert_eq!(window.total(), 16);
+        let ok = SampleId {
+            tgid: 10,
+            tid: 11,
+            thread: key(0, 0).comm,
+            user: Stack::Frames(Arc::from(vec![0x1000u64, 0x2000])),
+            kernel: Stack::None,
+        };
+        assert_eq!(window.samples[&ok], 10);
+        assert_eq!(ok.thread_name(), "work");
+        let lost = SampleId {
+            user: Stack::Lost,
+            ..ok.clone()
+        };
+        assert_eq!(window.samples[&lost], 2);
+        // Stack 9 was not in the map: lost, while stack 3 resolves.
+        let partly = SampleId {
+            user: Stack::Lost,
+            kernel: Stack::Frames(Arc::from(vec![0x1000u64, 0x2000])),
+            ..ok
+        };
+        assert_eq!(window.samples[&partly], 4);
+    }
+}

@@ -1,0 +1,14 @@
+//! profilerd: a system-wide continuous profiler. The modules follow the data
+//! flow; docs/ARCHITECTURE.md maps them.
+
+pub mod config;
+pub mod drain;
+pub mod frames;
+pub mod notify;
+pub mod pprof;
+pub mod probes;
+pub mod process;
+pub mod profile_kind;
+pub mod session;
+pub mod symbolize;
+pub mod writer;

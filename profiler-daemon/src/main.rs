@@ -1,0 +1,50 @@
+//! `profilerd`: parses the command line, sets up logging and runs the
+//! session. Every failure ends in one line on stderr and a non-zero exit.
+
+use std::process::ExitCode;
+
+use profilerd::config::{ConfigError, Settings};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let settings = match Settings::parse_from(std::env::args_os()) {
+        Ok(s) => s,
+        Err(ConfigError::Help(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("profilerd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // PROFILERD_LOG (or RUST_LOG) selects log levels; info by default.
+    let filter = std::env::var("PROFILERD_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .or_else(|| EnvFilter::try_from_default_env().ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("profilerd: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(profilerd::session::run(settings)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` keeps the whole context chain on one line.
+            eprintln!("profilerd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,439 @@
+//! Builds one pprof `Profile` from symbolized samples. All five profile
+//! types share this builder: it owns the string table and the interning of
+//! mappings, functions and locations, and merges samples with the same
+//! stack and labels.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use pprof_proto as pb;
+
+use crate::frames::{Frame, Line, Mapping};
+use crate::profile_kind::ProfileKind;
+
+/// Strings of the profile, each stored once; index 0 is "" as pprof requires.
+struct StringTable {
+    strings: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl StringTable {
+    fn new() -> Self {
+        let mut index = HashMap::new();
+        index.insert(String::new(), 0);
+        Self {
+            strings: vec![String::new()],
+            index,
+        }
+    }
+
+    fn intern(&mut self, s: &str) -> i64 {
+        // Look up by &str first so a hit allocates nothing.
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.strings.len() as i64;
+        self.strings.push(s.to_owned());
+        self.index.insert(s.to_owned(), i);
+        i
+    }
+}
+
+/// A location is the same if it has the same mapping, address and lines.
+/// The lines are shared with the frame (`Arc`), so the key costs no copy.
+type LocationKey = (u64, u64, Arc<[Line]>);
+
+/// Accumulates samples of one profile type for one window.
+pub struct ProfileBuilder {
+    kind: ProfileKind,
+    period: i64,
+    time_nanos: i64,
+    duration_nanos: i64,
+    strings: StringTable,
+    mappings: Vec<pb::Mapping>,
+    mapping_ids: HashMap<Mapping, u64>,
+    functions: Vec<pb::Function>,
+    function_ids: HashMap<(i64, i64), u64>,
+    locations: Vec<pb::Location>,
+    location_ids: HashMap<LocationKey, u64>,
+    samples: Vec<pb::Sample>,
+    /// Sample key -> index into `samples`. The key is one flat vector,
+    /// `[location count, location ids.., (label key, label value)..]`, so
+    /// a lookup can borrow a reused scratch buffer as `&[u64]`.
+    sample_index: HashMap<Vec<u64>, usize>,
+    scratch: Vec<u64>,
+}
+
+impl ProfileBuilder {
+    /// Starts an empty profile of `kind` for the window that begins at
+    /// `time_nanos` (since the Unix epoch) and lasts `duration_nanos`.
+    pub fn new(kind: ProfileKind, period: i64, time_nanos: i64, duration_nanos: i64) -> Self {
+        Self {
+            kind,
+            period,
+            time_nanos,
+            duration_nanos,
+            strings: StringTable::new(),
+            mappings: Vec::new(),
+            mapping_ids: HashMap::new(),
+            functions: Vec::new(),
+            function_ids: HashMap::new(),
+            locations: Vec::new(),
+            location_ids: HashMap::new(),
+            samples: Vec::new(),
+            sample_index: HashMap::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Adds one sample. `frames`: the stack, leaf first. `values`: one per
+    /// sample type of the profile kind. `labels`: string labels (key, value).
+    /// A sample with the same stack and labels as an earlier one is merged
+    /// into it by adding the values.
+    pub fn add_sample(&mut self, frames: &[Frame], values: &[i64], labels: &[(&str, &str)]) {
+        let n_types = self.kind.sample_types().len();
+        debug_assert_eq!(
+            values.len(),
+            n_types,
+            "{} profile takes {n_types} values per sample",
+            self.kind
+        );
+
+        let mut key = std::mem::take(&mut self.scratch);
+        key.clear();
+        key.push(frames.len() as u64);
+        for frame in frames {
+            let id = self.location_id(frame);
+            key.push(id);
+        }
+        for (k, v) in labels {
+            let k = self.strings.intern(k);
+            let v = self.strings.intern(v);
+            key.push(k as u64);
+            key.push(v as u64);
+        }
+
+        if let Some(&i) = self.sample_index.get(key.as_slice()) {
+            for (acc, v) in self.samples[i].value.iter_mut().zip(values) {
+                *acc = acc.saturating_add(*v);
+            }
+            self.scratch = key;
+            return;
+        }
+
+        // Keep the profile well-formed even if a caller passed the wrong
+        // number of values: pprof rejects samples of the wrong width.
+        let mut value = values.to_vec();
+        value.resize(n_types, 0);
+        let location_id = key[1..=frames.len()].to_vec();
+        let label = key[frames.len() + 1..]
+            .chunks_exact(2)
+            .map(|kv| pb::Label {
+                key: kv[0] as i64,
+                str: kv[1] as i64,
+                ..Default::default()
+            })
+            .collect();
+        self.sample_index.insert(key, self.samples.len());
+        self.samples.push(pb::Sample {
+            location_id,
+            value,
+            label,
+        });
+    }
+
+    /// Number of distinct samples (after merging) added so far.
+    pub fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Finishes the profile.
+    pub fn build(mut self) -> pb::Profile {
+        let sample_type = self
+            .kind
+            .sample_types()
+            .iter()
+            .map(|&vt| value_type(&mut self.strings, vt))
+            .collect();
+        let period_type = Some(value_type(&mut self.strings, self.kind.period_type()));
+        pb::Profile {
+            sample_type,
+            sample: self.samples,
+            mapping: self.mappings,
+            location: self.locations,
+            function: self.functions,
+            string_table: self.strings.strings,
+            time_nanos: self.time_nanos,
+            duration_nanos: self.duration_nanos,
+            period_type,
+            period: self.period,
+            ..Default::default()
+        }
+    }
+
+    /// The id of the location for `frame`, creating it on first sight.
+    fn location_id(&mut self, frame: &Frame) -> u64 {
+        let mapping_id = match &frame.mapping {
+            Some(m) => self.mapping_id(m),
+            None => 0,
+        };
+        let key = (mapping_id, frame.address, Arc::clone(&frame.lines));
+        if let Some(&id) = self.location_ids.get(&key) {
+            return id;
+        }
+
+        let line = frame
+            .lines
+            .iter()
+            .map(|l| pb::Line {
+                function_id: self.function_id(l),
+                line: i64::from(l.line),
+                column: 0,
+            })
+            .collect();
+        if mapping_id != 0 && !frame.lines.is_empty() {
+            // Tell pprof the mapping is symbolized so it does not try again.
+            let m = &mut self.mappings[(mapping_id - 1) as usize];
+            m.has_functions = true;
+            m.has_filenames |= frame.lines.iter().any(|l| l.file.is_some());
+            m.has_line_numbers |= frame.lines.iter().any(|l| l.line != 0);
+            m.has_inline_frames |= frame.lines.len() > 1;
+        }
+
+        let id = self.locations.len() as u64 + 1;
+        self.locations.push(pb::Location {
+            id,
+            mapping_id,
+            address: frame.address,
+            line,
+            is_folded: false,
+        });
+        self.location_ids.insert(key, id);
+        id
+    }
+
+    fn mapping_id(&mut self, m: &Mapping) -> u64 {
+        if let Some(&id) = self.mapping_ids.get(m) {
+            return id;
+        }
+        let id = self.mappings.len() as u64 + 1;
+        let filename = self.strings.intern(&m.path);
+        let build_id = m.build_id.as_deref().map_or(0, |b| self.strings.intern(b));
+        self.mappings.push(pb::Mapping {
+            id,
+            memory_start: m.start,
+            memory_limit: m.limit,
+            file_offset: m.file_offset,
+            filename,
+            build_id,
+            ..Default::default()
+        });
+        self.mapping_ids.insert(m.clone(), id);
+        id
+    }
+
+    fn function_id(&mut self, l: &Line) -> u64 {
+        let name = self.strings.intern(&l.function);
+        let filename = l.file.as_deref().map_or(0, |f| self.strings.intern(f));
+        match self.function_ids.entry((name, filename)) {
+            Entry::Occupied(e) => *e.get(),
+            Entry::Vacant(e) => {
+                let id = self.functions.len() as u64 + 1;
+                self.functions.push(pb::Function {
+                    id,
+                    name,
+                    // The symbolizer gives demangled names only.
+                    system_name: name,
+                    filename,
+                    start_line: 0,
+                });
+                *e.insert(id)
+            }
+        }
+    }
+}
+
+fn value_type(strings: &mut StringTable, (ty, unit): (&str, &str)) -> pb::ValueType {
+    pb::ValueType {
+        r#type: strings.intern(ty),
+        unit: strings.intern(unit),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mapping(path: &str) -> Arc<Mapping> {
+        Arc::new(Mapping {
+            start: 0x40_0000,
+            limit: 0x50_0000,
+            file_offset: 0,
+            path: path.to_owned(),
+            build_id: Some("abcdef0123".to_owned()),
+        })
+    }
+
+    fn line(function: &str, file: &str, line: u32) -> Line {
+        Line {
+            function: function.to_owned(),
+            file: Some(file.to_owned()),
+            line,
+        }
+    }
+
+    fn frame(address: u64, m: Option<&Arc<Mapping>>, lines: Vec<Line>) -> Frame {
+        Frame {
+            address,
+            mapping: m.cloned(),
+            lines: lines.into(),
+        }
+    }
+
+    fn round_trip(b: ProfileBuilder) -> pb::Profile {
+        let p = b.build();
+        let decoded = pprof_proto::decode(&pprof_proto::encode_gzip(&p)).expect("decode");
+        assert_eq!(decoded, p);
+        decoded
+    }
+
+    fn s(p: &pb::Profile, i: i64) -> &str {
+        &p.string_table[i as usize]
+    }
+
+    #[test]
+    fn header_and_string_table() {
+        let b = ProfileBuilder::new(ProfileKind::Cpu, 10_101_010, 1_000, 60_000_000_000);
+        let p = round_trip(b);
+        assert_eq!(p.string_table[0], "");
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|vt| (s(&p, vt.r#type), s(&p, vt.unit)))
+            .collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        let pt = p.period_type.as_ref().expect("period type");
+        assert_eq!((s(&p, pt.r#type), s(&p, pt.unit)), ("cpu", "nanoseconds"));
+        assert_eq!(p.period, 10_101_010);
+        assert_eq!(p.time_nanos, 1_000);
+        assert_eq!(p.duration_nanos, 60_000_000_000);
+        assert!(p.sample.is_empty());
+        // "nanoseconds" appears in both sample and period type, stored once.
+        let mut sorted = p.string_table.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), p.string_table.len());
+    }
+
+    #[test]
+    fn dedup_and_merge() {
+        let exe = mapping("/usr/bin/app");
+        let leaf = frame(0x40_1000, Some(&exe), vec![line("work", "app.c", 10)]);
+        let main = frame(0x40_2000, Some(&exe), vec![line("main", "app.c", 20)]);
+        let other = frame(0x40_1004, Some(&exe), vec![line("work", "app.c", 11)]);
+        let mut b = ProfileBuilder::new(ProfileKind::Cpu, 1, 0, 0);
+        let labels = [("pid", "7"), ("comm", "app")];
+        b.add_sample(&[leaf.clone(), main.clone()], &[1, 100], &labels);
+        b.add_sample(&[leaf.clone(), main.clone()], &[2, 200], &labels);
+        b.add_sample(&[other, main.clone()], &[1, 100], &labels);
+        b.add_sample(&[leaf, main], &[1, 100], &[("pid", "8"), ("comm", "app")]);
+        assert_eq!(b.sample_count(), 3);
+        let p = round_trip(b);
+
+        assert_eq!(p.mapping.len(), 1);
+        let m = &p.mapping[0];
+        assert_eq!(m.id, 1);
+        assert_eq!(s(&p, m.filename), "/usr/bin/app");
+        assert_eq!(s(&p, m.build_id), "abcdef0123");
+        assert_eq!((m.memory_start, m.memory_limit), (0x40_0000, 0x50_0000));
+        assert!(m.has_functions && m.has_filenames && m.has_line_numbers);
+        assert!(!m.has_inline_frames);
+
+        // Three distinct addresses; "work" in app.c is one function.
+        assert_eq!(p.location.len(), 3);
+        assert_eq!(
+            p.location.iter().map(|l| l.id).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(p.function.len(), 2);
+        let f = &p.function[0];
+        assert_eq!((s(&p, f.name), s(&p, f.filename)), ("work", "app.c"));
+        assert_eq!(f.system_name, f.name);
+
+        assert_eq!(p.sample[0].location_id, [1, 2]);
+        assert_eq!(p.sample[0].value, [3, 300]);
+        assert_eq!(p.sample[1].location_id, [3, 2]);
+        assert_eq!(p.sample[1].value, [1, 100]);
+        let labels: Vec<_> = p.sample[2]
+            .label
+            .iter()
+            .map(|l| (s(&p, l.key), s(&p, l.str)))
+            .collect();
+        assert_eq!(labels, [("pid", "8"), ("comm", "app")]);
+
+        let mut sorted = p.string_table.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), p.string_table.len());
+    }
+
+    #[test]
+    fn inlined_frames_are_one_location() {
+        let exe = mapping("/usr/bin/app");
+        let inlined = frame(
+            0x40_1000,
+            Some(&exe),
+            vec![line("inner", "a.h", 3), line("outer", "a.c", 30)],
+        );
+        let mut b = ProfileBuilder::new(ProfileKind::Heap, 524_288, 0, 0);
+        b.add_sample(&[inlined], &[1, 2, 3, 4], &[]);
+        let p = round_trip(b);
+        assert_eq!(p.location.len(), 1);
+        let lines: Vec<_> = p.location[0]
+            .line
+            .iter()
+            .map(|l| {
+                let f = &p.function[(l.function_id - 1) as usize];
+                (s(&p, f.name), l.line)
+            })
+            .collect();
+        assert_eq!(lines, [("inner", 3), ("outer", 30)]);
+        assert!(p.mapping[0].has_inline_frames);
+        assert_eq!(p.sample[0].value, [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn unsymbolized_and_unmapped_frames() {
+        let lib = mapping("/lib/libc.so.6");
+        let bare = frame(0x7f00, Some(&lib), vec![]);
+        let nomap = frame(0xdead, None, vec![line("mystery", "?.c", 0)]);
+        let mut b = ProfileBuilder::new(ProfileKind::Offcpu, 1, 0, 0);
+        b.add_sample(&[bare, nomap], &[1, 5], &[]);
+        let p = round_trip(b);
+        assert_eq!(p.location.len(), 2);
+        let bare = &p.location[0];
+        assert_eq!((bare.address, bare.mapping_id), (0x7f00, 1));
+        assert!(bare.line.is_empty());
+        let m = &p.mapping[0];
+        assert!(!m.has_functions && !m.has_filenames && !m.has_line_numbers);
+        let nomap = &p.location[1];
+        assert_eq!((nomap.address, nomap.mapping_id), (0xdead, 0));
+        assert_eq!(nomap.line.len(), 1);
+    }
+
+    #[test]
+    fn same_frame_content_in_different_mappings_differs() {
+        let a = mapping("/a");
+        let b_map = mapping("/b");
+        let lines = vec![line("f", "f.c", 1)];
+        let mut b = ProfileBuilder::new(ProfileKind::Block, 1, 0, 0);
+        b.add_sample(&[frame(0x10, Some(&a), lines.clone())], &[1, 1], &[]);
+        b.add_sample(&[frame(0x10, Some(&b_map), lines)], &[1, 1], &[]);
+        let p = round_trip(b);
+        assert_eq!(p.mapping.len(), 2);
+        assert_eq!(p.location.len(), 2);
+        assert_eq!(p.function.len(), 1);
+        assert_eq!(p.sample.len(), 2);
+    }
+}

@@ -1,0 +1,387 @@
+//! Kernel probes: loads the embedded eBPF object, sets its globals, attaches
+//! its programs and owns its maps. Everything that touches the kernel's BPF
+//! interface lives here; the rest of the daemon sees plain Rust values.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{PerfEvent, TracePoint};
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::{SampleKey, control, counter};
+use thiserror::Error;
+
+/// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF program {0} is missing from the object")]
+    MissingProgram(&'static str),
+    #[error("eBPF map {0} is missing from the object")]
+    MissingMap(&'static str),
+    #[error("eBPF program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(String),
+    #[error("tracefs is not available at {TRACEFS} and mounting it failed: {0}")]
+    Tracefs(std::io::Error),
+    #[error("cannot read tracepoint format {path}: {reason}")]
+    Format { path: PathBuf, reason: String },
+}
+
+/// How the kernel side should behave.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Sample only processes in the target set.
+    pub filter_targets: bool,
+    /// Children of targets become targets.
+    pub follow_forks: bool,
+    /// CPU-clock samples per second per CPU.
+    pub cpu_frequency: u64,
+}
+
+/// One buffer's worth of drained data.
+#[derive(Default, Debug)]
+pub struct Drained {
+    /// Aggregated counts, summed over CPUs.
+    pub counts: Vec<(SampleKey, u64)>,
+    /// Stack id -> instruction pointers, leaf first.
+    pub stacks: std::collections::HashMap<u32, Vec<u64>>,
+    /// Stack ids that the counts referenced but the stack map no longer had.
+    pub missing_stacks: u64,
+}
+
+/// Loaded and attached probes with the maps the daemon reads.
+pub struct Probes {
+    ebpf: Ebpf,
+    targets: HashMap<MapData, u32, u8>,
+    control: Array<MapData, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    counts: [PerCpuHashMap<MapData, SampleKey, u64>; 2],
+    stacks: [StackTraceMap<MapData>; 2],
+    proc_events: Option<RingBuf<MapData>>,
+    active: u32,
+    cpu_attached: bool,
+}
+
+impl Probes {
+    /// Loads the object and attaches every program. The probes are live
+    /// when this returns.
+    pub fn load(config: &ProbeConfig) -> Result<Self, ProbeError> {
+        raise_memlock_limit();
+        ensure_tracefs()?;
+        let fork_offset = tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?;
+        let filter = u8::from(config.filter_targets);
+        let follow = u8::from(config.follow_forks);
+        let mut ebpf = EbpfLoader::new()
+            .override_global("FILTER_TARGETS", &filter, true)
+            .override_global("FOLLOW_FORKS", &follow, true)
+            .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .load(EBPF_OBJECT)
+            .map_err(ProbeError::Load)?;
+
+        let targets = HashMap::try_from(take_map(&mut ebpf, "TARGETS")?)
+            .map_err(|source| ProbeError::Map { name: "TARGETS", source })?;
+        let control = Array::try_from(take_map(&mut ebpf, "CONTROL")?)
+            .map_err(|source| ProbeError::Map { name: "CONTROL", source })?;
+        let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)
+            .map_err(|source| ProbeError::Map { name: "COUNTERS", source })?;
+        let counts = [
+            PerCpuHashMap::try_from(take_map(&mut ebpf, "COUNTS_0")?)
+                .map_err(|source| ProbeError::Map { name: "COUNTS_0", source })?,
+            PerCpuHashMap::try_from(take_map(&mut ebpf, "COUNTS_1")?)
+                .map_err(|source| ProbeError::Map { name: "COUNTS_1", source })?,
+        ];
+        let stacks = [
+            StackTraceMap::try_from(take_map(&mut ebpf, "STACKS_0")?)
+                .map_err(|source| ProbeError::Map { name: "STACKS_0", source })?,
+            StackTraceMap::try_from(take_map(&mut ebpf, "STACKS_1")?)
+                .map_err(|source| ProbeError::Map { name: "STACKS_1", source })?,
+        ];
+        let proc_events = RingBuf::try_from(take_map(&mut ebpf, "PROC_EVENTS")?)
+            .map_err(|source| ProbeError::Map { name: "PROC_EVENTS", source })?;
+
+        let mut probes = Probes {
+            ebpf,
+            targets,
+            control,
+            counters,
+            counts,
+            stacks,
+            proc_events: Some(proc_events),
+            active: 0,
+            cpu_attached: false,
+        };
+        for name in ["sched_process_fork", "sched_process_exec", "sched_process_exit"] {
+            probes.attach_tracepoint(name)?;
+        }
+        probes.attach_cpu(config.cpu_frequency)?;
+        Ok(probes)
+    }
+
+    fn attach_tracepoint(&mut self, name: &'static str) -> Result<(), ProbeError> {
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(ProbeError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .attach("sched", name)
+            .map_err(|source| ProbeError::Program { name, source })?;
+        Ok(())
+    }
+
+    fn attach_cpu(&mut self, frequency: u64) -> Result<(), ProbeError> {
+        const NAME: &str = "cpu_sample";
+        let cpus = aya::util::online_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(NAME)
+            .ok_or(ProbeError::MissingProgram(NAME))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        // A fixed period in nanoseconds of CPU clock, not a frequency: each
+        // sample then stands for exactly 1e9/HZ ns, which is what the cpu
+        // profile's period says.
+        let period = 1_000_000_000 / frequency.max(1);
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period),
+                    false,
+                )
+                .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        }
+        self.cpu_attached = true;
+        Ok(())
+    }
+
+    /// Stops CPU sampling (detaches the perf events); the maps stay readable.
+    pub fn stop_sampling(&mut self) {
+        if !self.cpu_attached {
+            return;
+        }
+        if let Some(program) = self.ebpf.program_mut("cpu_sample")
+            && let Ok(program) = <&mut PerfEvent>::try_from(program)
+            // Unloading detaches every link of the program.
+            && let Err(e) = program.unload()
+        {
+            tracing::warn!("detaching the CPU sampler failed: {e}");
+        }
+        self.cpu_attached = false;
+    }
+
+    /// Adds a process to the target set.
+    pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        self.targets
+            .insert(tgid, 1, 0)
+            .map_err(|source| ProbeError::Map { name: "TARGETS", source })
+    }
+
+    /// The processes in the kernel's target set.
+    pub fn targets(&self) -> Vec<u32> {
+        self.targets.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Removes a process from the target set (it exited).
+    pub fn remove_target(&mut self, tgid: u32) {
+        let _ = self.targets.remove(&tgid);
+    }
+
+    /// The ring buffer of process events, taken once by the caller.
+    pub fn take_proc_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.proc_events.take()
+    }
+
+    /// Makes the kernel write the other buffer; returns the one to drain.
+    /// The caller waits a moment before draining so that a program that
+    /// read the old index just before the flip has finished its update.
+    pub fn flip(&mut self) -> Result<usize, ProbeError> {
+        let old = self.active;
+        let new = 1 - old;
+        self.control
+            .set(control::ACTIVE_BUFFER, new, 0)
+            .map_err(|source| ProbeError::Map { name: "CONTROL", source })?;
+        self.active = new;
+        Ok(old as usize)
+    }
+
+    /// Reads and clears one buffer that the kernel no longer writes.
+    pub fn drain(&mut self, buffer: usize) -> Drained {
+        let mut out = Drained::default();
+        let counts = &mut self.counts[buffer];
+        let keys: Vec<SampleKey> = counts.keys().filter_map(Result::ok).collect();
+        out.counts.reserve(keys.len());
+        for key in &keys {
+            if let Ok(values) = counts.get(key, 0) {
+                let total: u64 = values.iter().sum();
+                if total > 0 {
+                    out.counts.push((*key, total));
+                }
+            }
+            let _ = counts.remove(key);
+        }
+        let stacks = &mut self.stacks[buffer];
+        let ids: Vec<u32> = stacks.stack_ids().filter_map(Result::ok).collect();
+        for id in &ids {
+            if let Ok(trace) = stacks.get(id, 0) {
+                let ips = trace.frames().iter().map(|f| f.ip).collect();
+                out.stacks.insert(*id, ips);
+            }
+            let _ = stacks.remove(id);
+        }
+        for (key, _) in &out.counts {
+            for id in [key.user_stack_id, key.kernel_stack_id] {
+                if id >= 0 && !out.stacks.contains_key(&(id as u32)) {
+                    out.missing_stacks += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// Kernel-side counters, summed over CPUs, indexed by `counter::*`.
+    pub fn counters(&self) -> [u64; counter::COUNT as usize] {
+        let mut out = [0u64; counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            if let Ok(values) = self.counters.get(&(i as u32), 0) {
+                *slot = values.iter().sum();
+            }
+        }
+        out
+    }
+
+    /// Run count and run time of each program (kernel BPF stats; zero
+    /// unless kernel.bpf_stats_enabled is set).
+    pub fn run_stats(&self) -> Vec<(String, u64, Duration)> {
+        self.ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                let info = program.info().ok()?;
+                Some((name.to_string(), info.run_count(), info.run_time()))
+            })
+            .collect()
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, ProbeError> {
+    ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones use the
+/// memory cgroup and ignore it. Raising it is harmless either way.
+fn raise_memlock_limit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if ret != 0 {
+        tracing::debug!("raising RLIMIT_MEMLOCK failed: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Tracepoints need tracefs; mount it where the kernel expects it when the
+/// system has not.
+fn ensure_tracefs() -> Result<(), ProbeError> {
+    if Path::new(TRACEFS).join("events").is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir() {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new(TRACEFS).map_err(|e| ProbeError::Tracefs(e.into()))?;
+    let fstype = c"tracefs";
+    let source = c"nodev";
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let ret = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if ret != 0 {
+        return Err(ProbeError::Tracefs(std::io::Error::last_os_error()));
+    }
+    tracing::info!("mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+fn tracefs_root() -> &'static str {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        TRACEFS
+    } else {
+        "/sys/kernel/debug/tracing"
+    }
+}
+
+/// Offset of one field of a tracepoint record, from its format file:
+/// `field:pid_t child_pid; offset:44; size:4; signed:1;` (tab-separated).
+pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Result<u32, ProbeError> {
+    let path = Path::new(tracefs_root())
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format");
+    let text = fs::read_to_string(&path).map_err(|e| ProbeError::Format {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    parse_field_offset(&text, field).ok_or_else(|| ProbeError::Format {
+        path,
+        reason: format!("no field '{field}'"),
+    })
+}
+
+fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
+    format.lines().find_map(|line| {
+        let line = line.trim();
+        let decl = line.strip_prefix("field:")?.split(';').next()?;
+        let declared = decl.split_whitespace().last()?;
+        if declared.trim_start_matches('*') != field {
+            return None;
+        }
+        let offset = line.split("offset:").nth(1)?.split(';').next()?;
+        offset.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fork_format() {
+        let format = "name: sched_process_fork\nID: 300\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:0;\n\tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;\n";
+        assert_eq!(parse_field_offset(format, "child_pid"), Some(44));
+        assert_eq!(parse_field_offset(format, "parent_pid"), Some(24));
+        assert_eq!(parse_field_offset(format, "nope"), None);
+    }
+}

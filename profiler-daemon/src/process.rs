@@ -1,0 +1,815 @@
+//! Per-process metadata that symbolization needs: the process name and its
+//! executable mappings, each with an open handle to the mapped file and the
+//! file's build ID. It is snapshotted while the process lives, so that a
+//! process that exits (or whose files are deleted) before the profile window
+//! closes can still be symbolized. The table is bounded; handles and build IDs
+//! are shared across processes by (device, inode).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use procfs::ProcError;
+use procfs::process::{LimitValue, MMPermissions, MMapPath, MemoryMap, Process};
+use tracing::{debug, warn};
+
+use crate::frames::Mapping;
+
+/// Minimum time between two re-reads of one process's mappings.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// `PF_KTHREAD` in /proc/PID/stat flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+/// Bytes of the vDSO compared to tell whether a process maps our vDSO image.
+const ELF_HEADER_LEN: usize = 64;
+/// Name given to executable memory that no file backs (JIT code), as perf does.
+const ANON_NAME: &str = "//anon";
+const DELETED_SUFFIX: &str = " (deleted)";
+
+/// Object identities are unique for the daemon's lifetime, so a cache keyed
+/// by them can never confuse a file with a later one that reuses its inode.
+static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Why a process could not be snapshotted.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("process {0} is gone")]
+    Gone(u32),
+    #[error("reading /proc/{pid}: {source}")]
+    Proc {
+        pid: u32,
+        #[source]
+        source: ProcError,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn proc_error(pid: u32, err: ProcError) -> ProcessError {
+    match err {
+        ProcError::NotFound(_) => ProcessError::Gone(pid),
+        ProcError::Io(e, _) if e.raw_os_error() == Some(libc::ESRCH) => ProcessError::Gone(pid),
+        source => ProcessError::Proc { pid, source },
+    }
+}
+
+/// Counters of the process table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Successful snapshots (first sight, exec, refresh).
+    pub snapshots: u64,
+    /// Snapshots that failed, almost always because the process was gone.
+    pub failures: u64,
+    /// Processes dropped because the table was full.
+    pub evictions: u64,
+    /// Re-reads of mappings after an address fell in no known mapping.
+    pub refreshes: u64,
+    /// Objects that got no file handle because the handle budget was spent;
+    /// they can be symbolized only while their process lives.
+    pub handle_limit_hits: u64,
+    /// Processes in the table now.
+    pub processes: usize,
+    /// File handles held now.
+    pub open_handles: usize,
+}
+
+/// Decrements the open-handle count when an object's handle is closed.
+#[derive(Debug)]
+struct HandleGuard(Arc<AtomicUsize>);
+
+impl Drop for HandleGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+enum ObjectSource {
+    /// An open handle: readable after the process exits or the file is deleted.
+    Handle(File),
+    /// A path through the live process's root; readable only while it lives.
+    LivePath(PathBuf),
+}
+
+/// A mapped ELF file (or the vDSO image) that can be read for symbols.
+#[derive(Debug)]
+pub struct ObjectFile {
+    id: u64,
+    build_id: Option<Arc<str>>,
+    source: ObjectSource,
+    _guard: Option<HandleGuard>,
+}
+
+impl ObjectFile {
+    fn new(source: ObjectSource, guard: Option<HandleGuard>) -> Self {
+        let mut object = Self {
+            id: NEXT_OBJECT_ID.fetch_add(1, Ordering::Relaxed),
+            build_id: None,
+            source,
+            _guard: guard,
+        };
+        object.build_id = object.read_build_id().map(Arc::from);
+        object
+    }
+
+    /// Identity unique to this opened file for the daemon's lifetime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Hex GNU build ID, if the file has one.
+    pub fn build_id(&self) -> Option<&Arc<str>> {
+        self.build_id.as_ref()
+    }
+
+    /// Whether the file stays readable after its process exits.
+    pub fn has_handle(&self) -> bool {
+        matches!(self.source, ObjectSource::Handle(_))
+    }
+
+    /// A path that opens this file now: `/proc/self/fd/N` for a held handle
+    /// (works for deleted files too), else the live process's root path.
+    pub fn elf_path(&self) -> PathBuf {
+        match &self.source {
+            ObjectSource::Handle(file) => {
+                PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            }
+            ObjectSource::LivePath(path) => path.clone(),
+        }
+    }
+
+    fn read_build_id(&self) -> Option<String> {
+        let path = self.elf_path();
+        match blazesym::helper::read_elf_build_id(&path) {
+            Ok(Some(bytes)) => Some(hex(&bytes)),
+            Ok(None) => None,
+            Err(err) => {
+                debug!(path = %path.display(), %err, "no build ID");
+                None
+            }
+        }
+    }
+}
+
+/// Lower-case hex, as build IDs are written.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// One executable mapping of a process and the file behind it, if any.
+#[derive(Clone, Debug)]
+pub struct MappedObject {
+    pub mapping: Arc<Mapping>,
+    /// `None` for anonymous (JIT) code or a file that could not be opened.
+    pub object: Option<Arc<ObjectFile>>,
+}
+
+impl MappedObject {
+    /// File offset of `addr`, which must lie in the mapping.
+    pub fn file_offset(&self, addr: u64) -> u64 {
+        addr.wrapping_sub(self.mapping.start)
+            .wrapping_add(self.mapping.file_offset)
+    }
+}
+
+/// What is known about one process.
+#[derive(Debug)]
+pub struct ProcessInfo {
+    pub tgid: u32,
+    /// Process name from /proc/PID/comm.
+    pub comm: String,
+    /// Executable mappings sorted by start address.
+    mappings: Vec<MappedObject>,
+    /// Tick of the exit mark, if the process exited.
+    exited: Option<u64>,
+    /// Tick of the last lookup; drives LRU eviction and pruning.
+    last_used: Cell<u64>,
+    snapshot_at: Instant,
+}
+
+impl ProcessInfo {
+    /// The mapping that contains `addr`.
+    pub fn find(&self, addr: u64) -> Option<&MappedObject> {
+        let idx = self.mappings.partition_point(|m| m.mapping.start <= addr);
+        let found = self.mappings.get(idx.checked_sub(1)?)?;
+        (addr < found.mapping.limit).then_some(found)
+    }
+
+    /// All executable mappings, sorted by start address.
+    pub fn mappings(&self) -> &[MappedObject] {
+        &self.mappings
+    }
+
+    /// Whether the process was marked exited.
+    pub fn is_exited(&self) -> bool {
+        self.exited.is_some()
+    }
+}
+
+/// File handles shared by (device, inode). It holds weak references, so a
+/// file stays open exactly as long as some process snapshot maps it.
+#[derive(Debug)]
+struct ObjectCache {
+    by_inode: HashMap<(u64, u64), Weak<ObjectFile>>,
+    open_handles: Arc<AtomicUsize>,
+    max_handles: usize,
+    sweep_at: usize,
+}
+
+impl ObjectCache {
+    fn get(&self, key: (u64, u64)) -> Option<Arc<ObjectFile>> {
+        self.by_inode.get(&key)?.upgrade()
+    }
+
+    fn insert(&mut self, key: (u64, u64), object: &Arc<ObjectFile>) {
+        if self.by_inode.len() >= self.sweep_at {
+            self.sweep();
+        }
+        self.by_inode.insert(key, Arc::downgrade(object));
+    }
+
+    fn sweep(&mut self) {
+        self.by_inode.retain(|_, object| object.strong_count() > 0);
+        self.sweep_at = (self.by_inode.len() * 2).max(1024);
+    }
+
+    /// Takes one unit of the handle budget, if any is left.
+    fn reserve(&self) -> Option<HandleGuard> {
+        let open = self.open_handles.fetch_add(1, Ordering::Relaxed);
+        let guard = HandleGuard(Arc::clone(&self.open_handles));
+        (open < self.max_handles).then_some(guard)
+    }
+}
+
+#[derive(Debug)]
+enum Vdso {
+    Unknown,
+    Unavailable,
+    Ready {
+        object: Arc<ObjectFile>,
+        header: Vec<u8>,
+        len: u64,
+    },
+}
+
+/// Bounded table of process snapshots, keyed by tgid.
+#[derive(Debug)]
+pub struct ProcessTable {
+    max_processes: usize,
+    procs: HashMap<u32, ProcessInfo>,
+    objects: ObjectCache,
+    vdso: Vdso,
+    /// Logical clock for LRU order and "used since the last prune".
+    tick: Cell<u64>,
+    last_prune: u64,
+    stats: ProcessStats,
+}
+
+impl ProcessTable {
+    /// A table of at most `max_processes` processes. The file-handle budget
+    /// is a third of the soft RLIMIT_NOFILE at this moment (the rest is left
+    /// to blazesym, which opens each file it reads once more, and to the
+    /// daemon); raise the limit before calling this to keep more handles.
+    pub fn new(max_processes: usize) -> Self {
+        Self::with_handle_limit(max_processes, default_handle_limit())
+    }
+
+    /// Like [`ProcessTable::new`] with an explicit file-handle budget.
+    pub fn with_handle_limit(max_processes: usize, max_handles: usize) -> Self {
+        Self {
+            max_processes: max_processes.max(1),
+            procs: HashMap::new(),
+            objects: ObjectCache {
+                by_inode: HashMap::new(),
+                open_handles: Arc::new(AtomicUsize::new(0)),
+                max_handles,
+                sweep_at: 1024,
+            },
+            vdso: Vdso::Unknown,
+            tick: Cell::new(0),
+            last_prune: 0,
+            stats: ProcessStats::default(),
+        }
+    }
+
+    fn bump(&self) -> u64 {
+        let tick = self.tick.get() + 1;
+        self.tick.set(tick);
+        tick
+    }
+
+    /// Snapshot now: comm, executable mappings with build IDs and a handle to
+    /// each mapped file. Replaces an older snapshot of the same pid (exec).
+    /// Returns false if the process is gone (or cannot be read).
+    pub fn snapshot(&mut self, tgid: u32) -> bool {
+        match self.read_process(tgid) {
+            Ok((comm, mappings)) => {
+                self.stats.snapshots += 1;
+                let tick = self.bump();
+                if let Some(info) = self.procs.get_mut(&tgid) {
+                    info.comm = comm;
+                    info.mappings = mappings;
+                    // A live process under a known pid: exec, or pid reuse.
+                    info.exited = None;
+                    info.last_used.set(tick);
+                    info.snapshot_at = Instant::now();
+                } else {
+                    if self.procs.len() >= self.max_processes {
+                        self.evict_one();
+                    }
+                    self.procs.insert(
+                        tgid,
+                        ProcessInfo {
+                            tgid,
+                            comm,
+                            mappings,
+                            exited: None,
+                            last_used: Cell::new(tick),
+                            snapshot_at: Instant::now(),
+                        },
+                    );
+                }
+                true
+            }
+            Err(err) => {
+                self.stats.failures += 1;
+                debug!(tgid, %err, "process snapshot failed");
+                if matches!(err, ProcessError::Gone(_)) {
+                    self.mark_exited(tgid);
+                }
+                false
+            }
+        }
+    }
+
+    /// Snapshot if not known yet.
+    pub fn ensure(&mut self, tgid: u32) {
+        if !self.procs.contains_key(&tgid) {
+            self.snapshot(tgid);
+        }
+    }
+
+    /// The snapshot of `tgid`; counts as a use for eviction and pruning.
+    pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
+        let info = self.procs.get(&tgid)?;
+        info.last_used.set(self.bump());
+        Some(info)
+    }
+
+    /// Re-read the mappings of a live process, e.g. after a dlopen. At most
+    /// once per second per process; unknown processes are snapshotted.
+    /// Returns whether a new snapshot was taken.
+    pub fn refresh(&mut self, tgid: u32) -> bool {
+        match self.procs.get(&tgid) {
+            None => self.snapshot(tgid),
+            Some(info) if info.exited.is_some() => false,
+            Some(info) if info.snapshot_at.elapsed() < REFRESH_INTERVAL => false,
+            Some(_) => {
+                self.stats.refreshes += 1;
+                self.snapshot(tgid)
+            }
+        }
+    }
+
+    /// Mark exited (from the exit event); kept until `prune`.
+    pub fn mark_exited(&mut self, tgid: u32) {
+        let tick = self.bump();
+        if let Some(info) = self.procs.get_mut(&tgid) {
+            info.exited.get_or_insert(tick);
+        }
+    }
+
+    /// Drop exited processes not used since the last prune; call at each
+    /// window end, after the window's stacks are symbolized. A process marked
+    /// exited since the last prune is kept one more window, so samples that
+    /// race its exit event are still symbolized.
+    pub fn prune(&mut self) {
+        let last = self.last_prune;
+        // An exit event can be lost (ring buffer full): find idle processes
+        // that are gone, so they do not stay until evicted.
+        let tick = self.bump();
+        for info in self.procs.values_mut() {
+            if info.exited.is_none()
+                && info.last_used.get() <= last
+                && !Path::new(&format!("/proc/{}", info.tgid)).exists()
+            {
+                info.exited = Some(tick);
+            }
+        }
+        self.procs.retain(|_, info| {
+            let stale = info.exited.is_some_and(|t| t <= last) && info.last_used.get() <= last;
+            !stale
+        });
+        self.objects.sweep();
+        self.last_prune = self.bump();
+    }
+
+    pub fn stats(&self) -> ProcessStats {
+        ProcessStats {
+            processes: self.procs.len(),
+            open_handles: self.objects.open_handles.load(Ordering::Relaxed),
+            ..self.stats
+        }
+    }
+
+    /// Drops the process that exited first, else the least recently used.
+    fn evict_one(&mut self) {
+        let victim = self
+            .procs
+            .values()
+            .filter_map(|info| info.exited.map(|t| (t, info.tgid)))
+            .min()
+            .or_else(|| {
+                self.procs
+                    .values()
+                    .map(|info| (info.last_used.get(), info.tgid))
+                    .min()
+            });
+        if let Some((_, tgid)) = victim {
+            self.procs.remove(&tgid);
+            self.stats.evictions += 1;
+            debug!(tgid, "process table full, evicted");
+        }
+    }
+
+    fn read_process(&mut self, tgid: u32) -> Result<(String, Vec<MappedObject>), ProcessError> {
+        let pid = i32::try_from(tgid).map_err(|_| ProcessError::Gone(tgid))?;
+        let proc = Process::new(pid).map_err(|e| proc_error(tgid, e))?;
+        let mut comm = String::new();
+        proc.open_relative("comm")
+            .map_err(|e| proc_error(tgid, e))?
+            .read_to_string(&mut comm)
+            .map_err(|e| proc_error(tgid, ProcError::Io(e, None)))?;
+        let comm = comm.trim_end_matches('\n').to_owned();
+        let maps = proc.maps().map_err(|e| proc_error(tgid, e))?;
+        if maps.len() == 0 {
+            // Only kernel threads have no mappings; a user process without
+            // any is exiting (its memory is already released).
+            let stat = proc.stat().map_err(|e| proc_error(tgid, e))?;
+            if stat.flags & PF_KTHREAD == 0 {
+                return Err(ProcessError::Gone(tgid));
+            }
+        }
+        let mut mappings: Vec<MappedObject> = maps
+            .iter()
+            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
+            .map(|map| self.mapped_object(&proc, tgid, map))
+            .collect();
+        mappings.sort_by_key(|m| m.mapping.start);
+        Ok((comm, mappings))
+    }
+
+    fn mapped_object(&mut self, proc: &Process, tgid: u32, map: &MemoryMap) -> MappedObject {
+        let (start, limit) = map.address;
+        let (path, object) = match &map.pathname {
+            MMapPath::Path(path) => {
+                let shown = path.to_string_lossy();
+                let (shown, deleted) = match shown.strip_suffix(DELETED_SUFFIX) {
+                    Some(stripped) => (stripped.to_owned(), true),
+                    None => (shown.into_owned(), false),
+                };
+                let object = (map.inode != 0)
+                    .then(|| self.file_object(proc, tgid, map, Path::new(&shown), deleted))
+                    .flatten();
+                (shown, object)
+            }
+            MMapPath::Vdso => ("[vdso]".to_owned(), self.vdso_object(proc, start, limit)),
+            MMapPath::Vsyscall => ("[vsyscall]".to_owned(), None),
+            MMapPath::Other(name) => (format!("[{name}]"), None),
+            _ => (ANON_NAME.to_owned(), None),
+        };
+        let mapping = Mapping {
+            start,
+            limit,
+            file_offset: map.offset,
+            path,
+            build_id: object
+                .as_ref()
+                .and_then(|o| o.build_id.as_deref().map(str::to_owned)),
+        };
+        MappedObject {
+            mapping: Arc::new(mapping),
+            object,
+        }
+    }
+
+    /// The object for a file-backed mapping: shared if already open, else a
+    /// new handle through map_files (needs CAP_SYS_ADMIN; works for deleted
+    /// files), else through the process's root (same mount namespace view).
+    fn file_object(
+        &mut self,
+        proc: &Process,
+        tgid: u32,
+        map: &MemoryMap,
+        path: &Path,
+        deleted: bool,
+    ) -> Option<Arc<ObjectFile>> {
+        let (major, minor) = map.dev;
+        let key = (((major as u64) << 32) | minor as u64, map.inode);
+        if let Some(object) = self.objects.get(key) {
+            return Some(object);
+        }
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let Some(guard) = self.objects.reserve() else {
+            self.stats.handle_limit_hits += 1;
+            if deleted {
+                return None;
+            }
+            // Readable only while the process lives; not shared for that reason.
+            let live = PathBuf::from(format!("/proc/{tgid}/root")).join(relative);
+            return Some(Arc::new(ObjectFile::new(
+                ObjectSource::LivePath(live),
+                None,
+            )));
+        };
+        let (start, limit) = map.address;
+        let file = match proc.open_relative(format!("map_files/{start:x}-{limit:x}")) {
+            Ok(file) => Some(file),
+            Err(err) if deleted => {
+                debug!(tgid, path = %path.display(), %err, "cannot open deleted mapped file");
+                None
+            }
+            Err(err) => {
+                debug!(tgid, path = %path.display(), %err, "map_files failed, trying the process root");
+                proc.open_relative(Path::new("root").join(relative))
+                    .ok()
+                    // The path may name a newer file than the one mapped.
+                    .filter(|f| f.metadata().is_ok_and(|m| m.ino() == map.inode))
+            }
+        }?;
+        let object = Arc::new(ObjectFile::new(ObjectSource::Handle(file), Some(guard)));
+        self.objects.insert(key, &object);
+        Some(object)
+    }
+
+    /// The daemon's own vDSO image, if `proc` maps the same one (the kernel
+    /// has one image per ABI; a 32-bit process maps another).
+    fn vdso_object(&mut self, proc: &Process, start: u64, limit: u64) -> Option<Arc<ObjectFile>> {
+        if matches!(self.vdso, Vdso::Unknown) {
+            self.vdso = match load_own_vdso() {
+                Ok(vdso) => vdso,
+                Err(err) => {
+                    warn!(%err, "cannot copy the vDSO; its frames stay unsymbolized");
+                    Vdso::Unavailable
+                }
+            };
+        }
+        let Vdso::Ready {
+            object,
+            header,
+            len,
+        } = &self.vdso
+        else {
+            return None;
+        };
+        if limit.checked_sub(start) != Some(*len) {
+            return None;
+        }
+        let mut theirs = [0u8; ELF_HEADER_LEN];
+        proc.open_relative("mem")
+            .ok()?
+            .read_exact_at(&mut theirs, start)
+            .ok()?;
+        (theirs[..] == header[..]).then(|| Arc::clone(object))
+    }
+}
+
+fn default_handle_limit() -> usize {
+    let soft = Process::myself()
+        .and_then(|me| me.limits())
+        .map(|limits| limits.max_open_files.soft_limit);
+    match soft {
+        Ok(LimitValue::Value(n)) => usize::try_from(n / 3).unwrap_or(usize::MAX).max(16),
+        Ok(LimitValue::Unlimited) => 1 << 20,
+        Err(_) => 256,
+    }
+}
+
+/// Copies the daemon's vDSO into a memfd so blazesym can read it as a file.
+fn load_own_vdso() -> Result<Vdso, ProcessError> {
+    let pid = std::process::id();
+    let me = Process::myself().map_err(|source| ProcessError::Proc { pid, source })?;
+    let maps = me
+        .maps()
+        .map_err(|source| ProcessError::Proc { pid, source })?;
+    let Some((start, limit)) = maps
+        .iter()
+        .find(|m| matches!(m.pathname, MMapPath::Vdso))
+        .map(|m| m.address)
+    else {
+        return Ok(Vdso::Unavailable);
+    };
+    let len = limit - start;
+    let mut image = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    me.open_relative("mem")
+        .map_err(|source| ProcessError::Proc { pid, source })?
+        .read_exact_at(&mut image, start)
+        .map_err(io_error("reading the vDSO"))?;
+    let mut file = memfd(c"profilerd-vdso").map_err(io_error("memfd_create"))?;
+    file.write_all(&image)
+        .map_err(io_error("writing the vDSO copy"))?;
+    let header = image.get(..ELF_HEADER_LEN).unwrap_or(&image).to_vec();
+    let object = ObjectFile::new(ObjectSource::Handle(file), None);
+    Ok(Vdso::Ready {
+        object: Arc::new(object),
+        header,
+        len,
+    })
+}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessError {
+    move |source| ProcessError::Io {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+fn memfd(name: &CStr) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    fn code_addr(f: fn() -> u64) -> u64 {
+        f as usize as u64
+    }
+
+    fn getpid_addr() -> u64 {
+        let getpid: unsafe extern "C" fn() -> libc::pid_t = libc::getpid;
+        getpid as usize as u64
+    }
+
+    #[inline(never)]
+    fn marker_fn() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn table_can_move_between_threads() {
+        fn assert_send<T: Send>() {}
+        assert_send::<ProcessTable>();
+    }
+
+    #[test]
+    fn snapshot_self() {
+        let pid = std::process::id();
+        let mut table = ProcessTable::new(16);
+        assert!(table.snapshot(pid));
+        let info = table.get(pid).expect("own snapshot");
+        assert!(!info.comm.is_empty());
+        let addr = code_addr(marker_fn);
+        let found = info.find(addr).expect("own code is mapped");
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(Path::new(&found.mapping.path), exe);
+        let object = found.object.as_ref().expect("handle to own executable");
+        assert!(object.has_handle());
+        assert!(found.mapping.build_id.is_some(), "{:?}", found.mapping);
+        let libc_map = info.find(getpid_addr()).expect("libc is mapped");
+        assert!(
+            libc_map.mapping.path.contains("libc"),
+            "{:?}",
+            libc_map.mapping
+        );
+        assert_eq!(
+            libc_map.mapping.build_id.as_ref().map(String::len),
+            Some(40),
+            "{:?}",
+            libc_map.mapping
+        );
+        assert!(info.find(0).is_none());
+        assert!(info.mappings().iter().any(|m| m.mapping.path == "[vdso]"));
+        // A second snapshot shares the open files.
+        let handles = table.stats().open_handles;
+        assert!(table.snapshot(pid));
+        assert_eq!(table.stats().open_handles, handles);
+        assert_eq!(table.stats().snapshots, 2);
+    }
+
+    #[test]
+    fn vanished_and_kernel_thread() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let mut table = ProcessTable::new(4);
+        assert!(!table.snapshot(pid));
+        assert!(!table.refresh(pid));
+        assert!(table.get(pid).is_none());
+        assert_eq!(table.stats().failures, 2);
+        assert!(!table.snapshot(u32::MAX));
+        // kthreadd: no mappings, but a process.
+        assert!(table.snapshot(2));
+        let info = table.get(2).unwrap();
+        assert!(info.mappings().is_empty());
+        assert_eq!(info.comm, "kthreadd");
+    }
+
+    #[test]
+    fn eviction_prefers_exited_then_lru() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let other = child.id();
+        let mut table = ProcessTable::new(2);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert!(table.snapshot(2));
+        table.mark_exited(2);
+        assert!(table.snapshot(other));
+        assert!(table.get(2).is_none(), "the exited process goes first");
+        assert_eq!(table.stats().evictions, 1);
+        table.get(pid);
+        assert!(table.snapshot(2));
+        assert!(table.get(other).is_none(), "then the least recently used");
+        assert!(table.get(pid).is_some());
+        assert_eq!(table.stats().evictions, 2);
+        assert_eq!(table.stats().processes, 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn prune_keeps_exited_process_one_window() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        table.mark_exited(pid);
+        table.prune();
+        assert!(table.get(pid).is_some(), "used after exit: kept");
+        table.prune();
+        assert!(table.get(pid).is_some(), "used in the last window: kept");
+        table.prune();
+        table.prune();
+        assert!(table.get(pid).is_none(), "unused for a window: dropped");
+    }
+
+    #[test]
+    fn refresh_is_rate_limited() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.refresh(pid), "unknown: snapshot");
+        assert!(!table.refresh(pid), "too soon");
+        assert_eq!(table.stats().refreshes, 0);
+    }
+
+    #[test]
+    fn deleted_executable_keeps_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("sleep-copy");
+        std::fs::copy("/bin/sleep", &copy).unwrap();
+        let mut child = Command::new(&copy)
+            .arg("5")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait for the exec to replace the forked image.
+        let mut exe_mapped = false;
+        for _ in 0..200 {
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+            if maps.contains("sleep-copy") {
+                exe_mapped = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(exe_mapped);
+        std::fs::remove_file(&copy).unwrap();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let info = table.get(child.id()).unwrap();
+        let exe = info
+            .mappings()
+            .iter()
+            .find(|m| m.mapping.path.ends_with("sleep-copy"))
+            .expect("the deleted file is listed without its suffix");
+        let object = exe.object.as_ref().expect("a handle to the deleted file");
+        assert!(object.has_handle());
+        assert!(exe.mapping.build_id.is_some());
+        assert!(std::fs::metadata(object.elf_path()).is_ok());
+    }
+}

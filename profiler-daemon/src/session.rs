@@ -1,0 +1,463 @@
+//! The schedule: starts the probes (and the command, if any), drains the
+//! kernel buffers every second, closes a window every `--interval` (and at
+//! exit) by symbolizing, building and writing its profiles, and decides when
+//! to stop.
+
+use std::collections::HashSet;
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{ProcEvent, counter, proc_event};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::config::Settings;
+use crate::drain::{CpuWindow, SampleId, Stack};
+use crate::frames::{Frame, Line};
+use crate::pprof::ProfileBuilder;
+use crate::probes::{ProbeConfig, Probes};
+use crate::process::ProcessTable;
+use crate::profile_kind::ProfileKind;
+use crate::symbolize::Symbolizer;
+use crate::writer::ProfileWriter;
+
+/// How often the kernel buffers are drained. Short enough that the stack
+/// maps stay far from full (a stack-map bucket collision loses a stack), long
+/// enough that draining costs little.
+const DRAIN_PERIOD: Duration = Duration::from_secs(1);
+/// How long a program that read the old buffer index may still be writing.
+const FLIP_GRACE: Duration = Duration::from_millis(2);
+/// Bound on process metadata kept at once.
+const MAX_PROCESSES: usize = 16_384;
+
+/// Why the session ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Signal(&'static str),
+    Duration,
+    TargetsGone,
+    CommandExited,
+}
+
+/// Runs the profiler until a stop condition, writing every window.
+pub async fn run(settings: Settings) -> Result<()> {
+    check_privileges()?;
+    let writer = ProfileWriter::open(&settings.output_dir)?;
+    let mut symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
+    let mut procs = ProcessTable::new(MAX_PROCESSES);
+
+    let command_mode = !settings.command.is_empty();
+    let mut probes = Probes::load(&ProbeConfig {
+        filter_targets: command_mode || !settings.pids.is_empty(),
+        follow_forks: command_mode,
+        cpu_frequency: settings.cpu_frequency,
+    })?;
+    for &pid in &settings.pids {
+        probes.add_target(pid)?;
+        procs.ensure(pid);
+    }
+    let ring = probes
+        .take_proc_events()
+        .context("process event ring buffer already taken")?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
+    // owns the ring buffer, and always reports that same fd.
+    let mut events = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .context("watching the process event ring buffer")?;
+
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+
+    tracing::info!("{}", describe(&settings));
+    let mut child = match command_mode {
+        true => Some(start_command(&settings.command, &mut probes, &mut procs)?),
+        false => None,
+    };
+    tracing::info!("ready: every probe is attached");
+    if let Err(e) = crate::notify::notify("READY=1") {
+        tracing::warn!("could not notify the service manager: {e}");
+    }
+
+    let started = Instant::now();
+    let deadline = settings.duration.map(|d| started + d);
+    let mut window = Window::new();
+    let mut drain_tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + DRAIN_PERIOD,
+        DRAIN_PERIOD,
+    );
+    let mut window_end = tokio::time::Instant::now() + settings.interval;
+    let mut live_targets: HashSet<u32> = settings.pids.iter().copied().collect();
+    let mut reported = Losses::default();
+
+    let stop = loop {
+        let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        tokio::select! {
+            _ = sigterm.recv() => break Stop::Signal("SIGTERM"),
+            _ = sigint.recv() => break Stop::Signal("SIGINT"),
+            _ = sleep_opt(until_deadline) => break Stop::Duration,
+            status = wait_child(&mut child) => {
+                match status {
+                    Ok(status) => tracing::info!("command exited: {status}"),
+                    Err(e) => tracing::warn!("waiting for the command failed: {e}"),
+                }
+                child = None;
+                break Stop::CommandExited;
+            }
+            guard = events.readable_mut() => {
+                let mut guard = guard.context("waiting for process events")?;
+                read_proc_events(guard.get_inner_mut(), &mut procs);
+                guard.clear_ready();
+            }
+            _ = drain_tick.tick() => {
+                drain_once(&mut probes, &mut window.cpu).await;
+                if !live_targets.is_empty() {
+                    live_targets.retain(|&pid| process_alive(pid));
+                    for pid in settings.pids.iter().filter(|p| !live_targets.contains(p)) {
+                        probes.remove_target(*pid);
+                    }
+                    if live_targets.is_empty() {
+                        break Stop::TargetsGone;
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(window_end) => {
+                window_end += settings.interval;
+                drain_once(&mut probes, &mut window.cpu).await;
+                read_proc_events(events.get_mut(), &mut procs);
+                let closed = std::mem::replace(&mut window, Window::new());
+                write_window(&settings, &writer, &mut symbolizer, &mut procs, closed);
+                reported.report(&probes);
+            }
+        }
+    };
+
+    // Stop sampling first so that the last window is complete and closed.
+    probes.stop_sampling();
+    tracing::info!("stopping ({stop:?}): writing the last window");
+    read_proc_events(events.get_mut(), &mut procs);
+    drain_once(&mut probes, &mut window.cpu).await;
+    // The active buffer may hold samples written during the grace period.
+    drain_once(&mut probes, &mut window.cpu).await;
+    write_window(&settings, &writer, &mut symbolizer, &mut procs, window);
+    reported.report(&probes);
+    log_run_stats(&probes);
+    if let Some(mut child) = child {
+        // We started it; on our own stop (signal or duration) leave it be as
+        // perf does, but reap it if it already finished.
+        let _ = child.try_wait();
+    }
+    Ok(())
+}
+
+/// One window: its start time and what it collected.
+struct Window {
+    start: SystemTime,
+    started: Instant,
+    cpu: CpuWindow,
+}
+
+impl Window {
+    fn new() -> Self {
+        Window {
+            start: SystemTime::now(),
+            started: Instant::now(),
+            cpu: CpuWindow::default(),
+        }
+    }
+}
+
+async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
+    let buffer = match probes.flip() {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!("cannot switch sample buffers: {e}");
+            return;
+        }
+    };
+    tokio::time::sleep(FLIP_GRACE).await;
+    cpu.absorb(probes.drain(buffer));
+}
+
+fn read_proc_events(ring: &mut RingBuf<MapData>, procs: &mut ProcessTable) {
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<ProcEvent>() {
+            continue;
+        }
+        // SAFETY: the kernel wrote a ProcEvent; read_unaligned copes with
+        // any alignment of the ring buffer's payload.
+        let event: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        match event.kind {
+            proc_event::NEW | proc_event::EXEC => {
+                procs.snapshot(event.tgid);
+            }
+            proc_event::EXIT => procs.mark_exited(event.tgid),
+            _ => {}
+        }
+    }
+}
+
+/// Symbolizes, builds and writes every enabled profile of a closed window.
+fn write_window(
+    settings: &Settings,
+    writer: &ProfileWriter,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    window: Window,
+) {
+    let duration = window.started.elapsed();
+    let time_nanos = window
+        .start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    for &kind in &settings.profiles {
+        let profile = match kind {
+            ProfileKind::Cpu => build_cpu_profile(
+                settings,
+                symbolizer,
+                procs,
+                &window.cpu,
+                time_nanos,
+                duration.as_nanos() as i64,
+            ),
+            // Refused at parse time until the probes exist.
+            _ => continue,
+        };
+        match writer.write(kind, window.start, &profile) {
+            Ok(path) => tracing::info!(
+                "wrote {} ({} samples)",
+                path.display(),
+                profile.sample.len()
+            ),
+            Err(e) => tracing::error!("writing the {kind} profile failed: {e}"),
+        }
+    }
+    procs.prune();
+}
+
+fn build_cpu_profile(
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    cpu: &CpuWindow,
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> pprof_proto::Profile {
+    let period = 1_000_000_000 / settings.cpu_frequency.max(1) as i64;
+    let mut builder = ProfileBuilder::new(ProfileKind::Cpu, period, time_nanos, duration_nanos);
+    let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for (id, &count) in &cpu.samples {
+        frames.clear();
+        procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.kernel, "kernel", |ips| {
+            symbolizer.kernel_stack(ips)
+        });
+        push_stack(&mut frames, &id.user, "user", |ips| {
+            symbolizer.user_stack(procs, id.tgid, ips)
+        });
+        let count = count as i64;
+        let labels = sample_labels(settings, procs, id);
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        builder.add_sample(&frames, &[count, count * period], &labels);
+    }
+    builder.build()
+}
+
+fn push_stack(frames: &mut Vec<Frame>, stack: &Stack, what: &str, resolve: impl FnOnce(&[u64]) -> Vec<Frame>) {
+    match stack {
+        Stack::Frames(ips) => frames.extend(resolve(ips)),
+        Stack::None => {}
+        // Visible rather than silently shorter: the sample still counts.
+        Stack::Lost => frames.push(Frame {
+            address: 0,
+            mapping: None,
+            lines: Arc::from(vec![Line {
+                function: format!("[lost {what} stack]"),
+                file: None,
+                line: 0,
+            }]),
+        }),
+    }
+}
+
+fn sample_labels(settings: &Settings, procs: &ProcessTable, id: &SampleId) -> Vec<(String, String)> {
+    let comm = procs
+        .get(id.tgid)
+        .map(|p| p.comm.clone())
+        .unwrap_or_else(|| if id.tgid == id.tid { id.thread_name() } else { String::new() });
+    let mut labels = vec![
+        ("pid".to_string(), id.tgid.to_string()),
+        ("tid".to_string(), id.tid.to_string()),
+        ("comm".to_string(), comm),
+        ("thread".to_string(), id.thread_name()),
+    ];
+    labels.extend(settings.labels.iter().cloned());
+    labels
+}
+
+/// Kernel-side losses already logged, so that each kind is logged once per
+/// window in which it grew.
+#[derive(Default)]
+struct Losses {
+    last: [u64; counter::COUNT as usize],
+}
+
+impl Losses {
+    fn report(&mut self, probes: &Probes) {
+        let now = probes.counters();
+        let names = [
+            (counter::COUNTS_FULL, "samples dropped: count map full"),
+            (counter::USER_STACK_LOST, "user stacks lost: stack map full or collision"),
+            (counter::KERNEL_STACK_LOST, "kernel stacks lost: stack map full or collision"),
+            (counter::PROC_EVENTS_LOST, "process events dropped: ring buffer full"),
+            (counter::TARGETS_FULL, "descendants not followed: target map full"),
+        ];
+        for (index, what) in names {
+            let i = index as usize;
+            if now[i] > self.last[i] {
+                tracing::warn!("{what}: {} (total {})", now[i] - self.last[i], now[i]);
+            }
+        }
+        tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
+        self.last = now;
+    }
+}
+
+fn log_run_stats(probes: &Probes) {
+    for (name, runs, time) in probes.run_stats() {
+        if runs > 0 {
+            tracing::info!(
+                "bpf program {name}: {runs} runs, {:.0} ns per run",
+                time.as_nanos() as f64 / runs as f64
+            );
+        }
+    }
+}
+
+fn describe(settings: &Settings) -> String {
+    let what = if !settings.command.is_empty() {
+        let cmd: Vec<String> = settings
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        format!("command `{}` and its descendants", cmd.join(" "))
+    } else if !settings.pids.is_empty() {
+        let pids: Vec<String> = settings.pids.iter().map(u32::to_string).collect();
+        format!("pid {}", pids.join(","))
+    } else {
+        "all processes".to_string()
+    };
+    let profiles: Vec<&str> = settings.profiles.iter().map(|k| k.name()).collect();
+    format!(
+        "profiling {what}: {} at {} Hz, a profile every {}{}, into {}",
+        profiles.join(","),
+        settings.cpu_frequency,
+        humantime::format_duration(settings.interval),
+        settings
+            .duration
+            .map(|d| format!(" for {}", humantime::format_duration(d)))
+            .unwrap_or_default(),
+        settings.output_dir.display()
+    )
+}
+
+/// Loading eBPF needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN. Checking
+/// first turns the kernel's bare EPERM into a message that says what is
+/// missing.
+fn check_privileges() -> Result<()> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(0);
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    bail!("not allowed to load eBPF programs: run as root or with CAP_BPF and CAP_PERFMON")
+}
+
+fn process_alive(pid: u32) -> bool {
+    // A zombie has a /proc entry but will never run again.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_child(child: &mut Option<tokio::process::Child>) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts the command so that its first instruction is already profiled:
+/// the child waits on a pipe until its pid is in the target set.
+fn start_command(
+    command: &[OsString],
+    probes: &mut Probes,
+    procs: &mut ProcessTable,
+) -> Result<tokio::process::Child> {
+    let (gate_read, gate_write) = pipe().context("creating the start gate")?;
+    let read_fd = gate_read.as_raw_fd();
+    let write_fd = gate_write.as_raw_fd();
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    // SAFETY: only async-signal-safe calls (close, read) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::close(write_fd);
+            let mut byte = 0u8;
+            loop {
+                let n = libc::read(read_fd, (&mut byte as *mut u8).cast(), 1);
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break;
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start command {}", command[0].to_string_lossy()))?;
+    drop(gate_read);
+    if let Some(pid) = child.id() {
+        probes.add_target(pid)?;
+        procs.ensure(pid);
+    }
+    // Writing one byte (or closing) releases the child to exec.
+    // SAFETY: valid fd owned by gate_write.
+    unsafe { libc::write(write_fd, [1u8].as_ptr().cast(), 1) };
+    drop(gate_write);
+    Ok(child)
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: valid pointer to two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}

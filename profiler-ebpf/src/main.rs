@@ -1,0 +1,231 @@
+//! Kernel-side probes of profilerd.
+//!
+//! `cpu_sample` runs on every CPU-clock tick of every online CPU; it keeps
+//! the sample only for targeted processes (when filtering is on), records
+//! the user and kernel stacks in a stack-trace map and adds one to the
+//! sample's count in a per-CPU hash map. Counts and stacks are
+//! double-buffered: the daemon flips `CONTROL[ACTIVE_BUFFER]` and drains the
+//! buffer that the kernel no longer writes, so draining never races a
+//! writer and per-CPU counts never lose an update.
+//!
+//! The process tracepoints follow descendants in `-- COMMAND` mode and tell
+//! the daemon when a process first appears, execs or exits, so that it can
+//! snapshot the process's mappings while the process still lives.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    macros::{map, perf_event, tracepoint},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
+    programs::{PerfEventContext, TracePointContext, tracing::StackIdContext},
+};
+use profiler_common::{
+    COMM_LEN, COUNTS_ENTRIES, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACKS_ENTRIES,
+    SampleKey, TARGETS_ENTRIES, control, counter, proc_event,
+};
+
+/// 1 when only processes in `TARGETS` are sampled (`--pid`, `-- COMMAND`).
+#[unsafe(no_mangle)]
+static FILTER_TARGETS: u8 = 0;
+/// 1 when children of targets become targets (`-- COMMAND` mode).
+#[unsafe(no_mangle)]
+static FOLLOW_FORKS: u8 = 0;
+/// Offset of `child_pid` in the sched_process_fork record, read by the
+/// daemon from the tracepoint's format file (it differs between kernels).
+#[unsafe(no_mangle)]
+static FORK_CHILD_PID_OFFSET: u32 = 44;
+
+#[map]
+static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+#[map]
+static SEEN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
+#[map]
+static CONTROL: Array<u32> = Array::with_max_entries(control::COUNT, 0);
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+#[map]
+static COUNTS_0: PerCpuHashMap<SampleKey, u64> =
+    PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+#[map]
+static COUNTS_1: PerCpuHashMap<SampleKey, u64> =
+    PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+#[map]
+static STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
+#[map]
+static STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
+#[map]
+static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
+
+#[inline(always)]
+fn global_u8(v: &u8) -> u8 {
+    // SAFETY: the daemon patches these read-only globals before loading;
+    // a volatile read keeps the compiler from folding the default value.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[inline(always)]
+fn count(index: u32) {
+    if let Some(c) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot; a program does not nest with itself on a CPU.
+        unsafe { *c += 1 };
+    }
+}
+
+#[inline(always)]
+fn is_target(tgid: u32) -> bool {
+    // SAFETY: the value is not used, only its presence.
+    global_u8(&FILTER_TARGETS) == 0 || unsafe { TARGETS.get(tgid).is_some() }
+}
+
+#[inline(always)]
+fn send_proc_event(kind: u32, tgid: u32) {
+    let event = ProcEvent { kind, tgid };
+    if PROC_EVENTS.output::<ProcEvent>(&event, 0).is_err() {
+        count(counter::PROC_EVENTS_LOST);
+    }
+}
+
+/// Tells the daemon about a process the first time it is sampled.
+#[inline(always)]
+fn note_process(tgid: u32) {
+    // SAFETY: presence check only.
+    if unsafe { SEEN.get(tgid).is_none() } {
+        // BPF_NOEXIST: when two CPUs race here, only one sends the event.
+        if SEEN.insert(tgid, 1u8, BPF_NOEXIST as u64).is_ok() {
+            send_proc_event(proc_event::NEW, tgid);
+        }
+    }
+}
+
+#[perf_event]
+pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // The idle task: the CPU did no work for anyone.
+    if tid == 0 || !is_target(tgid) {
+        return 0;
+    }
+    count(counter::SAMPLES);
+    note_process(tgid);
+
+    let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+    let active = CONTROL.get(control::ACTIVE_BUFFER).copied().unwrap_or(0);
+    let (stacks, counts) = if active == 0 {
+        (&STACKS_0, &COUNTS_0)
+    } else {
+        (&STACKS_1, &COUNTS_1)
+    };
+    let user_stack_id = match ctx.get_stackid(stacks, BPF_F_USER_STACK as u64) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            // -EFAULT: a kernel thread, which has no user stack. Anything
+            // else (-EEXIST on a hash collision, -ENOMEM) loses the stack.
+            if e != -14 {
+                count(counter::USER_STACK_LOST);
+            }
+            e as i32
+        }
+    };
+    let kernel_stack_id = match ctx.get_stackid(stacks, 0) {
+        Ok(id) => id as i32,
+        Err(e) => {
+            // -EFAULT is normal for a sample taken in user mode.
+            if e != -14 {
+                count(counter::KERNEL_STACK_LOST);
+            }
+            e as i32
+        }
+    };
+    let key = SampleKey {
+        tgid,
+        tid,
+        user_stack_id,
+        kernel_stack_id,
+        comm,
+    };
+    match counts.get_ptr_mut(&key) {
+        // SAFETY: this CPU's slot of a per-CPU map; no other writer.
+        Some(v) => unsafe { *v += 1 },
+        None => {
+            // Inserting from a program zeroes the other CPUs' slots.
+            if counts.insert(&key, &1u64, BPF_NOEXIST as u64).is_err() {
+                // Another CPU inserted the key first: add to our slot.
+                match counts.get_ptr_mut(&key) {
+                    // SAFETY: as above.
+                    Some(v) => unsafe { *v += 1 },
+                    None => count(counter::COUNTS_FULL),
+                }
+            }
+        }
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    if global_u8(&FOLLOW_FORKS) == 0 {
+        return 0;
+    }
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: presence check only.
+    if unsafe { TARGETS.get(parent_tgid).is_none() } {
+        return 0;
+    }
+    // SAFETY: the offset comes from this kernel's format file.
+    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
+    // SAFETY: reading a field of the tracepoint record.
+    let child: i32 = match unsafe { ctx.read_at(offset) } {
+        Ok(c) => c,
+        Err(_) => return 0,
+    };
+    // A new thread's id lands here too; sched_process_exit removes it.
+    if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
+        count(counter::FORKS_FOLLOWED);
+    } else {
+        count(counter::TARGETS_FULL);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: presence check only.
+    if unsafe { SEEN.get(tgid).is_some() } {
+        send_proc_event(proc_event::EXEC, tgid);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tid != tgid {
+        // A thread of a followed process; its id may be reused by an
+        // unrelated process later.
+        if global_u8(&FOLLOW_FORKS) != 0 {
+            let _ = TARGETS.remove(tid);
+        }
+        return 0;
+    }
+    if SEEN.remove(tgid).is_ok() {
+        send_proc_event(proc_event::EXIT, tgid);
+    }
+    0
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // SAFETY: the verifier rejects any program that could reach a panic.
+    unsafe { core::hint::unreachable_unchecked() }
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

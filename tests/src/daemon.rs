@@ -1,0 +1,178 @@
+//! Running `profilerd` under test: where the binary is, starting it with its
+//! output captured, waiting for its "ready" log line and for its exit, each
+//! with a hard bound.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{Guarded, Lines};
+
+/// How long the daemon may take to load and attach its probes.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The workspace root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives inside the workspace")
+        .to_path_buf()
+}
+
+/// The daemon binary: `$PROFILERD_BIN`, else
+/// `<workspace>/target/release/profilerd`. Panics with instructions if it is
+/// missing.
+pub fn profilerd_bin() -> PathBuf {
+    let (path, origin) = match std::env::var_os("PROFILERD_BIN") {
+        Some(p) => (PathBuf::from(p), "$PROFILERD_BIN"),
+        None => (
+            workspace_root().join("target/release/profilerd"),
+            "the default location",
+        ),
+    };
+    if !path.is_file() {
+        panic!(
+            "profilerd not found at {} ({origin}). Build it first with \
+             `cargo build --release -p profiler-daemon` (or `cargo xtask build --release`), \
+             or set PROFILERD_BIN to the binary.",
+            path.display()
+        );
+    }
+    path
+}
+
+/// The end-to-end tests load eBPF programs: they need root.
+pub fn require_root() {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the end-to-end tests must run as root (they load eBPF programs); euid is {euid}"
+    );
+}
+
+/// A `profilerd` process with stdout and stderr captured, killed (with its
+/// process group, so also a command it started) when dropped.
+pub struct Daemon {
+    proc: Guarded,
+    stdout: Lines,
+    stderr: Lines,
+    started: Instant,
+    args: Vec<String>,
+}
+
+impl Daemon {
+    /// Starts `profilerd ARGS` as root with stdin closed and logs at info.
+    pub fn start<S: AsRef<OsStr>>(args: &[S]) -> Daemon {
+        require_root();
+        let mut cmd = Command::new(profilerd_bin());
+        cmd.args(args);
+        Self::start_command(cmd)
+    }
+
+    /// Starts a prepared command that runs the daemon (for example under
+    /// `setpriv`). Its stdio is replaced by pipes (stdin: /dev/null).
+    pub fn start_command(mut cmd: Command) -> Daemon {
+        let args: Vec<String> = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env("NO_COLOR", "1")
+            .env_remove("RUST_LOG")
+            .env_remove("PROFILERD_LOG")
+            .env_remove("NOTIFY_SOCKET");
+        let mut proc = Guarded::spawn(cmd, "profilerd");
+        let stdout = proc.take_stdout().expect("stdout is piped");
+        let stderr = proc.take_stderr().expect("stderr is piped");
+        Daemon {
+            proc,
+            stdout,
+            stderr,
+            started: Instant::now(),
+            args,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Waits until the daemon logs that every probe is attached (a line with
+    /// the word "ready"). Panics with its stderr if it exits or stays silent.
+    pub fn wait_ready(&mut self) {
+        let found = self.stderr.wait_for(READY_TIMEOUT, |line| {
+            line.to_ascii_lowercase()
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .any(|word| word == "ready")
+        });
+        if let Err(why) = found {
+            let status = self.proc.try_wait();
+            panic!(
+                "profilerd did not log \"ready\" ({why}); exit status: {status:?}\n{}",
+                self.describe()
+            );
+        }
+    }
+
+    /// Waits at most `timeout` for the daemon to exit by itself. On overrun
+    /// it is killed and the test fails with its stderr.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        match self.proc.wait_timeout(timeout) {
+            Some(status) => {
+                // Everything it wrote is in the pipes by now.
+                self.stderr.finish(Duration::from_secs(2));
+                self.stdout.finish(Duration::from_secs(2));
+                status
+            }
+            None => {
+                self.proc.kill();
+                panic!(
+                    "profilerd did not exit within {timeout:?} (killed it)\n{}",
+                    self.describe()
+                );
+            }
+        }
+    }
+
+    /// Waits for the exit like [`Daemon::wait_exit`] and asserts status 0.
+    pub fn wait_success(&mut self, timeout: Duration) {
+        let status = self.wait_exit(timeout);
+        assert!(
+            status.success(),
+            "profilerd exited with {status}\n{}",
+            self.describe()
+        );
+    }
+
+    /// Sends a signal to the daemon.
+    pub fn signal(&self, signal: i32) {
+        self.proc.signal(signal);
+    }
+
+    /// Time since the daemon was started.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr.lines()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        self.stdout.text()
+    }
+
+    /// The command line and everything it logged, for failure messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "command: {}\n--- profilerd stderr ---\n{}\n--- profilerd stdout ---\n{}\n---",
+            self.args.join(" "),
+            self.stderr.text(),
+            self.stdout.text()
+        )
+    }
+}

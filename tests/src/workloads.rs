@@ -1,0 +1,165 @@
+//! The workloads in `tests/workloads/`: compiled at test time into a
+//! temporary directory (gcc or rustc, with frame pointers, bounded by a
+//! timeout) and run with their stdout captured.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use crate::process::{Guarded, Lines, run_with_timeout};
+
+/// Bound on compiling one workload.
+const COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The programs in `tests/workloads/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// `cpu_ratio.c`: burn_a and burn_b in a 3:1 ratio of measured CPU time;
+    /// `SECONDS [--wait-stdin] [--fork]`.
+    CpuRatioC,
+    /// `cpu_ratio.rs`: the same in Rust, on the main thread and on a helper
+    /// thread named `rs-helper`; `SECONDS [--wait-stdin]`.
+    CpuRatioRust,
+    /// `syscalls.c`: cheap system calls in do_syscalls;
+    /// `SECONDS [--wait-stdin]`.
+    Syscalls,
+    /// `short_lived.c`: burns in short_lived_burn, then exits;
+    /// `[SECONDS] [--wait-stdin]`.
+    ShortLived,
+}
+
+impl Workload {
+    fn source(self) -> PathBuf {
+        let file = match self {
+            Workload::CpuRatioC => "cpu_ratio.c",
+            Workload::CpuRatioRust => "cpu_ratio.rs",
+            Workload::Syscalls => "syscalls.c",
+            Workload::ShortLived => "short_lived.c",
+        };
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads").join(file)
+    }
+
+    /// Compiles the workload into `dir/exe_name` and returns that path. The
+    /// executable's name becomes the process's `comm` (see [`comm_of`]).
+    pub fn build(self, dir: &Path, exe_name: &str) -> PathBuf {
+        let out = dir.join(exe_name);
+        let src = self.source();
+        let mut cmd = match self {
+            Workload::CpuRatioRust => {
+                let mut c = Command::new("rustc");
+                c.args(["--edition", "2024", "-O", "-C", "force-frame-pointers=yes", "-g"]);
+                c
+            }
+            _ => {
+                let mut c = Command::new("gcc");
+                c.args(["-O2", "-fno-omit-frame-pointer", "-g", "-Wall"]);
+                c
+            }
+        };
+        cmd.arg("-o").arg(&out).arg(&src).current_dir(dir);
+        let output = run_with_timeout(cmd, &format!("compiling {}", src.display()), COMPILE_TIMEOUT);
+        assert!(
+            output.status.success(),
+            "compiling {} failed ({}):\n{}{}",
+            src.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        out
+    }
+}
+
+/// The `comm` the kernel gives a process running `exe`: its file name,
+/// truncated to 15 bytes.
+pub fn comm_of(exe: &Path) -> String {
+    let name = exe.file_name().expect("an executable has a file name").as_encoded_bytes();
+    String::from_utf8_lossy(&name[..name.len().min(15)]).into_owned()
+}
+
+/// A running workload: stdin piped (for `--wait-stdin`), stdout captured,
+/// stderr inherited (shows in the test's output). Killed when dropped.
+pub struct Running {
+    proc: Guarded,
+    stdout: Lines,
+}
+
+impl Running {
+    /// Starts `exe ARGS`.
+    pub fn start<S: AsRef<OsStr>>(exe: &Path, args: &[S]) -> Running {
+        let mut cmd = Command::new(exe);
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut proc = Guarded::spawn(cmd, &name);
+        let stdout = proc.take_stdout().expect("stdout is piped");
+        Running { proc, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Lets a workload started with `--wait-stdin` go: writes one byte to
+    /// its stdin and closes it.
+    pub fn release(&mut self) {
+        let mut stdin = self.proc.take_stdin().expect("stdin is piped and not yet used");
+        stdin
+            .write_all(b"g")
+            .unwrap_or_else(|e| panic!("releasing {}: {e}", self.proc.name()));
+    }
+
+    /// Waits at most `timeout` for the workload to exit successfully and
+    /// returns its stdout. Panics (after killing it) on overrun or failure.
+    pub fn finish(&mut self, timeout: Duration) -> String {
+        let status: Option<ExitStatus> = self.proc.wait_timeout(timeout);
+        let Some(status) = status else {
+            self.proc.kill();
+            panic!("workload {} did not exit within {timeout:?}", self.proc.name());
+        };
+        let out = self.stdout.finish(Duration::from_secs(2)).join("\n");
+        assert!(
+            status.success(),
+            "workload {} failed: {status}; stdout:\n{out}",
+            self.proc.name()
+        );
+        out
+    }
+
+    /// Kills the workload now (and reaps it).
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+}
+
+/// Parses the `key=value` fields (integer values) of the last line of a
+/// workload's report that contains `first_key=`.
+pub fn parse_report(stdout: &str, first_key: &str) -> BTreeMap<String, u64> {
+    let prefix = format!("{first_key}=");
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.split_whitespace().any(|w| w.starts_with(&prefix)))
+        .unwrap_or_else(|| panic!("no report line with {prefix} in the workload's output:\n{stdout}"));
+    line.split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(k, v)| {
+            let v = v
+                .parse()
+                .unwrap_or_else(|_| panic!("field {k}={v} of report line {line:?} is not an integer"));
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
+/// A field of a parsed report, or a panic naming it.
+pub fn field(report: &BTreeMap<String, u64>, key: &str) -> u64 {
+    *report
+        .get(key)
+        .unwrap_or_else(|| panic!("the workload's report has no {key}: {report:?}"))
+}

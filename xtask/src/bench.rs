@@ -1,0 +1,224 @@
+//! `cargo xtask bench`: the CPU profiler's cost, side by side with
+//! `perf record -F 99 -a -g` in the same run.
+//!
+//! Two CPUs are kept busy; profilerd profiles the whole system at 99 Hz with
+//! a profile every 10 s while perf records the same window. Reported: the
+//! daemon's CPU time (user+sys, from schedstat, steady state after
+//! readiness and whole life), its peak RSS, BPF run time per sample from the
+//! kernel's BPF statistics, and perf record's CPU time.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Length of the measured window in seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Profile interval in seconds.
+    #[arg(long, default_value_t = 10)]
+    interval: u64,
+}
+
+/// Kills and reaps a child on drop, so the bench leaves nothing running.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
+    let bin = root.join("target/release/profilerd");
+    let work = tempdir(root)?;
+    let out_dir = work.join("profiles");
+    let stats_before = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
+    fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling BPF run-time stats")?;
+    let result = measure(&bin, &work, &out_dir, &args);
+    let _ = fs::write(
+        "/proc/sys/kernel/bpf_stats_enabled",
+        if stats_before.trim().is_empty() { "0" } else { stats_before.trim() },
+    );
+    let report = result?;
+    let _ = fs::remove_dir_all(&work);
+    println!("{report}");
+    let path = root.join("target/bench-cpu.md");
+    fs::write(&path, &report)?;
+    eprintln!("report written to {}", path.display());
+    Ok(())
+}
+
+fn tempdir(root: &Path) -> Result<std::path::PathBuf> {
+    let dir = root.join("target").join(format!("bench-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<String> {
+    // Two busy CPUs: shell loops that never make a syscall.
+    let burners: Vec<Reaped> = (0..2)
+        .map(|_| {
+            Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .map(Reaped)
+        })
+        .collect::<std::io::Result<_>>()?;
+
+    let window = Duration::from_secs(args.seconds);
+    let mut daemon = Reaped(
+        Command::new(bin)
+            .args([
+                "--output-dir",
+                &out_dir.to_string_lossy(),
+                "--interval",
+                &format!("{}s", args.interval),
+                "--cpu-frequency",
+                "99",
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting profilerd")?,
+    );
+    let pid = daemon.0.id();
+    let stderr = daemon.0.stderr.take().context("daemon stderr")?;
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let ready_by = Instant::now() + Duration::from_secs(30);
+    loop {
+        let line = rx
+            .recv_timeout(ready_by.saturating_duration_since(Instant::now()))
+            .context("profilerd did not become ready within 30 s")?;
+        eprintln!("profilerd: {line}");
+        if line.contains("ready") {
+            break;
+        }
+    }
+    let daemon_cpu_ready = task_cpu_ns(pid)?;
+
+    let perf_data = work.join("perf.data");
+    let perf = Command::new("perf")
+        .args(["record", "-F", "99", "-a", "-g", "-q", "-o"])
+        .arg(&perf_data)
+        .args(["--", "sleep", &args.seconds.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting perf record")?;
+    let perf_pid = perf.id();
+    std::mem::forget(perf); // reaped by wait4 below, which gives its rusage
+    let started = Instant::now();
+    std::thread::sleep(window);
+    let daemon_cpu_end = task_cpu_ns(pid)?;
+    let peak_rss_kib = status_field(pid, "VmHWM:")?;
+    let perf_cpu_ns = wait_rusage(perf_pid)?;
+    let elapsed = started.elapsed();
+
+    // SIGTERM: the daemon writes its last window and logs BPF run stats.
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let mut bpf_line = None;
+    let stop_by = Instant::now() + Duration::from_secs(10);
+    while let Ok(line) = rx.recv_timeout(stop_by.saturating_duration_since(Instant::now())) {
+        if line.contains("bpf program cpu_sample") {
+            bpf_line = Some(line.clone());
+        }
+        eprintln!("profilerd: {line}");
+    }
+    let status = daemon.0.wait()?;
+    let _ = reader.join();
+    if !status.success() {
+        bail!("profilerd exited with {status}");
+    }
+    drop(burners);
+    let daemon_total_ns = daemon_cpu_end; // whole life until the end of the window
+    let files = fs::read_dir(out_dir)?.count();
+
+    let secs = elapsed.as_secs_f64();
+    let daemon_ns = (daemon_cpu_end - daemon_cpu_ready) as f64;
+    let daemon_share = daemon_ns / (secs * 1e9) * 100.0;
+    let perf_share = perf_cpu_ns as f64 / (secs * 1e9) * 100.0;
+    let (runs, ns_per_run) = bpf_line
+        .as_deref()
+        .and_then(parse_bpf_line)
+        .unwrap_or((0, f64::NAN));
+    let perf_size = fs::metadata(&perf_data).map(|m| m.len()).unwrap_or(0);
+    Ok(format!(
+        "| measure | value |\n|---|---|\n\
+         | window | {secs:.1} s, 2 busy CPUs, 99 Hz, system-wide, profile every {interval} s |\n\
+         | profilerd CPU, steady state (ready → end of window) | {daemon_ms:.1} ms = {daemon_share:.3}% of one core |\n\
+         | profilerd CPU, whole life incl. start-up | {total_ms:.1} ms |\n\
+         | perf record -F 99 -a -g CPU (same window, incl. its exit processing) | {perf_ms:.1} ms = {perf_share:.3}% of one core |\n\
+         | profilerd / perf record CPU | {ratio:.2} |\n\
+         | profilerd peak RSS (VmHWM) | {rss:.1} MiB |\n\
+         | BPF cpu_sample runs / time per run | {runs} / {ns_per_run:.0} ns |\n\
+         | profiles written / perf.data size | {files} / {perf_mib:.1} MiB |\n",
+        interval = args.interval,
+        daemon_ms = daemon_ns / 1e6,
+        total_ms = daemon_total_ns as f64 / 1e6,
+        perf_ms = perf_cpu_ns as f64 / 1e6,
+        ratio = daemon_ns / perf_cpu_ns.max(1) as f64,
+        rss = peak_rss_kib as f64 / 1024.0,
+        perf_mib = perf_size as f64 / (1024.0 * 1024.0),
+    ))
+}
+
+/// On-CPU time of every thread of `pid`, in ns (schedstat: exact, unlike
+/// the 10 ms ticks of /proc/PID/stat).
+fn task_cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
+        let path = entry?.path().join("schedstat");
+        let text = fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
+
+fn status_field(pid: u32, field: &str) -> Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Waits for a child and returns its user+sys CPU time in ns.
+fn wait_rusage(pid: u32) -> Result<u64> {
+    let mut status = 0;
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers; pid is our own child.
+    let ret = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
+    if ret < 0 {
+        bail!("wait4 on perf failed: {}", std::io::Error::last_os_error());
+    }
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    Ok(tv(usage.ru_utime) + tv(usage.ru_stime))
+}
+
+/// Parses "bpf program cpu_sample: N runs, X ns per run".
+fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
+    let rest = line.split("cpu_sample:").nth(1)?;
+    let mut words = rest.split_whitespace();
+    let runs = words.next()?.parse().ok()?;
+    let ns = rest.split(", ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some((runs, ns))
+}

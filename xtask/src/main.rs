@@ -1,0 +1,190 @@
+//! Project tasks: `cargo xtask setup|build|run|test|bench`.
+//!
+//! Each task first installs what it lacks on a fresh machine (nightly's
+//! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof`, perf for
+//! the benchmark), so that one command runs the profiler and one runs every
+//! test.
+
+mod bench;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "profilerd project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building and testing need, if missing.
+    Setup,
+    /// Build the daemon (the eBPF object is built and embedded).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build in release mode and run profilerd with the given arguments.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run every check and test: fmt, clippy, unit and end-to-end tests.
+    Test {
+        /// Skip fmt and clippy.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Measure the daemon's cost against perf record (writes a report).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.task {
+        Task::Setup => setup(false),
+        Task::Build { release } => {
+            setup(false)?;
+            build(release)
+        }
+        Task::Run { args } => {
+            setup(false)?;
+            build(true)?;
+            let bin = root().join("target/release/profilerd");
+            let status = Command::new(&bin)
+                .args(&args)
+                .status()
+                .with_context(|| format!("running {}", bin.display()))?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Task::Test { quick } => {
+            setup(true)?;
+            test(quick)
+        }
+        Task::Bench(args) => {
+            setup(true)?;
+            build(true)?;
+            bench::run(&root(), args)
+        }
+    }
+}
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd} >/dev/null 2>&1")])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("+ {cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs what is missing; idempotent. `for_tests` adds the test and
+/// benchmark tools (go, perf).
+fn setup(for_tests: bool) -> Result<()> {
+    let rust_src = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .unwrap_or_default();
+    if !rust_src.lines().any(|l| l.starts_with("rust-src")) {
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+    }
+    let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if !linker.contains("0.10.4") {
+        run(Command::new("cargo").args([
+            "install",
+            "bpf-linker",
+            "--version",
+            "0.10.4",
+            "--locked",
+            "--force",
+        ]))?;
+    }
+    let mut packages = Vec::new();
+    if !have("gcc") {
+        packages.push("gcc");
+    }
+    if for_tests {
+        if !have("go") && !Path::new("/usr/lib/go/bin/go").exists() {
+            packages.push("golang-go");
+        }
+        if !have("perf") {
+            packages.push("linux-perf");
+        }
+        if !have("setpriv") {
+            packages.push("util-linux");
+        }
+    }
+    if !packages.is_empty() {
+        run(Command::new("apt-get").arg("update").arg("-qq"))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    Ok(())
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+fn build(release: bool) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--package", "profiler-daemon"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)
+}
+
+fn test(quick: bool) -> Result<()> {
+    if !quick {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+    }
+    build(true)?;
+    run(cargo().args([
+        "test",
+        "--release",
+        "--workspace",
+        "--exclude",
+        "profiler-tests",
+    ]))?;
+    // End-to-end tests measure CPU shares: one at a time, on an idle machine.
+    run(cargo()
+        .args(["test", "--release", "--package", "profiler-tests", "--", "--test-threads=1"])
+        .env("PROFILERD_BIN", root().join("target/release/profilerd")))
+}
