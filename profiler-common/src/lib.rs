@@ -13,7 +13,8 @@ pub const MAX_STACK_DEPTH: usize = 127;
 
 /// Entries in each of the two count maps (double-buffered).
 pub const COUNTS_ENTRIES: u32 = 16_384;
-/// Entries in each of the two stack trace maps (double-buffered).
+/// Entries in each of the two stack maps (double-buffered; allocated as
+/// used, so an idle system pays little for a large bound).
 pub const STACKS_ENTRIES: u32 = 16_384;
 /// Processes that may be targeted at once (`--pid`, `-- COMMAND` and descendants).
 pub const TARGETS_ENTRIES: u32 = 8_192;
@@ -22,9 +23,23 @@ pub const SEEN_ENTRIES: u32 = 32_768;
 /// Bytes in the process-event ring buffer.
 pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
 
-/// A stack id that means "no stack": the kernel returned this error.
-/// Stack ids are >= 0; a negative value is `-errno` from bpf_get_stackid.
-pub type StackId = i32;
+/// Identity of a recorded stack: a 64-bit hash of its frames, the key of
+/// the stack map. Two values are reserved.
+pub type StackHash = u64;
+/// There is no stack of this kind (a kernel thread has no user stack; a
+/// sample taken in user mode has no kernel stack).
+pub const STACK_NONE: StackHash = 0;
+/// The stack could not be recorded (stack map full, or the kernel failed to
+/// walk it); the sample still counts.
+pub const STACK_LOST: StackHash = 1;
+
+/// One recorded stack: `len` instruction pointers, leaf first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Stack {
+    pub len: u64,
+    pub ips: [u64; MAX_STACK_DEPTH],
+}
 
 /// Key of one aggregated CPU sample: who ran, and where.
 #[repr(C)]
@@ -34,10 +49,10 @@ pub struct SampleKey {
     pub tgid: u32,
     /// Thread id.
     pub tid: u32,
-    /// Id in the stack map of the user stack, or `-errno`.
-    pub user_stack_id: StackId,
-    /// Id in the stack map of the kernel stack, or `-errno`.
-    pub kernel_stack_id: StackId,
+    /// The user stack, or [`STACK_NONE`] / [`STACK_LOST`].
+    pub user_stack: StackHash,
+    /// The kernel stack, or [`STACK_NONE`] / [`STACK_LOST`].
+    pub kernel_stack: StackHash,
     /// The thread's name at the time of the sample.
     pub comm: [u8; COMM_LEN],
 }
@@ -70,9 +85,9 @@ pub mod counter {
     pub const SAMPLES: u32 = 0;
     /// Samples dropped because the count map was full.
     pub const COUNTS_FULL: u32 = 1;
-    /// User stacks lost (stack map full or hash collision).
+    /// User stacks lost (stack map full, or the walk failed).
     pub const USER_STACK_LOST: u32 = 2;
-    /// Kernel stacks lost (stack map full or hash collision).
+    /// Kernel stacks lost (stack map full, or the walk failed).
     pub const KERNEL_STACK_LOST: u32 = 3;
     /// Process events dropped because the ring buffer was full.
     pub const PROC_EVENTS_LOST: u32 = 4;
@@ -98,4 +113,6 @@ mod user {
     unsafe impl aya::Pod for super::SampleKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Stack {}
 }

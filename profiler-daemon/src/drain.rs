@@ -4,13 +4,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use profiler_common::{COMM_LEN, SampleKey};
+use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
 use crate::probes::Drained;
-
-/// `-EFAULT` from bpf_get_stackid: there is no stack of that kind (a kernel
-/// thread has no user stack; a sample in user mode has no kernel stack).
-const EFAULT: i32 = -14;
 
 /// What became of one of the two stacks of a sample.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -19,7 +15,7 @@ pub enum Stack {
     Frames(Arc<[u64]>),
     /// There is none (kernel thread, or a sample taken in user mode).
     None,
-    /// The kernel could not record it (stack map full or hash collision),
+    /// The kernel could not record it (stack map full, or the walk failed),
     /// or it was gone when drained.
     Lost,
 }
@@ -53,34 +49,34 @@ pub struct CpuWindow {
 impl CpuWindow {
     /// Merges one drained buffer into the window.
     pub fn absorb(&mut self, drained: Drained) {
-        let Drained {
-            counts,
-            stacks,
-            missing_stacks,
-        } = drained;
-        self.missing_stacks += missing_stacks;
+        let Drained { counts, stacks } = drained;
         // Stacks shared by several keys are shared in memory too.
-        let stacks: HashMap<u32, Arc<[u64]>> = stacks
+        let stacks: HashMap<StackHash, Arc<[u64]>> = stacks
             .into_iter()
-            .map(|(id, ips)| (id, Arc::from(ips)))
+            .map(|(hash, ips)| (hash, Arc::from(ips)))
             .collect();
-        let resolve = |id: i32| -> Stack {
-            if id == EFAULT {
-                Stack::None
-            } else if id < 0 {
-                Stack::Lost
-            } else {
-                match stacks.get(&(id as u32)) {
+        let mut missing = 0;
+        let mut resolve = |hash: StackHash| -> Stack {
+            match hash {
+                STACK_NONE => Stack::None,
+                STACK_LOST => Stack::Lost,
+                _ => match stacks.get(&hash) {
                     Some(ips) if ips.is_empty() => Stack::None,
                     Some(ips) => Stack::Frames(ips.clone()),
-                    None => Stack::Lost,
-                }
+                    None => {
+                        missing += 1;
+                        Stack::Lost
+                    }
+                },
             }
         };
         for (key, count) in counts {
-            let id = sample_id(&key, resolve(key.user_stack_id), resolve(key.kernel_stack_id));
+            let user = resolve(key.user_stack);
+            let kernel = resolve(key.kernel_stack);
+            let id = sample_id(&key, user, kernel);
             *self.samples.entry(id).or_insert(0) += count;
         }
+        self.missing_stacks += missing;
     }
 
     /// Total samples in the window.
@@ -108,14 +104,14 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
 mod tests {
     use super::*;
 
-    fn key(user: i32, kernel: i32) -> SampleKey {
+    fn key(user: StackHash, kernel: StackHash) -> SampleKey {
         let mut comm = [0u8; COMM_LEN];
         comm[..4].copy_from_slice(b"work");
         SampleKey {
             tgid: 10,
             tid: 11,
-            user_stack_id: user,
-            kernel_stack_id: kernel,
+            user_stack: user,
+            kernel_stack: kernel,
             comm,
         }
     }
@@ -127,9 +123,12 @@ mod tests {
             let mut stacks = HashMap::new();
             stacks.insert(3, vec![0x1000, 0x2000]);
             window.absorb(Drained {
-                counts: vec![(key(3, EFAULT), 5), (key(-17, EFAULT), 1), (key(9, 3), 2)],
+                counts: vec![
+                    (key(3, STACK_NONE), 5),
+                    (key(STACK_LOST, STACK_NONE), 1),
+                    (key(9, 3), 2),
+                ],
                 stacks,
-                missing_stacks: 0,
             });
         }
         assert_eq!(window.total(), 16);
@@ -148,6 +147,7 @@ mod tests {
         };
         assert_eq!(window.samples[&lost], 2);
         // Stack 9 was not in the map: lost, while stack 3 resolves.
+        assert_eq!(window.missing_stacks, 2);
         let partly = SampleId {
             user: Stack::Lost,
             kernel: Stack::Frames(Arc::from(vec![0x1000u64, 0x2000])),

@@ -1,6 +1,7 @@
 //! profilerd: a system-wide continuous profiler. The modules follow the data
 //! flow; docs/ARCHITECTURE.md maps them.
 
+pub mod batch;
 pub mod config;
 pub mod drain;
 pub mod frames;

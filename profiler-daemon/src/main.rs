@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -46,5 +47,20 @@ fn main() -> ExitCode {
             eprintln!("profilerd: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The symbolizer keeps a handle on every mapped file it may need after the
+/// process exits; the soft limit of 1024 would cap that early.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 && limit.rlim_cur < limit.rlim_max {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: valid pointer; raising the soft limit up to the hard one is always allowed.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     }
 }

@@ -6,7 +6,7 @@
 //! are shared across processes by (device, inode).
 
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -25,6 +25,11 @@ use crate::frames::Mapping;
 
 /// Minimum time between two re-reads of one process's mappings.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// A snapshot taken right after exec sees only the executable and the
+/// dynamic loader; libraries are mapped (or dlopened) moments later. Each
+/// snapshot is re-read once after each of these delays while the process
+/// lives, so that a short-lived process still has its libraries recorded.
+const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
 /// `PF_KTHREAD` in /proc/PID/stat flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
 /// Bytes of the vDSO compared to tell whether a process maps our vDSO image.
@@ -75,6 +80,8 @@ pub struct ProcessStats {
     pub evictions: u64,
     /// Re-reads of mappings after an address fell in no known mapping.
     pub refreshes: u64,
+    /// Re-reads of mappings shortly after a snapshot (see `settle`).
+    pub settles: u64,
     /// Objects that got no file handle because the handle budget was spent;
     /// they can be symbolized only while their process lives.
     pub handle_limit_hits: u64,
@@ -279,6 +286,8 @@ pub struct ProcessTable {
     /// Logical clock for LRU order and "used since the last prune".
     tick: Cell<u64>,
     last_prune: u64,
+    /// Snapshots waiting for their re-read, one queue per settle delay.
+    settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
     stats: ProcessStats,
 }
 
@@ -305,6 +314,7 @@ impl ProcessTable {
             vdso: Vdso::Unknown,
             tick: Cell::new(0),
             last_prune: 0,
+            settling: Default::default(),
             stats: ProcessStats::default(),
         }
     }
@@ -319,17 +329,55 @@ impl ProcessTable {
     /// each mapped file. Replaces an older snapshot of the same pid (exec).
     /// Returns false if the process is gone (or cannot be read).
     pub fn snapshot(&mut self, tgid: u32) -> bool {
+        self.settle();
+        self.take_snapshot(tgid, 0)
+    }
+
+    /// Re-reads, once per settle delay, the mappings of processes
+    /// snapshotted that long ago, while they live. Runs from `snapshot`,
+    /// `ensure`, `refresh` and `prune`; call it also from the event loop
+    /// (every few milliseconds) so that it runs when no events come.
+    pub fn settle(&mut self) {
+        for (stage, delay) in SETTLE_DELAYS.iter().enumerate() {
+            while let Some(&(at, tgid)) = self.settling[stage].front() {
+                if at.elapsed() < *delay {
+                    break;
+                }
+                self.settling[stage].pop_front();
+                // Skip it if the process exited or was re-read since.
+                let due = self
+                    .procs
+                    .get(&tgid)
+                    .is_some_and(|info| info.exited.is_none() && info.snapshot_at == at);
+                if due {
+                    self.stats.settles += 1;
+                    self.take_snapshot(tgid, stage + 1);
+                }
+            }
+        }
+    }
+
+    /// Reads the process and, if `settle_stage` names a settle delay, queues
+    /// the re-read after it.
+    fn take_snapshot(&mut self, tgid: u32, settle_stage: usize) -> bool {
         match self.read_process(tgid) {
             Ok((comm, mappings)) => {
                 self.stats.snapshots += 1;
                 let tick = self.bump();
+                let now = Instant::now();
+                if let Some(queue) = self.settling.get_mut(settle_stage) {
+                    if queue.len() >= self.max_processes {
+                        queue.pop_front();
+                    }
+                    queue.push_back((now, tgid));
+                }
                 if let Some(info) = self.procs.get_mut(&tgid) {
                     info.comm = comm;
                     info.mappings = mappings;
                     // A live process under a known pid: exec, or pid reuse.
                     info.exited = None;
                     info.last_used.set(tick);
-                    info.snapshot_at = Instant::now();
+                    info.snapshot_at = now;
                 } else {
                     if self.procs.len() >= self.max_processes {
                         self.evict_one();
@@ -342,7 +390,7 @@ impl ProcessTable {
                             mappings,
                             exited: None,
                             last_used: Cell::new(tick),
-                            snapshot_at: Instant::now(),
+                            snapshot_at: now,
                         },
                     );
                 }
@@ -361,6 +409,7 @@ impl ProcessTable {
 
     /// Snapshot if not known yet.
     pub fn ensure(&mut self, tgid: u32) {
+        self.settle();
         if !self.procs.contains_key(&tgid) {
             self.snapshot(tgid);
         }
@@ -377,13 +426,14 @@ impl ProcessTable {
     /// once per second per process; unknown processes are snapshotted.
     /// Returns whether a new snapshot was taken.
     pub fn refresh(&mut self, tgid: u32) -> bool {
+        self.settle();
         match self.procs.get(&tgid) {
-            None => self.snapshot(tgid),
+            None => self.take_snapshot(tgid, 0),
             Some(info) if info.exited.is_some() => false,
             Some(info) if info.snapshot_at.elapsed() < REFRESH_INTERVAL => false,
             Some(_) => {
                 self.stats.refreshes += 1;
-                self.snapshot(tgid)
+                self.take_snapshot(tgid, SETTLE_DELAYS.len())
             }
         }
     }
@@ -401,6 +451,7 @@ impl ProcessTable {
     /// exited since the last prune is kept one more window, so samples that
     /// race its exit event are still symbolized.
     pub fn prune(&mut self) {
+        self.settle();
         let last = self.last_prune;
         // An exit event can be lost (ring buffer full): find idle processes
         // that are gone, so they do not stay until evicted.
@@ -652,7 +703,7 @@ fn memfd(name: &CStr) -> io::Result<File> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::process::{Command, Stdio};
 
@@ -764,6 +815,44 @@ mod tests {
         table.prune();
         table.prune();
         assert!(table.get(pid).is_none(), "unused for a window: dropped");
+    }
+
+    /// Waits until the process maps a file whose path contains `name`.
+    pub(crate) fn wait_for_mapping(pid: u32, name: &str) {
+        for _ in 0..400 {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if maps.contains(name) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("{pid} never mapped {name}");
+    }
+
+    #[test]
+    fn settle_records_libraries_mapped_after_exec() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(pid));
+        wait_for_mapping(pid, "libc.so");
+        std::thread::sleep(SETTLE_DELAYS[0]);
+        table.settle();
+        assert_eq!(table.stats().settles, 1);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let info = table.get(pid).unwrap();
+        assert!(
+            info.mappings()
+                .iter()
+                .any(|m| m.mapping.path.contains("libc.so")),
+            "{:?}",
+            info.mappings()
+        );
+        // The second re-read finds the process gone and marks it exited.
+        std::thread::sleep(SETTLE_DELAYS[1]);
+        table.settle();
+        assert!(table.get(pid).unwrap().is_exited());
     }
 
     #[test]

@@ -114,6 +114,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             _ = drain_tick.tick() => {
                 drain_once(&mut probes, &mut window.cpu).await;
+                procs.settle();
                 if !live_targets.is_empty() {
                     live_targets.retain(|&pid| process_alive(pid));
                     for pid in settings.pids.iter().filter(|p| !live_targets.contains(p)) {
@@ -136,6 +137,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     };
 
     // Stop sampling first so that the last window is complete and closed.
+    log_run_stats(&probes);
     probes.stop_sampling();
     tracing::info!("stopping ({stop:?}): writing the last window");
     read_proc_events(events.get_mut(), &mut procs);
@@ -144,7 +146,6 @@ pub async fn run(settings: Settings) -> Result<()> {
     drain_once(&mut probes, &mut window.cpu).await;
     write_window(&settings, &writer, &mut symbolizer, &mut procs, window);
     reported.report(&probes);
-    log_run_stats(&probes);
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
         // perf does, but reap it if it already finished.
@@ -179,7 +180,10 @@ async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
         }
     };
     tokio::time::sleep(FLIP_GRACE).await;
-    cpu.absorb(probes.drain(buffer));
+    match probes.drain(buffer) {
+        Ok(drained) => cpu.absorb(drained),
+        Err(e) => tracing::warn!("{e}"),
+    }
 }
 
 fn read_proc_events(ring: &mut RingBuf<MapData>, procs: &mut ProcessTable) {
@@ -215,6 +219,7 @@ fn write_window(
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
     for &kind in &settings.profiles {
+        let began = Instant::now();
         let profile = match kind {
             ProfileKind::Cpu => build_cpu_profile(
                 settings,
@@ -227,16 +232,20 @@ fn write_window(
             // Refused at parse time until the probes exist.
             _ => continue,
         };
+        let built = began.elapsed();
         match writer.write(kind, window.start, &profile) {
             Ok(path) => tracing::info!(
-                "wrote {} ({} samples)",
+                "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
-                profile.sample.len()
+                profile.sample.len(),
+                built.as_secs_f64() * 1e3,
+                (began.elapsed() - built).as_secs_f64() * 1e3,
             ),
             Err(e) => tracing::error!("writing the {kind} profile failed: {e}"),
         }
     }
     procs.prune();
+    symbolizer.release_unused();
 }
 
 fn build_cpu_profile(
@@ -311,8 +320,8 @@ impl Losses {
         let now = probes.counters();
         let names = [
             (counter::COUNTS_FULL, "samples dropped: count map full"),
-            (counter::USER_STACK_LOST, "user stacks lost: stack map full or collision"),
-            (counter::KERNEL_STACK_LOST, "kernel stacks lost: stack map full or collision"),
+            (counter::USER_STACK_LOST, "user stacks lost: stack map full or walk failed"),
+            (counter::KERNEL_STACK_LOST, "kernel stacks lost: stack map full or walk failed"),
             (counter::PROC_EVENTS_LOST, "process events dropped: ring buffer full"),
             (counter::TARGETS_FULL, "descendants not followed: target map full"),
         ];

@@ -347,10 +347,11 @@ impl Symbolizer {
         pending.sort_unstable();
         pending.dedup();
         let mut resolved = self.resolve_kernel(&pending);
+        // Only kernel-half addresses are worth a reload; others are junk.
         let unknown: Vec<u64> = pending
             .iter()
             .copied()
-            .filter(|addr| !resolved.contains_key(addr))
+            .filter(|addr| addr >> 63 == 1 && !resolved.contains_key(addr))
             .collect();
         if !unknown.is_empty() && self.kallsyms_loaded.elapsed() >= KALLSYMS_RELOAD_INTERVAL {
             debug!(
@@ -416,7 +417,7 @@ impl Symbolizer {
 
     /// Releases what blazesym holds (open file, parsed symbols) for objects
     /// that no process snapshot uses any more. Runs by itself every
-    /// [`RELEASE_EVERY`] user stacks; call it after [`ProcessTable::prune`]
+    /// 1024 user stacks; call it after [`ProcessTable::prune`]
     /// to release promptly.
     pub fn release_unused(&mut self) {
         let dead: Vec<u64> = self
@@ -628,7 +629,6 @@ mod tests {
             .iter()
             .map(|l| l.function.as_str())
             .collect();
-        println!("{:?}", frames[0].lines);
         assert!(names.len() >= 2, "{names:?}");
         assert!(names[0].contains("inlined_probe"), "{names:?}");
         assert!(
@@ -738,6 +738,7 @@ mod tests {
 
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
         let child_pid = child.id();
+        crate::process::tests::wait_for_mapping(child_pid, "libc.so");
         let mut children = ProcessTable::new(16);
         assert!(children.snapshot(child_pid));
         child.kill().unwrap();
@@ -765,6 +766,21 @@ mod tests {
             "{:?}",
             frames[0]
         );
+    }
+
+    #[test]
+    fn releases_files_of_dropped_processes() {
+        let pid = std::process::id();
+        let mut sym = Symbolizer::new().unwrap();
+        {
+            let mut procs = ProcessTable::new(4);
+            let frames = sym.user_stack(&mut procs, pid, &[getpid_addr()]);
+            assert!(!frames[0].lines.is_empty());
+            sym.release_unused();
+            assert_eq!(sym.loaded.len(), 1, "still mapped by a snapshot");
+        }
+        sym.release_unused();
+        assert!(sym.loaded.is_empty());
     }
 
     #[test]

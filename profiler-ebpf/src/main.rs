@@ -2,8 +2,10 @@
 //!
 //! `cpu_sample` runs on every CPU-clock tick of every online CPU; it keeps
 //! the sample only for targeted processes (when filtering is on), records
-//! the user and kernel stacks in a stack-trace map and adds one to the
-//! sample's count in a per-CPU hash map. Counts and stacks are
+//! the user and kernel stacks in a stack map keyed by a 64-bit hash of the
+//! frames, and adds one to the sample's count in a per-CPU hash map. (The
+//! kernel's own stack-trace map is not used: it has one slot per hash
+//! bucket and loses a stack whenever two stacks share a bucket.) Counts and stacks are
 //! double-buffered: the daemon flips `CONTROL[ACTIVE_BUFFER]` and drains the
 //! buffer that the kernel no longer writes, so draining never races a
 //! writer and per-CPU counts never lose an update.
@@ -15,16 +17,21 @@
 #![no_main]
 
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid},
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_stack},
     macros::{map, perf_event, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-    programs::{PerfEventContext, TracePointContext, tracing::StackIdContext},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{PerfEventContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACKS_ENTRIES,
-    SampleKey, TARGETS_ENTRIES, control, counter, proc_event,
+    COMM_LEN, COUNTS_ENTRIES, MAX_STACK_DEPTH, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES,
+    STACK_LOST, STACK_NONE, STACKS_ENTRIES, SampleKey, Stack, StackHash, TARGETS_ENTRIES, control,
+    counter, proc_event,
 };
+
+/// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
+const EFAULT: i64 = -14;
 
 /// 1 when only processes in `TARGETS` are sampled (`--pid`, `-- COMMAND`).
 #[unsafe(no_mangle)]
@@ -52,9 +59,15 @@ static COUNTS_0: PerCpuHashMap<SampleKey, u64> =
 static COUNTS_1: PerCpuHashMap<SampleKey, u64> =
     PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
 #[map]
-static STACKS_0: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
+static STACKS_0: HashMap<StackHash, Stack> =
+    HashMap::with_max_entries(STACKS_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
-static STACKS_1: StackTrace = StackTrace::with_max_entries(STACKS_ENTRIES, 0);
+static STACKS_1: HashMap<StackHash, Stack> =
+    HashMap::with_max_entries(STACKS_ENTRIES, BPF_F_NO_PREALLOC);
+/// Per-CPU scratch space for the stack being recorded (too big for the
+/// 512-byte BPF stack).
+#[map]
+static SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
 
@@ -118,32 +131,13 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     } else {
         (&STACKS_1, &COUNTS_1)
     };
-    let user_stack_id = match ctx.get_stackid(stacks, BPF_F_USER_STACK as u64) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            // -EFAULT: a kernel thread, which has no user stack. Anything
-            // else (-EEXIST on a hash collision, -ENOMEM) loses the stack.
-            if e != -14 {
-                count(counter::USER_STACK_LOST);
-            }
-            e as i32
-        }
-    };
-    let kernel_stack_id = match ctx.get_stackid(stacks, 0) {
-        Ok(id) => id as i32,
-        Err(e) => {
-            // -EFAULT is normal for a sample taken in user mode.
-            if e != -14 {
-                count(counter::KERNEL_STACK_LOST);
-            }
-            e as i32
-        }
-    };
+    let user_stack = record_stack(&ctx, stacks, BPF_F_USER_STACK as u64, counter::USER_STACK_LOST);
+    let kernel_stack = record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST);
     let key = SampleKey {
         tgid,
         tid,
-        user_stack_id,
-        kernel_stack_id,
+        user_stack,
+        kernel_stack,
         comm,
     };
     match counts.get_ptr_mut(&key) {
@@ -162,6 +156,66 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         }
     }
     0
+}
+
+/// Records the current user (`flags` = BPF_F_USER_STACK) or kernel stack
+/// and returns its hash, or STACK_NONE / STACK_LOST.
+#[inline(always)]
+fn record_stack(
+    ctx: &PerfEventContext,
+    stacks: &HashMap<StackHash, Stack>,
+    flags: u64,
+    lost: u32,
+) -> StackHash {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        count(lost);
+        return STACK_LOST;
+    };
+    // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
+    let buf = unsafe { &mut *buf };
+    // SAFETY: the buffer is a map value of exactly the size passed.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            buf.ips.as_mut_ptr().cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            flags,
+        )
+    };
+    if bytes <= 0 {
+        // -EFAULT or nothing: a kernel thread has no user stack, and a
+        // sample taken in user mode has no kernel stack.
+        if bytes == 0 || bytes == EFAULT {
+            return STACK_NONE;
+        }
+        count(lost);
+        return STACK_LOST;
+    }
+    let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
+    buf.len = len as u64;
+    // FxHash-style mixing of every frame; 64 bits keep collisions between
+    // the few thousand stacks of a window improbable.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ len as u64;
+    for i in 0..MAX_STACK_DEPTH {
+        if i >= len {
+            break;
+        }
+        hash = (hash.rotate_left(5) ^ buf.ips[i]).wrapping_mul(0x51_7cc1_b727_220a_95);
+    }
+    if hash <= STACK_LOST {
+        hash += 2;
+    }
+    // SAFETY: presence check only.
+    if unsafe { stacks.get(hash).is_none() } {
+        // -EEXIST: another CPU stored the same stack first, which is fine.
+        if let Err(e) = stacks.insert(hash, &*buf, BPF_NOEXIST as u64) {
+            if e != -17 {
+                count(lost);
+                return STACK_LOST;
+            }
+        }
+    }
+    hash
 }
 
 #[tracepoint]

@@ -177,7 +177,8 @@ pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
     assert!(p.time_nanos > 1_500_000_000_000_000_000, "{name}: time_nanos {} is not a current time", p.time_nanos);
     assert!(p.duration_nanos > 0, "{name}: duration_nanos {} is not positive", p.duration_nanos);
 
-    let stamp = parse_file_name(&file.name(), "cpu").unwrap_or_else(|| panic!("{name}: not a cpu profile name"));
+    let file_name = file.name();
+    let stamp = parse_file_name(&file_name, "cpu").unwrap_or_else(|| panic!("{name}: not a cpu profile name"));
     assert_eq!(stamp, utc_stamp(p.time_nanos), "{name}: the name's time stamp is not the window start time_nanos {}", p.time_nanos);
 
     let locations: BTreeMap<u64, &pprof_proto::Location> = p.location.iter().map(|l| (l.id, l)).collect();

@@ -131,7 +131,8 @@ impl Running {
         out
     }
 
-    /// Kills the workload now (and reaps it).
+    /// Kills the workload now, or, if it already exited, reaps it (until
+    /// then an exited workload stays a zombie).
     pub fn kill(&mut self) {
         self.proc.kill();
     }

@@ -1,11 +1,14 @@
 //! `cargo xtask bench`: the CPU profiler's cost, side by side with
-//! `perf record -F 99 -a -g` in the same run.
+//! `perf record -F 99 -a -g` and a bpftrace stack-counting one-liner in the
+//! same run.
 //!
-//! Two CPUs are kept busy; profilerd profiles the whole system at 99 Hz with
-//! a profile every 10 s while perf records the same window. Reported: the
-//! daemon's CPU time (user+sys, from schedstat, steady state after
-//! readiness and whole life), its peak RSS, BPF run time per sample from the
-//! kernel's BPF statistics, and perf record's CPU time.
+//! Two CPUs are kept busy by a C program built with frame pointers;
+//! profilerd profiles the whole system at 99 Hz with a profile every 10 s
+//! while perf records and bpftrace counts stacks over the same window.
+//! Reported: the daemon's CPU time (user+sys, from schedstat, steady state
+//! after readiness and whole life), its peak RSS, BPF run time per sample
+//! from the kernel's BPF statistics (ours and bpftrace's), and the CPU time
+//! of perf record and bpftrace.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -63,14 +66,21 @@ fn tempdir(root: &Path) -> Result<std::path::PathBuf> {
 }
 
 fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<String> {
-    // Two busy CPUs: shell loops that never make a syscall.
+    // Two busy CPUs: a loop in two frame-pointer functions, no syscalls.
+    let burner = work.join("burn");
+    let source = work.join("burn.c");
+    fs::write(&source, BURNER)?;
+    let built = Command::new("gcc")
+        .args(["-O2", "-fno-omit-frame-pointer", "-o"])
+        .arg(&burner)
+        .arg(&source)
+        .status()
+        .context("running gcc")?;
+    if !built.success() {
+        bail!("building the CPU burner failed");
+    }
     let burners: Vec<Reaped> = (0..2)
-        .map(|_| {
-            Command::new("sh")
-                .args(["-c", "while :; do :; done"])
-                .spawn()
-                .map(Reaped)
-        })
+        .map(|_| Command::new(&burner).spawn().map(Reaped))
         .collect::<std::io::Result<_>>()?;
 
     let window = Duration::from_secs(args.seconds);
@@ -119,10 +129,20 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
         .context("starting perf record")?;
     let perf_pid = perf.id();
     std::mem::forget(perf); // reaped by wait4 below, which gives its rusage
+    let bpftrace = Command::new("timeout")
+        .args(["-s", "INT", &(args.seconds + 1).to_string()])
+        .args(["bpftrace", "-e", "profile:hz:99 { @[kstack, ustack] = count(); }"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting bpftrace")?;
+    let bpftrace = Reaped(bpftrace);
     let started = Instant::now();
     std::thread::sleep(window);
     let daemon_cpu_end = task_cpu_ns(pid)?;
     let peak_rss_kib = status_field(pid, "VmHWM:")?;
+    let (bt_cpu_ns, bt_runs, bt_ns_per_run) = bpftrace_figures(bpftrace.0.id())?;
+    drop(bpftrace);
     let perf_cpu_ns = wait_rusage(perf_pid)?;
     let elapsed = started.elapsed();
 
@@ -164,6 +184,7 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
          | profilerd / perf record CPU | {ratio:.2} |\n\
          | profilerd peak RSS (VmHWM) | {rss:.1} MiB |\n\
          | BPF cpu_sample runs / time per run | {runs} / {ns_per_run:.0} ns |\n\
+         | bpftrace `profile:hz:99 {{ @[kstack, ustack] = count(); }}`: CPU / BPF time per run | {bt_ms:.1} ms / {bt_ns_per_run:.0} ns ({bt_runs} runs) |\n\
          | profiles written / perf.data size | {files} / {perf_mib:.1} MiB |\n",
         interval = args.interval,
         daemon_ms = daemon_ns / 1e6,
@@ -171,6 +192,7 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
         perf_ms = perf_cpu_ns as f64 / 1e6,
         ratio = daemon_ns / perf_cpu_ns.max(1) as f64,
         rss = peak_rss_kib as f64 / 1024.0,
+        bt_ms = bt_cpu_ns as f64 / 1e6,
         perf_mib = perf_size as f64 / (1024.0 * 1024.0),
     ))
 }
@@ -222,3 +244,39 @@ fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
     let ns = rest.split(", ").nth(1)?.split_whitespace().next()?.parse().ok()?;
     Some((runs, ns))
 }
+
+/// bpftrace's own CPU time and its program's BPF run statistics, read from
+/// /proc while it still runs. `timeout` is its parent; bpftrace is the child.
+fn bpftrace_figures(timeout_pid: u32) -> Result<(u64, u64, f64)> {
+    let children = fs::read_to_string(format!("/proc/{timeout_pid}/task/{timeout_pid}/children"))?;
+    let pid: u32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("bpftrace is not running")?;
+    let cpu = task_cpu_ns(pid)?;
+    let (mut runs, mut time) = (0u64, 0u64);
+    for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let text = fs::read_to_string(entry?.path()).unwrap_or_default();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(t), Some(c)) = (field("run_time_ns:"), field("run_cnt:")) {
+            runs += c;
+            time += t;
+        }
+    }
+    Ok((cpu, runs, time as f64 / runs.max(1) as f64))
+}
+
+const BURNER: &str = r#"
+#include <stdint.h>
+__attribute__((noinline)) uint64_t leaf(uint64_t x) {
+    for (int i = 0; i < 1000; i++) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x;
+}
+__attribute__((noinline)) uint64_t mid(uint64_t x) { return leaf(x) ^ leaf(x + 1); }
+int main(void) { volatile uint64_t s = 0; for (;;) s += mid(s); }
+"#;

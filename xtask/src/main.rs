@@ -141,6 +141,9 @@ fn setup(for_tests: bool) -> Result<()> {
         if !have("perf") {
             packages.push("linux-perf");
         }
+        if !have("bpftrace") {
+            packages.push("bpftrace");
+        }
         if !have("setpriv") {
             packages.push("util-linux");
         }

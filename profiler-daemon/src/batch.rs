@@ -1,0 +1,96 @@
+//! Batched reads of BPF hash maps: `BPF_MAP_LOOKUP_AND_DELETE_BATCH` empties
+//! a map with one system call per chunk of entries, where aya's per-element
+//! API takes three (next key, lookup, delete) per entry. The drain runs
+//! every second, so this is most of its cost.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use aya::Pod;
+use aya_obj::generated::{bpf_attr, bpf_cmd};
+use thiserror::Error;
+
+/// Entries asked for per system call.
+const CHUNK: usize = 1024;
+
+#[derive(Debug, Error)]
+pub enum BatchError {
+    #[error("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed: {0}")]
+    Syscall(io::Error),
+}
+
+/// Reads and deletes every entry of a hash map whose values are arrays of
+/// `values_per_key` elements of V (1 for a plain hash map, the number of
+/// possible CPUs for a per-CPU one). Entries that writers add meanwhile may
+/// or may not be included; callers drain maps that nobody writes.
+pub fn lookup_and_delete_all<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    values_per_key: usize,
+) -> Result<Vec<(K, Vec<V>)>, BatchError> {
+    // The kernel lays per-CPU values out in 8-byte slots.
+    let value_stride = size_of::<V>().next_multiple_of(8) * values_per_key;
+    let mut chunk = CHUNK;
+    let mut out = Vec::new();
+    let mut token: u64 = 0;
+    let mut first = true;
+    loop {
+        let mut keys = vec![0u8; chunk * size_of::<K>()];
+        let mut values = vec![0u8; chunk * value_stride];
+        let mut out_token: u64 = 0;
+        // SAFETY: bpf_attr is plain data; all-zero is its documented default.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        // Writing a union field is safe; the kernel reads `batch` for this command.
+        attr.batch.in_batch = if first {
+            0
+        } else {
+            &token as *const u64 as u64
+        };
+        attr.batch.out_batch = &mut out_token as *mut u64 as u64;
+        attr.batch.keys = keys.as_mut_ptr() as u64;
+        attr.batch.values = values.as_mut_ptr() as u64;
+        attr.batch.count = chunk as u32;
+        attr.batch.map_fd = map.as_raw_fd() as u32;
+        // SAFETY: the attr and every buffer it points to outlive the call and
+        // are as large as `count` entries need.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH as libc::c_long,
+                &mut attr as *mut bpf_attr,
+                size_of::<bpf_attr>() as libc::c_uint,
+            )
+        };
+        let err = (ret < 0).then(io::Error::last_os_error);
+        // SAFETY: the kernel wrote back how many entries it returned.
+        let n = (unsafe { attr.batch.count } as usize).min(chunk);
+        for i in 0..n {
+            // SAFETY: the kernel filled n keys and n value strides; Pod
+            // types accept any bytes, and read_unaligned copes with
+            // alignment.
+            let key: K = unsafe { std::ptr::read_unaligned(keys.as_ptr().add(i * size_of::<K>()).cast()) };
+            let base = i * value_stride;
+            let vals = (0..values_per_key)
+                .map(|c| {
+                    let at = base + c * size_of::<V>().next_multiple_of(8);
+                    // SAFETY: as above.
+                    unsafe { std::ptr::read_unaligned(values.as_ptr().add(at).cast()) }
+                })
+                .collect();
+            out.push((key, vals));
+        }
+        match err {
+            None => {}
+            // ENOENT: the map has been walked to its end.
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(out),
+            // ENOSPC: one hash bucket holds more entries than the chunk.
+            Some(e) if e.raw_os_error() == Some(libc::ENOSPC) && n == 0 && chunk < 1 << 20 => {
+                chunk *= 2;
+                continue;
+            }
+            Some(e) => return Err(BatchError::Syscall(e)),
+        }
+        token = out_token;
+        first = false;
+    }
+}
