@@ -19,7 +19,11 @@ fn main() {
     }
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
     let root = manifest.parent().expect("workspace root").to_path_buf();
-    for dir in ["profiler-ebpf/src", "profiler-common/src", "profiler-ebpf/Cargo.toml"] {
+    for dir in [
+        "profiler-ebpf/src",
+        "profiler-common/src",
+        "profiler-ebpf/Cargo.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(dir).display());
     }
     let target_dir = root.join("target").join("bpf");
@@ -50,7 +54,10 @@ fn main() {
             cmd.env_remove(&key);
         }
     }
-    cmd.env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2\x1f-Clink-arg=--btf");
+    cmd.env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+    );
     let status = cmd.status().expect("run cargo +nightly for the eBPF crate");
     assert!(status.success(), "building the eBPF crate failed");
     let built = target_dir

@@ -68,7 +68,8 @@ pub fn lookup_and_delete_all<K: Pod, V: Pod>(
             // SAFETY: the kernel filled n keys and n value strides; Pod
             // types accept any bytes, and read_unaligned copes with
             // alignment.
-            let key: K = unsafe { std::ptr::read_unaligned(keys.as_ptr().add(i * size_of::<K>()).cast()) };
+            let key: K =
+                unsafe { std::ptr::read_unaligned(keys.as_ptr().add(i * size_of::<K>()).cast()) };
             let base = i * value_stride;
             let vals = (0..values_per_key)
                 .map(|c| {

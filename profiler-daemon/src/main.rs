@@ -58,7 +58,9 @@ fn raise_open_file_limit() {
         rlim_max: 0,
     };
     // SAFETY: valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0 && limit.rlim_cur < limit.rlim_max {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
+        && limit.rlim_cur < limit.rlim_max
+    {
         limit.rlim_cur = limit.rlim_max;
         // SAFETY: valid pointer; raising the soft limit up to the hard one is always allowed.
         unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };

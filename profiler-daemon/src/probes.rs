@@ -17,7 +17,8 @@ use crate::batch::{self, BatchError};
 use thiserror::Error;
 
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -109,12 +110,24 @@ impl Probes {
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
 
-        let targets = HashMap::try_from(take_map(&mut ebpf, "TARGETS")?)
-            .map_err(|source| ProbeError::Map { name: "TARGETS", source })?;
-        let control = Array::try_from(take_map(&mut ebpf, "CONTROL")?)
-            .map_err(|source| ProbeError::Map { name: "CONTROL", source })?;
-        let counters = PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?)
-            .map_err(|source| ProbeError::Map { name: "COUNTERS", source })?;
+        let targets = HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(|source| {
+            ProbeError::Map {
+                name: "TARGETS",
+                source,
+            }
+        })?;
+        let control =
+            Array::try_from(take_map(&mut ebpf, "CONTROL")?).map_err(|source| ProbeError::Map {
+                name: "CONTROL",
+                source,
+            })?;
+        let counters =
+            PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(|source| {
+                ProbeError::Map {
+                    name: "COUNTERS",
+                    source,
+                }
+            })?;
         let counts = [
             per_cpu_hash(take_map(&mut ebpf, "COUNTS_0")?, "COUNTS_0")?,
             per_cpu_hash(take_map(&mut ebpf, "COUNTS_1")?, "COUNTS_1")?,
@@ -123,9 +136,15 @@ impl Probes {
             hash(take_map(&mut ebpf, "STACKS_0")?, "STACKS_0")?,
             hash(take_map(&mut ebpf, "STACKS_1")?, "STACKS_1")?,
         ];
-        let possible_cpus = aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
-        let proc_events = RingBuf::try_from(take_map(&mut ebpf, "PROC_EVENTS")?)
-            .map_err(|source| ProbeError::Map { name: "PROC_EVENTS", source })?;
+        let possible_cpus =
+            aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let proc_events =
+            RingBuf::try_from(take_map(&mut ebpf, "PROC_EVENTS")?).map_err(|source| {
+                ProbeError::Map {
+                    name: "PROC_EVENTS",
+                    source,
+                }
+            })?;
 
         let mut probes = Probes {
             ebpf,
@@ -139,7 +158,11 @@ impl Probes {
             active: 0,
             cpu_attached: false,
         };
-        for name in ["sched_process_fork", "sched_process_exec", "sched_process_exit"] {
+        for name in [
+            "sched_process_fork",
+            "sched_process_exec",
+            "sched_process_exit",
+        ] {
             probes.attach_tracepoint(name)?;
         }
         probes.attach_cpu(config.cpu_frequency)?;
@@ -164,7 +187,8 @@ impl Probes {
 
     fn attach_cpu(&mut self, frequency: u64) -> Result<(), ProbeError> {
         const NAME: &str = "cpu_sample";
-        let cpus = aya::util::online_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(NAME)
@@ -211,7 +235,10 @@ impl Probes {
     pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
         self.targets
             .insert(tgid, 1, 0)
-            .map_err(|source| ProbeError::Map { name: "TARGETS", source })
+            .map_err(|source| ProbeError::Map {
+                name: "TARGETS",
+                source,
+            })
     }
 
     /// The processes in the kernel's target set.
@@ -237,7 +264,10 @@ impl Probes {
         let new = 1 - old;
         self.control
             .set(control::ACTIVE_BUFFER, new, 0)
-            .map_err(|source| ProbeError::Map { name: "CONTROL", source })?;
+            .map_err(|source| ProbeError::Map {
+                name: "CONTROL",
+                source,
+            })?;
         self.active = new;
         Ok(old as usize)
     }
@@ -249,15 +279,23 @@ impl Probes {
         let names = [("COUNTS_0", "STACKS_0"), ("COUNTS_1", "STACKS_1")][buffer];
         let cpus = self.possible_cpus;
         let mut out = Drained::default();
-        let counts = batch::lookup_and_delete_all::<SampleKey, u64>(self.counts[buffer].fd().as_fd(), cpus)
-            .map_err(|source| ProbeError::Drain { name: names.0, source })?;
+        let counts =
+            batch::lookup_and_delete_all::<SampleKey, u64>(self.counts[buffer].fd().as_fd(), cpus)
+                .map_err(|source| ProbeError::Drain {
+                    name: names.0,
+                    source,
+                })?;
         out.counts = counts
             .into_iter()
             .map(|(key, per_cpu)| (key, per_cpu.iter().sum()))
             .filter(|&(_, total)| total > 0)
             .collect();
-        let stacks = batch::lookup_and_delete_all::<StackHash, Stack>(self.stacks[buffer].fd().as_fd(), 1)
-            .map_err(|source| ProbeError::Drain { name: names.1, source })?;
+        let stacks =
+            batch::lookup_and_delete_all::<StackHash, Stack>(self.stacks[buffer].fd().as_fd(), 1)
+                .map_err(|source| ProbeError::Drain {
+                name: names.1,
+                source,
+            })?;
         out.stacks = stacks
             .into_iter()
             .filter_map(|(hash, stack)| {
@@ -321,14 +359,19 @@ fn raise_memlock_limit() {
     // SAFETY: plain syscall with a valid pointer.
     let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
     if ret != 0 {
-        tracing::debug!("raising RLIMIT_MEMLOCK failed: {}", std::io::Error::last_os_error());
+        tracing::debug!(
+            "raising RLIMIT_MEMLOCK failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
 /// Tracepoints need tracefs; mount it where the kernel expects it when the
 /// system has not.
 fn ensure_tracefs() -> Result<(), ProbeError> {
-    if Path::new(TRACEFS).join("events").is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir() {
+    if Path::new(TRACEFS).join("events").is_dir()
+        || Path::new("/sys/kernel/debug/tracing/events").is_dir()
+    {
         return Ok(());
     }
     let target = std::ffi::CString::new(TRACEFS).map_err(|e| ProbeError::Tracefs(e.into()))?;

@@ -85,10 +85,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     let started = Instant::now();
     let deadline = settings.duration.map(|d| started + d);
     let mut window = Window::new();
-    let mut drain_tick = tokio::time::interval_at(
-        tokio::time::Instant::now() + DRAIN_PERIOD,
-        DRAIN_PERIOD,
-    );
+    let mut drain_tick =
+        tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_PERIOD, DRAIN_PERIOD);
     let mut window_end = tokio::time::Instant::now() + settings.interval;
     let mut live_targets: HashSet<u32> = settings.pids.iter().copied().collect();
     let mut reported = Losses::default();
@@ -270,13 +268,21 @@ fn build_cpu_profile(
         });
         let count = count as i64;
         let labels = sample_labels(settings, procs, id);
-        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         builder.add_sample(&frames, &[count, count * period], &labels);
     }
     builder.build()
 }
 
-fn push_stack(frames: &mut Vec<Frame>, stack: &Stack, what: &str, resolve: impl FnOnce(&[u64]) -> Vec<Frame>) {
+fn push_stack(
+    frames: &mut Vec<Frame>,
+    stack: &Stack,
+    what: &str,
+    resolve: impl FnOnce(&[u64]) -> Vec<Frame>,
+) {
     match stack {
         Stack::Frames(ips) => frames.extend(resolve(ips)),
         Stack::None => {}
@@ -293,11 +299,21 @@ fn push_stack(frames: &mut Vec<Frame>, stack: &Stack, what: &str, resolve: impl 
     }
 }
 
-fn sample_labels(settings: &Settings, procs: &ProcessTable, id: &SampleId) -> Vec<(String, String)> {
+fn sample_labels(
+    settings: &Settings,
+    procs: &ProcessTable,
+    id: &SampleId,
+) -> Vec<(String, String)> {
     let comm = procs
         .get(id.tgid)
         .map(|p| p.comm.clone())
-        .unwrap_or_else(|| if id.tgid == id.tid { id.thread_name() } else { String::new() });
+        .unwrap_or_else(|| {
+            if id.tgid == id.tid {
+                id.thread_name()
+            } else {
+                String::new()
+            }
+        });
     let mut labels = vec![
         ("pid".to_string(), id.tgid.to_string()),
         ("tid".to_string(), id.tid.to_string()),
@@ -320,10 +336,22 @@ impl Losses {
         let now = probes.counters();
         let names = [
             (counter::COUNTS_FULL, "samples dropped: count map full"),
-            (counter::USER_STACK_LOST, "user stacks lost: stack map full or walk failed"),
-            (counter::KERNEL_STACK_LOST, "kernel stacks lost: stack map full or walk failed"),
-            (counter::PROC_EVENTS_LOST, "process events dropped: ring buffer full"),
-            (counter::TARGETS_FULL, "descendants not followed: target map full"),
+            (
+                counter::USER_STACK_LOST,
+                "user stacks lost: stack map full or walk failed",
+            ),
+            (
+                counter::KERNEL_STACK_LOST,
+                "kernel stacks lost: stack map full or walk failed",
+            ),
+            (
+                counter::PROC_EVENTS_LOST,
+                "process events dropped: ring buffer full",
+            ),
+            (
+                counter::TARGETS_FULL,
+                "descendants not followed: target map full",
+            ),
         ];
         for (index, what) in names {
             let i = index as usize;
@@ -382,7 +410,8 @@ fn check_privileges() -> Result<()> {
     const CAP_SYS_ADMIN: u32 = 21;
     const CAP_PERFMON: u32 = 38;
     const CAP_BPF: u32 = 39;
-    let status = std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let caps = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
@@ -413,7 +442,9 @@ async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
-async fn wait_child(child: &mut Option<tokio::process::Child>) -> std::io::Result<std::process::ExitStatus> {
+async fn wait_child(
+    child: &mut Option<tokio::process::Child>,
+) -> std::io::Result<std::process::ExitStatus> {
     match child {
         Some(c) => c.wait().await,
         None => std::future::pending().await,

@@ -18,7 +18,7 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, bpf_perf_event_data},
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_stack},
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -53,11 +53,9 @@ static CONTROL: Array<u32> = Array::with_max_entries(control::COUNT, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 #[map]
-static COUNTS_0: PerCpuHashMap<SampleKey, u64> =
-    PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+static COUNTS_0: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
 #[map]
-static COUNTS_1: PerCpuHashMap<SampleKey, u64> =
-    PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+static COUNTS_1: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
 #[map]
 static STACKS_0: HashMap<StackHash, Stack> =
     HashMap::with_max_entries(STACKS_ENTRIES, BPF_F_NO_PREALLOC);
@@ -131,8 +129,18 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     } else {
         (&STACKS_1, &COUNTS_1)
     };
-    let user_stack = record_stack(&ctx, stacks, BPF_F_USER_STACK as u64, counter::USER_STACK_LOST);
-    let kernel_stack = record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST);
+    let user_stack = record_stack(
+        &ctx,
+        stacks,
+        BPF_F_USER_STACK as u64,
+        counter::USER_STACK_LOST,
+    );
+    // A sample taken in user mode has no kernel stack: skip the helper.
+    let kernel_stack = if in_user_mode(&ctx) {
+        STACK_NONE
+    } else {
+        record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST)
+    };
     let key = SampleKey {
         tgid,
         tid,
@@ -156,6 +164,16 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         }
     }
     0
+}
+
+/// Whether the interrupted code ran in user mode (CPL 3 in CS).
+#[inline(always)]
+fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: the context of a perf_event program is bpf_perf_event_data;
+    // reading its registers is a checked context access.
+    let cs = unsafe { (*data).regs.cs };
+    cs & 3 == 3
 }
 
 /// Records the current user (`flags` = BPF_F_USER_STACK) or kernel stack

@@ -50,7 +50,13 @@ pub fn check_cpu_files(files: &[ProfileFile], hz: u64) {
 pub fn pprof_tops(files: &[ProfileFile], pid: Option<u32>) -> String {
     files
         .iter()
-        .map(|f| format!("== go tool pprof -top {}\n{}", f.path.display(), pprof_tool::top(&f.path, pid)))
+        .map(|f| {
+            format!(
+                "== go tool pprof -top {}\n{}",
+                f.path.display(),
+                pprof_tool::top(&f.path, pid)
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -13,13 +13,19 @@ const PPROF_TIMEOUT: Duration = Duration::from_secs(60);
 /// The `go` command: the first `go` on PATH, else /usr/lib/go/bin/go.
 pub fn go_binary() -> PathBuf {
     let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|d| d.join("go")).collect::<Vec<_>>())
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join("go"))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     on_path
         .into_iter()
         .chain([PathBuf::from("/usr/lib/go/bin/go")])
         .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("`go` not found on PATH nor at /usr/lib/go/bin/go: install golang-go"))
+        .unwrap_or_else(|| {
+            panic!("`go` not found on PATH nor at /usr/lib/go/bin/go: install golang-go")
+        })
 }
 
 /// Runs `go tool pprof ARGS FILE` and returns its stdout; panics with its

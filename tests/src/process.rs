@@ -199,8 +199,12 @@ impl Lines {
                     match stream.read_until(b'\n', &mut buf) {
                         Ok(0) | Err(_) => break,
                         Ok(_) => {
-                            let line = strip_ansi(String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']));
-                            keep.lock().unwrap_or_else(|e| e.into_inner()).push(line.clone());
+                            let line = strip_ansi(
+                                String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']),
+                            );
+                            keep.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(line.clone());
                             // The receiver may be gone; the line is kept anyway.
                             let _ = tx.send(line);
                         }
@@ -218,15 +222,23 @@ impl Lines {
     /// Waits up to `timeout` for a line (not seen by an earlier wait) that
     /// satisfies `pred`. Err: the stream ended (the child closed it or
     /// exited) or the time ran out, with which of the two.
-    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Result<String, String> {
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<String, String> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(line) if pred(&line) => return Ok(line),
                 Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => return Err(format!("no such line within {timeout:?}")),
-                Err(RecvTimeoutError::Disconnected) => return Err("the stream ended first".to_string()),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!("no such line within {timeout:?}"));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err("the stream ended first".to_string());
+                }
             }
         }
     }
@@ -282,7 +294,9 @@ pub fn strip_ansi(s: &str) -> String {
 /// Runs `cmd` to completion with stdin closed and its output captured;
 /// kills it and panics if it runs longer than `timeout`.
 pub fn run_with_timeout(mut cmd: Command, what: &str, timeout: Duration) -> Output {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = Guarded::spawn(cmd, what);
     let mut stdout = child.take_stdout().expect("stdout is piped");
     let mut stderr = child.take_stderr().expect("stderr is piped");

@@ -29,7 +29,10 @@ impl ProfileFile {
 /// Whether `name` is a final profile file name of `kind`:
 /// `<kind>-YYYYMMDDTHHMMSSZ[-N].pb.gz`. Returns the time stamp part.
 pub fn parse_file_name<'a>(name: &'a str, kind: &str) -> Option<&'a str> {
-    let rest = name.strip_prefix(kind)?.strip_prefix('-')?.strip_suffix(".pb.gz")?;
+    let rest = name
+        .strip_prefix(kind)?
+        .strip_prefix('-')?
+        .strip_suffix(".pb.gz")?;
     let (stamp, suffix) = match rest.split_once('-') {
         Some((stamp, n)) => (stamp, Some(n)),
         None => (rest, None),
@@ -85,7 +88,8 @@ pub fn read_profiles(dir: &Path, kind: &str) -> Vec<ProfileFile> {
         .filter(|n| parse_file_name(n, kind).is_some())
         .map(|n| {
             let path = dir.join(&n);
-            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+            let bytes =
+                std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
             assert!(
                 bytes.starts_with(&[0x1f, 0x8b]),
                 "{} is not gzipped (first bytes {:02x?})",
@@ -97,9 +101,7 @@ pub fn read_profiles(dir: &Path, kind: &str) -> Vec<ProfileFile> {
             ProfileFile { path, profile }
         })
         .collect();
-    files.sort_by(|a, b| {
-        (a.profile.time_nanos, a.name()).cmp(&(b.profile.time_nanos, b.name()))
-    });
+    files.sort_by(|a, b| (a.profile.time_nanos, a.name()).cmp(&(b.profile.time_nanos, b.name())));
     files
 }
 
@@ -132,14 +134,24 @@ fn string(p: &Profile, index: i64, what: &str) -> String {
         .ok()
         .and_then(|i| p.string_table.get(i))
         .cloned()
-        .unwrap_or_else(|| panic!("{what}: string index {index} outside the string table ({} entries)", p.string_table.len()))
+        .unwrap_or_else(|| {
+            panic!(
+                "{what}: string index {index} outside the string table ({} entries)",
+                p.string_table.len()
+            )
+        })
 }
 
 /// The (type, unit) names of the profile's sample types.
 pub fn sample_types(p: &Profile) -> Vec<(String, String)> {
     p.sample_type
         .iter()
-        .map(|vt| (string(p, vt.r#type, "sample type"), string(p, vt.unit, "sample unit")))
+        .map(|vt| {
+            (
+                string(p, vt.r#type, "sample type"),
+                string(p, vt.unit, "sample unit"),
+            )
+        })
         .collect()
 }
 
@@ -159,39 +171,92 @@ pub fn total_of(p: &Profile, sample_type: &str) -> i64 {
 pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
     let p = &file.profile;
     let name = file.path.display();
-    assert_eq!(p.string_table.first().map(String::as_str), Some(""), "{name}: string_table[0] must be \"\"");
+    assert_eq!(
+        p.string_table.first().map(String::as_str),
+        Some(""),
+        "{name}: string_table[0] must be \"\""
+    );
     let types = sample_types(p);
     assert_eq!(
         types,
         [("samples", "count"), ("cpu", "nanoseconds")].map(|(t, u)| (t.to_string(), u.to_string())),
         "{name}: sample types"
     );
-    let period_type = p.period_type.as_ref().unwrap_or_else(|| panic!("{name}: no period_type"));
+    let period_type = p
+        .period_type
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: no period_type"));
     assert_eq!(
-        (string(p, period_type.r#type, "period type"), string(p, period_type.unit, "period unit")),
+        (
+            string(p, period_type.r#type, "period type"),
+            string(p, period_type.unit, "period unit")
+        ),
         ("cpu".to_string(), "nanoseconds".to_string()),
         "{name}: period type"
     );
     let period = 1_000_000_000 / hz as i64;
-    assert!((p.period - period).abs() <= 1, "{name}: period {} for {hz} Hz, expected {period}", p.period);
-    assert!(p.time_nanos > 1_500_000_000_000_000_000, "{name}: time_nanos {} is not a current time", p.time_nanos);
-    assert!(p.duration_nanos > 0, "{name}: duration_nanos {} is not positive", p.duration_nanos);
+    assert!(
+        (p.period - period).abs() <= 1,
+        "{name}: period {} for {hz} Hz, expected {period}",
+        p.period
+    );
+    assert!(
+        p.time_nanos > 1_500_000_000_000_000_000,
+        "{name}: time_nanos {} is not a current time",
+        p.time_nanos
+    );
+    assert!(
+        p.duration_nanos > 0,
+        "{name}: duration_nanos {} is not positive",
+        p.duration_nanos
+    );
 
     let file_name = file.name();
-    let stamp = parse_file_name(&file_name, "cpu").unwrap_or_else(|| panic!("{name}: not a cpu profile name"));
-    assert_eq!(stamp, utc_stamp(p.time_nanos), "{name}: the name's time stamp is not the window start time_nanos {}", p.time_nanos);
+    let stamp = parse_file_name(&file_name, "cpu")
+        .unwrap_or_else(|| panic!("{name}: not a cpu profile name"));
+    assert_eq!(
+        stamp,
+        utc_stamp(p.time_nanos),
+        "{name}: the name's time stamp is not the window start time_nanos {}",
+        p.time_nanos
+    );
 
-    let locations: BTreeMap<u64, &pprof_proto::Location> = p.location.iter().map(|l| (l.id, l)).collect();
-    let functions: BTreeMap<u64, &pprof_proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
-    let mappings: BTreeMap<u64, &pprof_proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
-    assert_eq!(locations.len(), p.location.len(), "{name}: duplicate location ids");
-    assert_eq!(functions.len(), p.function.len(), "{name}: duplicate function ids");
-    assert_eq!(mappings.len(), p.mapping.len(), "{name}: duplicate mapping ids");
+    let locations: BTreeMap<u64, &pprof_proto::Location> =
+        p.location.iter().map(|l| (l.id, l)).collect();
+    let functions: BTreeMap<u64, &pprof_proto::Function> =
+        p.function.iter().map(|f| (f.id, f)).collect();
+    let mappings: BTreeMap<u64, &pprof_proto::Mapping> =
+        p.mapping.iter().map(|m| (m.id, m)).collect();
+    assert_eq!(
+        locations.len(),
+        p.location.len(),
+        "{name}: duplicate location ids"
+    );
+    assert_eq!(
+        functions.len(),
+        p.function.len(),
+        "{name}: duplicate function ids"
+    );
+    assert_eq!(
+        mappings.len(),
+        p.mapping.len(),
+        "{name}: duplicate mapping ids"
+    );
     for l in &p.location {
         assert!(l.id != 0, "{name}: location id 0");
-        assert!(l.mapping_id == 0 || mappings.contains_key(&l.mapping_id), "{name}: location {} has unknown mapping {}", l.id, l.mapping_id);
+        assert!(
+            l.mapping_id == 0 || mappings.contains_key(&l.mapping_id),
+            "{name}: location {} has unknown mapping {}",
+            l.id,
+            l.mapping_id
+        );
         for line in &l.line {
-            assert!(functions.contains_key(&line.function_id), "{name}: location {} has unknown function {}", l.id, line.function_id);
+            assert!(
+                functions.contains_key(&line.function_id),
+                "{name}: location {} has unknown function {}",
+                l.id,
+                line.function_id
+            );
         }
     }
     for f in &p.function {
@@ -203,27 +268,53 @@ pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
         string(p, m.build_id, "mapping build id");
     }
     for (i, s) in p.sample.iter().enumerate() {
-        assert_eq!(s.value.len(), 2, "{name}: sample {i} has {} values", s.value.len());
-        assert!(s.value[0] > 0, "{name}: sample {i} has count {}", s.value[0]);
-        assert_eq!(s.value[1], s.value[0] * p.period, "{name}: sample {i}: cpu/nanoseconds must be samples * period");
+        assert_eq!(
+            s.value.len(),
+            2,
+            "{name}: sample {i} has {} values",
+            s.value.len()
+        );
+        assert!(
+            s.value[0] > 0,
+            "{name}: sample {i} has count {}",
+            s.value[0]
+        );
+        assert_eq!(
+            s.value[1],
+            s.value[0] * p.period,
+            "{name}: sample {i}: cpu/nanoseconds must be samples * period"
+        );
         for id in &s.location_id {
-            assert!(locations.contains_key(id), "{name}: sample {i} has unknown location {id}");
+            assert!(
+                locations.contains_key(id),
+                "{name}: sample {i} has unknown location {id}"
+            );
         }
         let mut keys: Vec<String> = Vec::new();
         for l in &s.label {
             let key = string(p, l.key, "label key");
-            assert!(l.str != 0 || l.num == 0, "{name}: sample {i}: label {key} is numeric; labels must be strings");
+            assert!(
+                l.str != 0 || l.num == 0,
+                "{name}: sample {i}: label {key} is numeric; labels must be strings"
+            );
             string(p, l.str, "label value");
             keys.push(key);
         }
         for want in ["pid", "tid", "comm", "thread"] {
-            assert_eq!(keys.iter().filter(|k| *k == want).count(), 1, "{name}: sample {i} must have exactly one {want} label; has {keys:?}");
+            assert_eq!(
+                keys.iter().filter(|k| *k == want).count(),
+                1,
+                "{name}: sample {i} must have exactly one {want} label; has {keys:?}"
+            );
         }
     }
     for s in flatten(p) {
         for key in ["pid", "tid"] {
             let v = s.label(key).unwrap_or_default();
-            assert!(v.parse::<u32>().is_ok(), "{name}: {key} label {v:?} is not a number");
+            assert!(
+                v.parse::<u32>().is_ok(),
+                "{name}: {key} label {v:?} is not a number"
+            );
         }
     }
 }
@@ -273,7 +364,9 @@ impl FlatSample {
 
     /// Index of the first (leaf-most) frame of function `f`.
     pub fn position(&self, f: &str) -> Option<usize> {
-        self.frames.iter().position(|fr| function_matches(&fr.function, f))
+        self.frames
+            .iter()
+            .position(|fr| function_matches(&fr.function, f))
     }
 
     pub fn has_function(&self, f: &str) -> bool {
@@ -307,13 +400,19 @@ impl FlatSample {
 pub fn function_matches(name: &str, want: &str) -> bool {
     let name = strip_rust_hash(name);
     name == want
-        || name.strip_prefix(want).is_some_and(|rest| rest.starts_with('.'))
-        || name.strip_suffix(want).is_some_and(|head| head.ends_with("::"))
+        || name
+            .strip_prefix(want)
+            .is_some_and(|rest| rest.starts_with('.'))
+        || name
+            .strip_suffix(want)
+            .is_some_and(|head| head.ends_with("::"))
 }
 
 fn strip_rust_hash(name: &str) -> &str {
     match name.rsplit_once("::h") {
-        Some((head, hash)) if hash.len() == 16 && hash.bytes().all(|c| c.is_ascii_hexdigit()) => head,
+        Some((head, hash)) if hash.len() == 16 && hash.bytes().all(|c| c.is_ascii_hexdigit()) => {
+            head
+        }
         _ => name,
     }
 }
@@ -321,8 +420,10 @@ fn strip_rust_hash(name: &str) -> &str {
 /// The samples of a profile with labels and frames resolved.
 pub fn flatten(p: &Profile) -> Vec<FlatSample> {
     let s = |i: i64| string(p, i, "profile string");
-    let functions: BTreeMap<u64, &pprof_proto::Function> = p.function.iter().map(|f| (f.id, f)).collect();
-    let mappings: BTreeMap<u64, &pprof_proto::Mapping> = p.mapping.iter().map(|m| (m.id, m)).collect();
+    let functions: BTreeMap<u64, &pprof_proto::Function> =
+        p.function.iter().map(|f| (f.id, f)).collect();
+    let mappings: BTreeMap<u64, &pprof_proto::Mapping> =
+        p.mapping.iter().map(|m| (m.id, m)).collect();
     let mut frames_of: BTreeMap<u64, Vec<Frame>> = BTreeMap::new();
     for l in &p.location {
         let (mapping, build_id) = mappings
@@ -397,7 +498,9 @@ pub fn total_count(samples: &[FlatSample]) -> i64 {
 pub fn group_by_label(samples: &[FlatSample], key: &str) -> BTreeMap<String, (i64, i64)> {
     let mut groups: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     for s in samples {
-        let g = groups.entry(s.label(key).unwrap_or("<none>").to_string()).or_default();
+        let g = groups
+            .entry(s.label(key).unwrap_or("<none>").to_string())
+            .or_default();
         g.0 += s.count;
         g.1 += s.cpu_ns;
     }
@@ -411,7 +514,11 @@ pub fn share_with(samples: &[FlatSample], f: &str) -> f64 {
     if total == 0 {
         return 0.0;
     }
-    let with: i64 = samples.iter().filter(|s| s.has_function(f)).map(|s| s.cpu_ns).sum();
+    let with: i64 = samples
+        .iter()
+        .filter(|s| s.has_function(f))
+        .map(|s| s.cpu_ns)
+        .sum();
     with as f64 / total as f64
 }
 
@@ -435,16 +542,31 @@ pub fn summary(samples: &[FlatSample]) -> String {
         let groups = group_by_label(samples, key);
         let mut groups: Vec<(String, (i64, i64))> = groups.into_iter().collect();
         groups.sort_by_key(|(_, (_, cpu))| -cpu);
-        let shown: Vec<String> = groups.iter().take(8).map(|(v, (n, _))| format!("{v}:{n}")).collect();
-        let _ = writeln!(out, "  {key}: {}{}", shown.join(" "), if groups.len() > 8 { " ..." } else { "" });
+        let shown: Vec<String> = groups
+            .iter()
+            .take(8)
+            .map(|(v, (n, _))| format!("{v}:{n}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {key}: {}{}",
+            shown.join(" "),
+            if groups.len() > 8 { " ..." } else { "" }
+        );
     }
     let mut leaves: BTreeMap<String, i64> = BTreeMap::new();
     let mut stacks: BTreeMap<String, i64> = BTreeMap::new();
     for s in samples {
         let leaf = s.frames.first().map(|f| {
-            if f.unsymbolized { format!("{:#x}@{}", f.address, f.mapping) } else { f.function.clone() }
+            if f.unsymbolized {
+                format!("{:#x}@{}", f.address, f.mapping)
+            } else {
+                f.function.clone()
+            }
         });
-        *leaves.entry(leaf.unwrap_or_else(|| "<empty stack>".into())).or_default() += s.cpu_ns;
+        *leaves
+            .entry(leaf.unwrap_or_else(|| "<empty stack>".into()))
+            .or_default() += s.cpu_ns;
         *stacks.entry(s.stack_text()).or_default() += s.cpu_ns;
     }
     let mut leaves: Vec<(String, i64)> = leaves.into_iter().collect();
@@ -479,9 +601,18 @@ mod tests {
 
     #[test]
     fn file_names() {
-        assert_eq!(parse_file_name("cpu-20260520T001122Z.pb.gz", "cpu"), Some("20260520T001122Z"));
-        assert_eq!(parse_file_name("cpu-20260520T001122Z-3.pb.gz", "cpu"), Some("20260520T001122Z"));
-        assert_eq!(parse_file_name(".cpu-20260520T001122Z.pb.gz.tmp", "cpu"), None);
+        assert_eq!(
+            parse_file_name("cpu-20260520T001122Z.pb.gz", "cpu"),
+            Some("20260520T001122Z")
+        );
+        assert_eq!(
+            parse_file_name("cpu-20260520T001122Z-3.pb.gz", "cpu"),
+            Some("20260520T001122Z")
+        );
+        assert_eq!(
+            parse_file_name(".cpu-20260520T001122Z.pb.gz.tmp", "cpu"),
+            None
+        );
         assert_eq!(parse_file_name("heap-20260520T001122Z.pb.gz", "cpu"), None);
         assert_eq!(parse_file_name("cpu-20260520T001122Z-.pb.gz", "cpu"), None);
         assert_eq!(parse_file_name("cpu-2026052T001122Z.pb.gz", "cpu"), None);
@@ -494,7 +625,10 @@ mod tests {
         assert!(!function_matches("burn_ab", "burn_a"));
         assert!(!function_matches("xburn_a", "burn_a"));
         assert!(function_matches("cpu_ratio::burn_a", "burn_a"));
-        assert!(function_matches("cpu_ratio::burn_a::h0123456789abcdef", "burn_a"));
+        assert!(function_matches(
+            "cpu_ratio::burn_a::h0123456789abcdef",
+            "burn_a"
+        ));
         assert!(!function_matches("cpu_ratio::main", "burn_a"));
         assert!(function_matches("main", "main"));
         assert!(!function_matches("__libc_start_main", "main"));

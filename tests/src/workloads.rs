@@ -39,7 +39,9 @@ impl Workload {
             Workload::Syscalls => "syscalls.c",
             Workload::ShortLived => "short_lived.c",
         };
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads").join(file)
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("workloads")
+            .join(file)
     }
 
     /// Compiles the workload into `dir/exe_name` and returns that path. The
@@ -50,7 +52,14 @@ impl Workload {
         let mut cmd = match self {
             Workload::CpuRatioRust => {
                 let mut c = Command::new("rustc");
-                c.args(["--edition", "2024", "-O", "-C", "force-frame-pointers=yes", "-g"]);
+                c.args([
+                    "--edition",
+                    "2024",
+                    "-O",
+                    "-C",
+                    "force-frame-pointers=yes",
+                    "-g",
+                ]);
                 c
             }
             _ => {
@@ -60,7 +69,11 @@ impl Workload {
             }
         };
         cmd.arg("-o").arg(&out).arg(&src).current_dir(dir);
-        let output = run_with_timeout(cmd, &format!("compiling {}", src.display()), COMPILE_TIMEOUT);
+        let output = run_with_timeout(
+            cmd,
+            &format!("compiling {}", src.display()),
+            COMPILE_TIMEOUT,
+        );
         assert!(
             output.status.success(),
             "compiling {} failed ({}):\n{}{}",
@@ -76,7 +89,10 @@ impl Workload {
 /// The `comm` the kernel gives a process running `exe`: its file name,
 /// truncated to 15 bytes.
 pub fn comm_of(exe: &Path) -> String {
-    let name = exe.file_name().expect("an executable has a file name").as_encoded_bytes();
+    let name = exe
+        .file_name()
+        .expect("an executable has a file name")
+        .as_encoded_bytes();
     String::from_utf8_lossy(&name[..name.len().min(15)]).into_owned()
 }
 
@@ -95,7 +111,10 @@ impl Running {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = exe
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let mut proc = Guarded::spawn(cmd, &name);
         let stdout = proc.take_stdout().expect("stdout is piped");
         Running { proc, stdout }
@@ -108,7 +127,10 @@ impl Running {
     /// Lets a workload started with `--wait-stdin` go: writes one byte to
     /// its stdin and closes it.
     pub fn release(&mut self) {
-        let mut stdin = self.proc.take_stdin().expect("stdin is piped and not yet used");
+        let mut stdin = self
+            .proc
+            .take_stdin()
+            .expect("stdin is piped and not yet used");
         stdin
             .write_all(b"g")
             .unwrap_or_else(|e| panic!("releasing {}: {e}", self.proc.name()));
@@ -120,7 +142,10 @@ impl Running {
         let status: Option<ExitStatus> = self.proc.wait_timeout(timeout);
         let Some(status) = status else {
             self.proc.kill();
-            panic!("workload {} did not exit within {timeout:?}", self.proc.name());
+            panic!(
+                "workload {} did not exit within {timeout:?}",
+                self.proc.name()
+            );
         };
         let out = self.stdout.finish(Duration::from_secs(2)).join("\n");
         assert!(
@@ -146,13 +171,15 @@ pub fn parse_report(stdout: &str, first_key: &str) -> BTreeMap<String, u64> {
         .lines()
         .rev()
         .find(|l| l.split_whitespace().any(|w| w.starts_with(&prefix)))
-        .unwrap_or_else(|| panic!("no report line with {prefix} in the workload's output:\n{stdout}"));
+        .unwrap_or_else(|| {
+            panic!("no report line with {prefix} in the workload's output:\n{stdout}")
+        });
     line.split_whitespace()
         .filter_map(|field| field.split_once('='))
         .map(|(k, v)| {
-            let v = v
-                .parse()
-                .unwrap_or_else(|_| panic!("field {k}={v} of report line {line:?} is not an integer"));
+            let v = v.parse().unwrap_or_else(|_| {
+                panic!("field {k}={v} of report line {line:?} is not an integer")
+            });
             (k.to_string(), v)
         })
         .collect()

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::profiles::{
-    FlatSample, KERNEL_MAPPING, ProfileFile, assert_only_profiles, flatten_all, group_by_label, of_pid,
-    read_profiles, share_with, summary, total_count, total_cpu,
+    FlatSample, KERNEL_MAPPING, ProfileFile, assert_only_profiles, flatten_all, group_by_label,
+    of_pid, read_profiles, share_with, summary, total_count, total_cpu,
 };
 use profiler_tests::workloads::{Running, Workload, comm_of, field, parse_report};
 use profiler_tests::{check_cpu_files, pprof_tops, temp_dir};
@@ -25,7 +25,12 @@ const BURN_SECONDS: &str = "4";
 
 /// Everything a failed assertion should show: the samples digest and
 /// `go tool pprof -top` of every file for the pid.
-fn diag(samples: &[FlatSample], files: &[ProfileFile], pid: Option<u32>, daemon: &Daemon) -> String {
+fn diag(
+    samples: &[FlatSample],
+    files: &[ProfileFile],
+    pid: Option<u32>,
+    daemon: &Daemon,
+) -> String {
     format!(
         "\n{}\n{}\n{}",
         summary(samples),
@@ -70,8 +75,16 @@ fn assert_symbolized(samples: &[FlatSample], exe: &Path, source: &str, extra: im
         "burn_a's mapping should be the executable {exe_name}; got {frame:?}{}",
         extra()
     );
-    assert!(!frame.build_id.is_empty(), "burn_a's mapping has no build ID: {frame:?}{}", extra());
-    assert!(frame.address != 0, "burn_a's location has no address: {frame:?}{}", extra());
+    assert!(
+        !frame.build_id.is_empty(),
+        "burn_a's mapping has no build ID: {frame:?}{}",
+        extra()
+    );
+    assert!(
+        frame.address != 0,
+        "burn_a's location has no address: {frame:?}{}",
+        extra()
+    );
 }
 
 /// Fraction (by cpu) of the samples containing `leaf` in which the frames
@@ -83,12 +96,17 @@ fn caller_chain_share(samples: &[FlatSample], leaf: &str, callers: &[&str]) -> f
         .iter()
         .filter(|s| {
             let mut rest = &s.frames[s.position(leaf).unwrap() + 1..];
-            callers.iter().all(|c| match rest.iter().position(|f| profiler_tests::profiles::function_matches(&f.function, c)) {
-                Some(i) => {
-                    rest = &rest[i + 1..];
-                    true
+            callers.iter().all(|c| {
+                match rest
+                    .iter()
+                    .position(|f| profiler_tests::profiles::function_matches(&f.function, c))
+                {
+                    Some(i) => {
+                        rest = &rest[i + 1..];
+                        true
+                    }
+                    None => false,
                 }
-                None => false,
             })
         })
         .map(|s| s.cpu_ns)
@@ -99,7 +117,16 @@ fn caller_chain_share(samples: &[FlatSample], leaf: &str, callers: &[&str]) -> f
 /// Runs a ratio workload under `--pid`, profiling its whole life: the
 /// workload waits on stdin until the daemon is ready. Returns the files, the
 /// samples, the workload's report, its pid and the daemon.
-fn profile_whole_life(exe: &Path, out: &Path) -> (Vec<ProfileFile>, Vec<FlatSample>, std::collections::BTreeMap<String, u64>, u32, Daemon) {
+fn profile_whole_life(
+    exe: &Path,
+    out: &Path,
+) -> (
+    Vec<ProfileFile>,
+    Vec<FlatSample>,
+    std::collections::BTreeMap<String, u64>,
+    u32,
+    Daemon,
+) {
     let mut workload = Running::start(exe, &[BURN_SECONDS, "--wait-stdin"]);
     let pid = workload.pid();
     let mut daemon = Daemon::start(&[
@@ -135,26 +162,56 @@ fn c_workload_under_pid() {
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
     assert_only_profiles(&out, "cpu");
-    assert!(files.len() >= 2, "a 4 s run with --interval 2s should give at least 2 files, got {}{}", files.len(), d());
+    assert!(
+        files.len() >= 2,
+        "a 4 s run with --interval 2s should give at least 2 files, got {}{}",
+        files.len(),
+        d()
+    );
     check_cpu_files(&files, HZ);
     assert_eq!(field(&report, "pid"), u64::from(pid));
 
     // Filtering: only the target.
     let others: Vec<&FlatSample> = samples.iter().filter(|s| s.pid() != pid).collect();
-    assert!(others.is_empty(), "--pid {pid}: {} samples of other processes{}", others.len(), summary(&others.into_iter().cloned().collect::<Vec<_>>()));
+    assert!(
+        others.is_empty(),
+        "--pid {pid}: {} samples of other processes{}",
+        others.len(),
+        summary(&others.into_iter().cloned().collect::<Vec<_>>())
+    );
     assert!(total_count(&samples) > 0, "no samples for pid {pid}{}", d());
 
     // Labels: single-threaded, comm and thread are the executable's name.
     let comm = comm_of(&exe);
     assert_eq!(comm, "cpu_ratio_c_wor");
     for s in &samples {
-        assert_eq!(s.tid(), pid, "single-threaded workload: tid must be the pid; labels {:?}", s.labels);
-        assert_eq!(s.label("comm"), Some(comm.as_str()), "comm label; labels {:?}", s.labels);
-        assert_eq!(s.label("thread"), Some(comm.as_str()), "thread label; labels {:?}", s.labels);
+        assert_eq!(
+            s.tid(),
+            pid,
+            "single-threaded workload: tid must be the pid; labels {:?}",
+            s.labels
+        );
+        assert_eq!(
+            s.label("comm"),
+            Some(comm.as_str()),
+            "comm label; labels {:?}",
+            s.labels
+        );
+        assert_eq!(
+            s.label("thread"),
+            Some(comm.as_str()),
+            "thread label; labels {:?}",
+            s.labels
+        );
     }
 
     // Total CPU over the whole life, against getrusage.
-    assert_total("C workload", total_cpu(&samples), field(&report, "cpu_ns"), d);
+    assert_total(
+        "C workload",
+        total_cpu(&samples),
+        field(&report, "cpu_ns"),
+        d,
+    );
 
     // The split between burn_a and burn_b, against the workload's own
     // measurement with its thread CPU clock.
@@ -166,14 +223,26 @@ fn c_workload_under_pid() {
         "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
         d()
     );
-    assert!(coverage >= 0.85, "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}", d());
+    assert!(
+        coverage >= 0.85,
+        "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}",
+        d()
+    );
 
     // Stacks: the whole chain to main.
     let main_share = share_with(&samples, "main");
-    assert!(main_share >= 0.9, "main is in only {main_share:.3} of the cpu (expected ≥ 0.9){}", d());
+    assert!(
+        main_share >= 0.9,
+        "main is in only {main_share:.3} of the cpu (expected ≥ 0.9){}",
+        d()
+    );
     for leaf in ["burn_a", "burn_b"] {
         let chain = caller_chain_share(&samples, leaf, &["run_workload", "main"]);
-        assert!(chain >= 0.95, "{leaf} <- run_workload <- main in only {chain:.3} of {leaf}'s samples{}", d());
+        assert!(
+            chain >= 0.95,
+            "{leaf} <- run_workload <- main in only {chain:.3} of {leaf}'s samples{}",
+            d()
+        );
     }
     assert_symbolized(&samples, &exe, "cpu_ratio.c", d);
 }
@@ -188,10 +257,20 @@ fn rust_workload_under_pid() {
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
     assert_only_profiles(&out, "cpu");
-    assert!(files.len() >= 2, "a 4 s run with --interval 2s should give at least 2 files, got {}{}", files.len(), d());
+    assert!(
+        files.len() >= 2,
+        "a 4 s run with --interval 2s should give at least 2 files, got {}{}",
+        files.len(),
+        d()
+    );
     check_cpu_files(&files, HZ);
     let others: Vec<&FlatSample> = samples.iter().filter(|s| s.pid() != pid).collect();
-    assert!(others.is_empty(), "--pid {pid}: {} samples of other processes{}", others.len(), d());
+    assert!(
+        others.is_empty(),
+        "--pid {pid}: {} samples of other processes{}",
+        others.len(),
+        d()
+    );
 
     // Labels: two threads; the main thread is named like the process, the
     // helper thread has its own name.
@@ -200,21 +279,45 @@ fn rust_workload_under_pid() {
     let helper_tid = field(&report, "helper_tid") as u32;
     assert_eq!(main_tid, pid);
     for s in &samples {
-        assert_eq!(s.label("comm"), Some(comm.as_str()), "comm label; labels {:?}", s.labels);
+        assert_eq!(
+            s.label("comm"),
+            Some(comm.as_str()),
+            "comm label; labels {:?}",
+            s.labels
+        );
         let want_thread = match s.tid() {
             t if t == main_tid => comm.as_str(),
             t if t == helper_tid => "rs-helper",
-            t => panic!("sample of unknown thread {t} (threads: main {main_tid}, helper {helper_tid}); labels {:?}", s.labels),
+            t => panic!(
+                "sample of unknown thread {t} (threads: main {main_tid}, helper {helper_tid}); labels {:?}",
+                s.labels
+            ),
         };
-        assert_eq!(s.label("thread"), Some(want_thread), "thread label of tid {}; labels {:?}", s.tid(), s.labels);
+        assert_eq!(
+            s.label("thread"),
+            Some(want_thread),
+            "thread label of tid {}; labels {:?}",
+            s.tid(),
+            s.labels
+        );
     }
     let by_tid = group_by_label(&samples, "tid");
     for tid in [main_tid, helper_tid] {
         let cpu = by_tid.get(&tid.to_string()).map_or(0, |g| g.1);
-        assert!(cpu > 1_000_000_000, "thread {tid} burned for 4 s but has only {:.3} s of cpu{}", cpu as f64 / 1e9, d());
+        assert!(
+            cpu > 1_000_000_000,
+            "thread {tid} burned for 4 s but has only {:.3} s of cpu{}",
+            cpu as f64 / 1e9,
+            d()
+        );
     }
 
-    assert_total("Rust workload", total_cpu(&samples), field(&report, "cpu_ns"), d);
+    assert_total(
+        "Rust workload",
+        total_cpu(&samples),
+        field(&report, "cpu_ns"),
+        d,
+    );
 
     let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let truth = a_ns / (a_ns + b_ns);
@@ -224,18 +327,42 @@ fn rust_workload_under_pid() {
         "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
         d()
     );
-    assert!(coverage >= 0.85, "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}", d());
+    assert!(
+        coverage >= 0.85,
+        "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}",
+        d()
+    );
 
     // The main thread's stacks reach main; the helper's reach run_workload.
-    let main_thread: Vec<FlatSample> = samples.iter().filter(|s| s.tid() == main_tid).cloned().collect();
-    let helper: Vec<FlatSample> = samples.iter().filter(|s| s.tid() == helper_tid).cloned().collect();
+    let main_thread: Vec<FlatSample> = samples
+        .iter()
+        .filter(|s| s.tid() == main_tid)
+        .cloned()
+        .collect();
+    let helper: Vec<FlatSample> = samples
+        .iter()
+        .filter(|s| s.tid() == helper_tid)
+        .cloned()
+        .collect();
     let main_share = share_with(&main_thread, "main");
-    assert!(main_share >= 0.9, "main is in only {main_share:.3} of the main thread's cpu (expected ≥ 0.9){}", d());
+    assert!(
+        main_share >= 0.9,
+        "main is in only {main_share:.3} of the main thread's cpu (expected ≥ 0.9){}",
+        d()
+    );
     for leaf in ["burn_a", "burn_b"] {
         let chain = caller_chain_share(&main_thread, leaf, &["run_workload", "main"]);
-        assert!(chain >= 0.95, "main thread: {leaf} <- run_workload <- main in only {chain:.3} of {leaf}'s samples{}", d());
+        assert!(
+            chain >= 0.95,
+            "main thread: {leaf} <- run_workload <- main in only {chain:.3} of {leaf}'s samples{}",
+            d()
+        );
         let chain = caller_chain_share(&helper, leaf, &["run_workload"]);
-        assert!(chain >= 0.95, "helper thread: {leaf} <- run_workload in only {chain:.3} of {leaf}'s samples{}", d());
+        assert!(
+            chain >= 0.95,
+            "helper thread: {leaf} <- run_workload in only {chain:.3} of {leaf}'s samples{}",
+            d()
+        );
     }
     assert_symbolized(&samples, &exe, "cpu_ratio.rs", d);
 }
@@ -269,16 +396,32 @@ fn kernel_frames_of_system_calls() {
     check_cpu_files(&files, HZ);
     let samples = of_pid(&flatten_all(&files), pid);
     let d = || diag(&samples, &files, Some(pid), &daemon);
-    assert!(total_count(&samples) >= 100, "too few samples of the syscall workload{}", d());
+    assert!(
+        total_count(&samples) >= 100,
+        "too few samples of the syscall workload{}",
+        d()
+    );
 
     // It spends most of its time in the kernel (about 3/4 on this VM).
-    let kernel: Vec<FlatSample> = samples.iter().filter(|s| s.has_kernel_frame()).cloned().collect();
+    let kernel: Vec<FlatSample> = samples
+        .iter()
+        .filter(|s| s.has_kernel_frame())
+        .cloned()
+        .collect();
     let kernel_share = total_cpu(&kernel) as f64 / total_cpu(&samples) as f64;
-    assert!(kernel_share >= 0.3, "only {kernel_share:.3} of the cpu has kernel frames (mapping {KERNEL_MAPPING}){}", d());
+    assert!(
+        kernel_share >= 0.3,
+        "only {kernel_share:.3} of the cpu has kernel frames (mapping {KERNEL_MAPPING}){}",
+        d()
+    );
 
     // Kernel frames come first (leaf side), then the user frames.
     for s in &samples {
-        let first_user = s.frames.iter().position(|f| !f.is_kernel()).unwrap_or(s.frames.len());
+        let first_user = s
+            .frames
+            .iter()
+            .position(|f| !f.is_kernel())
+            .unwrap_or(s.frames.len());
         assert!(
             s.frames[first_user..].iter().all(|f| !f.is_kernel()),
             "kernel frames after user frames: {}",
@@ -287,16 +430,28 @@ fn kernel_frames_of_system_calls() {
     }
     // The kernel frames are system call paths.
     let syscall_path = |s: &FlatSample| {
-        s.frames
-            .iter()
-            .any(|f| f.is_kernel() && (f.function.contains("sys_") || f.function.contains("entry_SYSCALL")))
+        s.frames.iter().any(|f| {
+            f.is_kernel() && (f.function.contains("sys_") || f.function.contains("entry_SYSCALL"))
+        })
     };
-    let with_path: i64 = kernel.iter().filter(|s| syscall_path(s)).map(|s| s.cpu_ns).sum();
+    let with_path: i64 = kernel
+        .iter()
+        .filter(|s| syscall_path(s))
+        .map(|s| s.cpu_ns)
+        .sum();
     let path_share = with_path as f64 / total_cpu(&kernel).max(1) as f64;
-    assert!(path_share >= 0.9, "only {path_share:.3} of the kernel samples show a sys_*/entry_SYSCALL frame{}", d());
+    assert!(
+        path_share >= 0.9,
+        "only {path_share:.3} of the kernel samples show a sys_*/entry_SYSCALL frame{}",
+        d()
+    );
     for s in &kernel {
         for f in s.frames.iter().filter(|f| f.is_kernel()) {
-            assert!(!f.function.is_empty() && !f.unsymbolized, "unsymbolized kernel frame {f:?} in {}", s.stack_text());
+            assert!(
+                !f.function.is_empty() && !f.unsymbolized,
+                "unsymbolized kernel frame {f:?} in {}",
+                s.stack_text()
+            );
         }
     }
     // The user half of a kernel sample continues where the system call was
@@ -332,11 +487,19 @@ fn command_and_its_descendants() {
     // The daemon stops by itself when the command exits.
     daemon.wait_success(Duration::from_secs(20));
     let report = parse_report(&daemon.stdout_text(), "pid");
-    let (pid, child) = (field(&report, "pid") as u32, field(&report, "child_pid") as u32);
+    let (pid, child) = (
+        field(&report, "pid") as u32,
+        field(&report, "child_pid") as u32,
+    );
 
     let files = read_profiles(&out, "cpu");
     assert_only_profiles(&out, "cpu");
-    assert_eq!(files.len(), 1, "one window (--interval 60s): expected one file, got {}", files.len());
+    assert_eq!(
+        files.len(),
+        1,
+        "one window (--interval 60s): expected one file, got {}",
+        files.len()
+    );
     check_cpu_files(&files, HZ);
     let samples = flatten_all(&files);
     let d = || diag(&samples, &files, None, &daemon);
@@ -346,15 +509,28 @@ fn command_and_its_descendants() {
         .filter_map(|p| p.parse().ok())
         .filter(|p| *p != pid && *p != child)
         .collect();
-    assert!(strangers.is_empty(), "samples of processes other than the command {pid} and its child {child}: {strangers:?}{}", d());
+    assert!(
+        strangers.is_empty(),
+        "samples of processes other than the command {pid} and its child {child}: {strangers:?}{}",
+        d()
+    );
 
     let parent = of_pid(&samples, pid);
     let forked = of_pid(&samples, child);
     assert_total("command", total_cpu(&parent), field(&report, "cpu_ns"), d);
-    assert_total("forked child of the command", total_cpu(&forked), field(&report, "child_cpu_ns"), d);
+    assert_total(
+        "forked child of the command",
+        total_cpu(&forked),
+        field(&report, "child_cpu_ns"),
+        d,
+    );
 
     let child_share = share_with(&forked, "child_burn");
-    assert!(child_share >= 0.85, "child_burn is in only {child_share:.3} of the child's cpu{}", d());
+    assert!(
+        child_share >= 0.85,
+        "child_burn is in only {child_share:.3} of the child's cpu{}",
+        d()
+    );
     let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let truth = a_ns / (a_ns + b_ns);
     let (share, _) = a_share(&parent);
@@ -364,9 +540,23 @@ fn command_and_its_descendants() {
         d()
     );
     let comm = comm_of(&exe);
-    for s in parent.iter().chain(&forked).filter(|s| s.has_function("main")) {
-        assert_eq!(s.label("comm"), Some(comm.as_str()), "comm of a sample in main; labels {:?}", s.labels);
-        assert_eq!(s.tid(), s.pid(), "single-threaded processes; labels {:?}", s.labels);
+    for s in parent
+        .iter()
+        .chain(&forked)
+        .filter(|s| s.has_function("main"))
+    {
+        assert_eq!(
+            s.label("comm"),
+            Some(comm.as_str()),
+            "comm of a sample in main; labels {:?}",
+            s.labels
+        );
+        assert_eq!(
+            s.tid(),
+            s.pid(),
+            "single-threaded processes; labels {:?}",
+            s.labels
+        );
     }
 }
 
@@ -394,7 +584,12 @@ fn system_wide_sees_every_process() {
 
     let files = read_profiles(&out, "cpu");
     assert_only_profiles(&out, "cpu");
-    assert_eq!(files.len(), 1, "--duration 3s --interval 60s: expected one file, got {}", files.len());
+    assert_eq!(
+        files.len(),
+        1,
+        "--duration 3s --interval 60s: expected one file, got {}",
+        files.len()
+    );
     // Default frequency: 99 Hz.
     check_cpu_files(&files, 99);
     let samples = flatten_all(&files);
@@ -403,13 +598,33 @@ fn system_wide_sees_every_process() {
     for (w, exe) in [(&alpha, &alpha_exe), (&beta, &beta_exe)] {
         let mine = of_pid(&samples, w.pid());
         let comm = comm_of(exe);
-        assert!(total_count(&mine) >= 20, "{comm} (pid {}) burned for the whole 3 s but has {} samples{}", w.pid(), total_count(&mine), d());
+        assert!(
+            total_count(&mine) >= 20,
+            "{comm} (pid {}) burned for the whole 3 s but has {} samples{}",
+            w.pid(),
+            total_count(&mine),
+            d()
+        );
         for s in &mine {
-            assert_eq!(s.label("comm"), Some(comm.as_str()), "comm label of pid {}; labels {:?}", w.pid(), s.labels);
+            assert_eq!(
+                s.label("comm"),
+                Some(comm.as_str()),
+                "comm label of pid {}; labels {:?}",
+                w.pid(),
+                s.labels
+            );
         }
         let (_, coverage) = a_share(&mine);
-        assert!(coverage >= 0.8, "{comm}: burn_a+burn_b in only {coverage:.3} of its cpu (unsymbolized?){}", d());
+        assert!(
+            coverage >= 0.8,
+            "{comm}: burn_a+burn_b in only {coverage:.3} of its cpu (unsymbolized?){}",
+            d()
+        );
     }
     let beta_threads = group_by_label(&of_pid(&samples, beta.pid()), "thread");
-    assert!(beta_threads.contains_key("rs-helper"), "the Rust workload's helper thread is missing: {beta_threads:?}{}", d());
+    assert!(
+        beta_threads.contains_key("rs-helper"),
+        "the Rust workload's helper thread is missing: {beta_threads:?}{}",
+        d()
+    );
 }

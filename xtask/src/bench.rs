@@ -48,7 +48,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
     let result = measure(&bin, &work, &out_dir, &args);
     let _ = fs::write(
         "/proc/sys/kernel/bpf_stats_enabled",
-        if stats_before.trim().is_empty() { "0" } else { stats_before.trim() },
+        if stats_before.trim().is_empty() {
+            "0"
+        } else {
+            stats_before.trim()
+        },
     );
     let report = result?;
     let _ = fs::remove_dir_all(&work);
@@ -60,7 +64,9 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
 }
 
 fn tempdir(root: &Path) -> Result<std::path::PathBuf> {
-    let dir = root.join("target").join(format!("bench-{}", std::process::id()));
+    let dir = root
+        .join("target")
+        .join(format!("bench-{}", std::process::id()));
     fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -131,7 +137,11 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
     std::mem::forget(perf); // reaped by wait4 below, which gives its rusage
     let bpftrace = Command::new("timeout")
         .args(["-s", "INT", &(args.seconds + 1).to_string()])
-        .args(["bpftrace", "-e", "profile:hz:99 { @[kstack, ustack] = count(); }"])
+        .args([
+            "bpftrace",
+            "-e",
+            "profile:hz:99 { @[kstack, ustack] = count(); }",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -241,7 +251,13 @@ fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
     let rest = line.split("cpu_sample:").nth(1)?;
     let mut words = rest.split_whitespace();
     let runs = words.next()?.parse().ok()?;
-    let ns = rest.split(", ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    let ns = rest
+        .split(", ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
     Some((runs, ns))
 }
 

@@ -117,7 +117,13 @@ fn setup(for_tests: bool) -> Result<()> {
     ]))
     .unwrap_or_default();
     if !rust_src.lines().any(|l| l.starts_with("rust-src")) {
-        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
     }
     let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
     if !linker.contains("0.10.4") {
@@ -176,7 +182,14 @@ fn build(release: bool) -> Result<()> {
 fn test(quick: bool) -> Result<()> {
     if !quick {
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))?;
+        run(cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
     }
     build(true)?;
     run(cargo().args([
@@ -188,6 +201,13 @@ fn test(quick: bool) -> Result<()> {
     ]))?;
     // End-to-end tests measure CPU shares: one at a time, on an idle machine.
     run(cargo()
-        .args(["test", "--release", "--package", "profiler-tests", "--", "--test-threads=1"])
+        .args([
+            "test",
+            "--release",
+            "--package",
+            "profiler-tests",
+            "--",
+            "--test-threads=1",
+        ])
         .env("PROFILERD_BIN", root().join("target/release/profilerd")))
 }
