@@ -1,10 +1,10 @@
 //! profilerd: a system-wide continuous profiler. The modules follow the data
 //! flow; docs/ARCHITECTURE.md maps them.
 
-pub mod batch;
 pub mod config;
 pub mod drain;
 pub mod frames;
+pub mod map_syscalls;
 pub mod notify;
 pub mod pprof;
 pub mod probes;

@@ -3,7 +3,7 @@
 //! interface lives here; the rest of the daemon sees plain Rust values.
 
 use std::fs;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use aya::programs::{PerfEvent, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{SampleKey, Stack, StackHash, control, counter};
 
-use crate::batch::{self, BatchError};
+use crate::map_syscalls::{self, BatchError};
 use thiserror::Error;
 
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
@@ -42,6 +42,8 @@ pub enum ProbeError {
         #[source]
         source: aya::maps::MapError,
     },
+    #[error("duplicating the target map's descriptor: {0}")]
+    Dup(std::io::Error),
     #[error("eBPF map {0} has an unexpected type")]
     MapType(&'static str),
     #[error("draining eBPF map {name}: {source}")]
@@ -82,6 +84,8 @@ pub struct Drained {
 pub struct Probes {
     ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
+    /// A second descriptor of TARGETS (typed aya maps do not expose theirs).
+    targets_fd: OwnedFd,
     control: Array<MapData, u32>,
     counters: PerCpuArray<MapData, u64>,
     /// Per-CPU hash maps SampleKey -> u64, drained in batches.
@@ -110,12 +114,17 @@ impl Probes {
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
 
-        let targets = HashMap::try_from(take_map(&mut ebpf, "TARGETS")?).map_err(|source| {
-            ProbeError::Map {
+        let targets = hash(take_map(&mut ebpf, "TARGETS")?, "TARGETS")?;
+        let targets_fd = targets
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(ProbeError::Dup)?;
+        let targets =
+            HashMap::try_from(Map::HashMap(targets)).map_err(|source| ProbeError::Map {
                 name: "TARGETS",
                 source,
-            }
-        })?;
+            })?;
         let control =
             Array::try_from(take_map(&mut ebpf, "CONTROL")?).map_err(|source| ProbeError::Map {
                 name: "CONTROL",
@@ -149,6 +158,7 @@ impl Probes {
         let mut probes = Probes {
             ebpf,
             targets,
+            targets_fd,
             control,
             counters,
             counts,
@@ -241,6 +251,12 @@ impl Probes {
             })
     }
 
+    /// The target map's descriptor, for a forked child to add itself before
+    /// it execs (see `session::start_command`).
+    pub fn targets_fd(&self) -> BorrowedFd<'_> {
+        self.targets_fd.as_fd()
+    }
+
     /// The processes in the kernel's target set.
     pub fn targets(&self) -> Vec<u32> {
         self.targets.keys().filter_map(Result::ok).collect()
@@ -279,23 +295,27 @@ impl Probes {
         let names = [("COUNTS_0", "STACKS_0"), ("COUNTS_1", "STACKS_1")][buffer];
         let cpus = self.possible_cpus;
         let mut out = Drained::default();
-        let counts =
-            batch::lookup_and_delete_all::<SampleKey, u64>(self.counts[buffer].fd().as_fd(), cpus)
-                .map_err(|source| ProbeError::Drain {
-                    name: names.0,
-                    source,
-                })?;
+        let counts = map_syscalls::lookup_and_delete_all::<SampleKey, u64>(
+            self.counts[buffer].fd().as_fd(),
+            cpus,
+        )
+        .map_err(|source| ProbeError::Drain {
+            name: names.0,
+            source,
+        })?;
         out.counts = counts
             .into_iter()
             .map(|(key, per_cpu)| (key, per_cpu.iter().sum()))
             .filter(|&(_, total)| total > 0)
             .collect();
-        let stacks =
-            batch::lookup_and_delete_all::<StackHash, Stack>(self.stacks[buffer].fd().as_fd(), 1)
-                .map_err(|source| ProbeError::Drain {
-                name: names.1,
-                source,
-            })?;
+        let stacks = map_syscalls::lookup_and_delete_all::<StackHash, Stack>(
+            self.stacks[buffer].fd().as_fd(),
+            1,
+        )
+        .map_err(|source| ProbeError::Drain {
+            name: names.1,
+            source,
+        })?;
         out.stacks = stacks
             .into_iter()
             .filter_map(|(hash, stack)| {

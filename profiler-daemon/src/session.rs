@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -452,52 +452,30 @@ async fn wait_child(
 }
 
 /// Starts the command so that its first instruction is already profiled:
-/// the child waits on a pipe until its pid is in the target set.
+/// between fork and exec the child adds its own pid to the kernel's target
+/// set. (`spawn` returns only after the exec, so the parent cannot do it in
+/// time.)
 fn start_command(
     command: &[OsString],
     probes: &mut Probes,
     procs: &mut ProcessTable,
 ) -> Result<tokio::process::Child> {
-    let (gate_read, gate_write) = pipe().context("creating the start gate")?;
-    let read_fd = gate_read.as_raw_fd();
-    let write_fd = gate_write.as_raw_fd();
+    let targets = probes.targets_fd().as_raw_fd();
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
-    // SAFETY: only async-signal-safe calls (close, read) between fork and exec.
+    // SAFETY: between fork and exec only getpid and the bpf system call run;
+    // nothing allocates or takes a lock.
     unsafe {
         cmd.pre_exec(move || {
-            libc::close(write_fd);
-            let mut byte = 0u8;
-            loop {
-                let n = libc::read(read_fd, (&mut byte as *mut u8).cast(), 1);
-                if n >= 0 || *libc::__errno_location() != libc::EINTR {
-                    break;
-                }
-            }
-            Ok(())
+            let pid = libc::getpid() as u32;
+            crate::map_syscalls::update_elem_raw(targets, &pid, &1u8)
         });
     }
     let child = cmd
         .spawn()
         .with_context(|| format!("cannot start command {}", command[0].to_string_lossy()))?;
-    drop(gate_read);
     if let Some(pid) = child.id() {
-        probes.add_target(pid)?;
         procs.ensure(pid);
     }
-    // Writing one byte (or closing) releases the child to exec.
-    // SAFETY: valid fd owned by gate_write.
-    unsafe { libc::write(write_fd, [1u8].as_ptr().cast(), 1) };
-    drop(gate_write);
     Ok(child)
-}
-
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: valid pointer to two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }

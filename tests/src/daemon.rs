@@ -78,13 +78,21 @@ impl Daemon {
             .chain(cmd.get_args())
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
+        // The test's own environment must not change the daemon's logging or
+        // make it notify a service manager; a NOTIFY_SOCKET set on `cmd` is
+        // kept.
+        let own_notify = cmd
+            .get_envs()
+            .any(|(k, v)| k == "NOTIFY_SOCKET" && v.is_some());
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .env("NO_COLOR", "1")
             .env_remove("RUST_LOG")
-            .env_remove("PROFILERD_LOG")
-            .env_remove("NOTIFY_SOCKET");
+            .env_remove("PROFILERD_LOG");
+        if !own_notify {
+            cmd.env_remove("NOTIFY_SOCKET");
+        }
         let mut proc = Guarded::spawn(cmd, "profilerd");
         let stdout = proc.take_stdout().expect("stdout is piped");
         let stderr = proc.take_stderr().expect("stderr is piped");

@@ -47,7 +47,8 @@ pub fn parse_file_name<'a>(name: &'a str, kind: &str) -> Option<&'a str> {
     (stamp_ok && suffix_ok).then_some(stamp)
 }
 
-/// Every entry of `dir` (names only), sorted.
+/// Every entry of `dir` (names only), sorted; none if `dir` does not exist
+/// or is not a directory.
 pub fn dir_entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = match std::fs::read_dir(dir) {
         Ok(entries) => entries
@@ -58,7 +59,15 @@ pub fn dir_entries(dir: &Path) -> Vec<String> {
                     .into_owned()
             })
             .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        // Absent, or not a directory at all: nothing was written into it.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            Vec::new()
+        }
         Err(e) => panic!("reading {}: {e}", dir.display()),
     };
     names.sort();
@@ -101,7 +110,7 @@ pub fn read_profiles(dir: &Path, kind: &str) -> Vec<ProfileFile> {
             ProfileFile { path, profile }
         })
         .collect();
-    files.sort_by(|a, b| (a.profile.time_nanos, a.name()).cmp(&(b.profile.time_nanos, b.name())));
+    files.sort_by_key(|f| (f.profile.time_nanos, f.name()));
     files
 }
 

@@ -48,6 +48,7 @@ fn a_share(samples: &[FlatSample]) -> (f64, f64) {
 
 fn assert_total(what: &str, profiled_ns: i64, measured_ns: u64, extra: impl Fn() -> String) {
     let ratio = profiled_ns as f64 / measured_ns as f64;
+    println!("{what}: profiled cpu {profiled_ns} ns, measured {measured_ns} ns, ratio {ratio:.3}");
     assert!(
         (ratio - 1.0).abs() <= TOTAL_TOLERANCE,
         "{what}: profiled cpu {:.3} s vs measured {:.3} s (ratio {ratio:.3}, allowed ±{TOTAL_TOLERANCE}){}",
@@ -218,6 +219,9 @@ fn c_workload_under_pid() {
     let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let truth = a_ns / (a_ns + b_ns);
     let (share, coverage) = a_share(&samples);
+    println!(
+        "burn_a share: profiled {share:.4}, measured {truth:.4}; burn_a+burn_b cover {coverage:.3}"
+    );
     assert!(
         (share - truth).abs() <= RATIO_TOLERANCE,
         "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
@@ -322,6 +326,9 @@ fn rust_workload_under_pid() {
     let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let truth = a_ns / (a_ns + b_ns);
     let (share, coverage) = a_share(&samples);
+    println!(
+        "burn_a share: profiled {share:.4}, measured {truth:.4}; burn_a+burn_b cover {coverage:.3}"
+    );
     assert!(
         (share - truth).abs() <= RATIO_TOLERANCE,
         "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
@@ -409,6 +416,10 @@ fn kernel_frames_of_system_calls() {
         .cloned()
         .collect();
     let kernel_share = total_cpu(&kernel) as f64 / total_cpu(&samples) as f64;
+    println!(
+        "syscalls: {} samples, {kernel_share:.3} of the cpu with kernel frames",
+        total_count(&samples)
+    );
     assert!(
         kernel_share >= 0.3,
         "only {kernel_share:.3} of the cpu has kernel frames (mapping {KERNEL_MAPPING}){}",
@@ -534,6 +545,9 @@ fn command_and_its_descendants() {
     let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let truth = a_ns / (a_ns + b_ns);
     let (share, _) = a_share(&parent);
+    println!(
+        "command: burn_a share profiled {share:.4}, measured {truth:.4}; child_burn share {child_share:.3}"
+    );
     assert!(
         (share - truth).abs() <= RATIO_TOLERANCE,
         "command: burn_a share profiled {share:.3}, measured {truth:.3}{}",
@@ -576,6 +590,8 @@ fn system_wide_sees_every_process() {
         "60s",
         "--duration",
         "3s",
+        "--label",
+        "suite=e2e",
     ]);
     daemon.wait_ready();
     daemon.wait_success(Duration::from_secs(15));
@@ -619,6 +635,15 @@ fn system_wide_sees_every_process() {
             coverage >= 0.8,
             "{comm}: burn_a+burn_b in only {coverage:.3} of its cpu (unsymbolized?){}",
             d()
+        );
+    }
+    // The static --label is on every sample, of every process.
+    for s in &samples {
+        assert_eq!(
+            s.label("suite"),
+            Some("e2e"),
+            "--label suite=e2e missing; labels {:?}",
+            s.labels
         );
     }
     let beta_threads = group_by_label(&of_pid(&samples, beta.pid()), "thread");

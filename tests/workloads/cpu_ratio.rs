@@ -78,7 +78,10 @@ fn gettid() -> u64 {
 macro_rules! spin {
     ($x:ident) => {
         for _ in 0..CHUNK {
-            $x = black_box($x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407));
+            $x = black_box(
+                $x.wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407),
+            );
         }
     };
 }

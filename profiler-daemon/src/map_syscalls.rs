@@ -1,11 +1,14 @@
-//! Batched reads of BPF hash maps: `BPF_MAP_LOOKUP_AND_DELETE_BATCH` empties
-//! a map with one system call per chunk of entries, where aya's per-element
-//! API takes three (next key, lookup, delete) per entry. The drain runs
-//! every second, so this is most of its cost.
+//! BPF map system calls that aya does not offer:
+//! - batched reads: `BPF_MAP_LOOKUP_AND_DELETE_BATCH` empties a map with one
+//!   system call per chunk of entries, where aya's per-element API takes
+//!   three (next key, lookup, delete) per entry. The drain runs every
+//!   second, so this is most of its cost.
+//! - an element update that allocates nothing, for use between fork and
+//!   exec.
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use aya::Pod;
 use aya_obj::generated::{bpf_attr, bpf_cmd};
@@ -94,4 +97,29 @@ pub fn lookup_and_delete_all<K: Pod, V: Pod>(
         token = out_token;
         first = false;
     }
+}
+
+/// Sets `key` to `value` in the map behind `map_fd` (`BPF_MAP_UPDATE_ELEM`,
+/// BPF_ANY). Allocates nothing and calls only `syscall`, so it may run in a
+/// forked child before exec.
+pub fn update_elem_raw<K, V>(map_fd: RawFd, key: &K, value: &V) -> io::Result<()> {
+    // SAFETY: bpf_attr is plain data; all-zero is its documented default.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.__bindgen_anon_2.map_fd = map_fd as u32;
+    attr.__bindgen_anon_2.key = key as *const K as u64;
+    attr.__bindgen_anon_2.__bindgen_anon_1.value = value as *const V as u64;
+    // SAFETY: attr points at a key and value of the map's sizes (the caller
+    // passes the map's key and value types), both alive during the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_MAP_UPDATE_ELEM as libc::c_long,
+            &mut attr as *mut bpf_attr,
+            size_of::<bpf_attr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
