@@ -869,11 +869,19 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("sleep-copy");
         std::fs::copy("/bin/sleep", &copy).unwrap();
-        let mut child = Command::new(&copy)
-            .arg("5")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
+        // Another test thread forking right now may briefly hold the copy's
+        // write descriptor, which makes exec fail with ETXTBSY: retry.
+        let mut attempts = 0;
+        let mut child = loop {
+            match Command::new(&copy).arg("5").stdout(Stdio::null()).spawn() {
+                Ok(child) => break child,
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempts < 50 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("spawning the copy: {e}"),
+            }
+        };
         // Wait for the exec to replace the forked image.
         let mut exe_mapped = false;
         for _ in 0..200 {

@@ -148,14 +148,14 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         kernel_stack,
         comm,
     };
-    match counts.get_ptr_mut(&key) {
+    match counts.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map; no other writer.
         Some(v) => unsafe { *v += 1 },
         None => {
             // Inserting from a program zeroes the other CPUs' slots.
-            if counts.insert(&key, &1u64, BPF_NOEXIST as u64).is_err() {
+            if counts.insert(key, 1u64, BPF_NOEXIST as u64).is_err() {
                 // Another CPU inserted the key first: add to our slot.
-                match counts.get_ptr_mut(&key) {
+                match counts.get_ptr_mut(key) {
                     // SAFETY: as above.
                     Some(v) => unsafe { *v += 1 },
                     None => count(counter::COUNTS_FULL),
@@ -218,7 +218,7 @@ fn record_stack(
         if i >= len {
             break;
         }
-        hash = (hash.rotate_left(5) ^ buf.ips[i]).wrapping_mul(0x51_7cc1_b727_220a_95);
+        hash = (hash.rotate_left(5) ^ buf.ips[i]).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
     if hash <= STACK_LOST {
         hash += 2;
@@ -226,11 +226,15 @@ fn record_stack(
     // SAFETY: presence check only.
     if unsafe { stacks.get(hash).is_none() } {
         // -EEXIST: another CPU stored the same stack first, which is fine.
-        if let Err(e) = stacks.insert(hash, &*buf, BPF_NOEXIST as u64) {
-            if e != -17 {
-                count(lost);
-                return STACK_LOST;
-            }
+        // By reference: a copy of the 1 KiB stack would not fit the
+        // 512-byte BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let stored = stacks.insert(hash, &*buf, BPF_NOEXIST as u64);
+        if let Err(e) = stored
+            && e != -17
+        {
+            count(lost);
+            return STACK_LOST;
         }
     }
     hash
