@@ -46,6 +46,32 @@ fn a_share(samples: &[FlatSample]) -> (f64, f64) {
     (a / (a + b).max(f64::MIN_POSITIVE), a + b)
 }
 
+/// burn_a's share of burn_a+burn_b within RATIO_TOLERANCE of the share the
+/// workload measured with its thread CPU clock, and the two functions
+/// holding nearly all of its CPU.
+fn assert_burn_split(
+    samples: &[FlatSample],
+    report: &std::collections::BTreeMap<String, u64>,
+    extra: impl Fn() -> String,
+) {
+    let (a_ns, b_ns) = (field(report, "a_ns") as f64, field(report, "b_ns") as f64);
+    let truth = a_ns / (a_ns + b_ns);
+    let (share, coverage) = a_share(samples);
+    println!(
+        "burn_a share: profiled {share:.4}, measured {truth:.4}; burn_a+burn_b cover {coverage:.3}"
+    );
+    assert!(
+        (share - truth).abs() <= RATIO_TOLERANCE,
+        "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
+        extra()
+    );
+    assert!(
+        coverage >= 0.85,
+        "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}",
+        extra()
+    );
+}
+
 fn assert_total(what: &str, profiled_ns: i64, measured_ns: u64, extra: impl Fn() -> String) {
     let ratio = profiled_ns as f64 / measured_ns as f64;
     println!("{what}: profiled cpu {profiled_ns} ns, measured {measured_ns} ns, ratio {ratio:.3}");
@@ -216,22 +242,7 @@ fn c_workload_under_pid() {
 
     // The split between burn_a and burn_b, against the workload's own
     // measurement with its thread CPU clock.
-    let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
-    let truth = a_ns / (a_ns + b_ns);
-    let (share, coverage) = a_share(&samples);
-    println!(
-        "burn_a share: profiled {share:.4}, measured {truth:.4}; burn_a+burn_b cover {coverage:.3}"
-    );
-    assert!(
-        (share - truth).abs() <= RATIO_TOLERANCE,
-        "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
-        d()
-    );
-    assert!(
-        coverage >= 0.85,
-        "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}",
-        d()
-    );
+    assert_burn_split(&samples, &report, d);
 
     // Stacks: the whole chain to main.
     let main_share = share_with(&samples, "main");
@@ -323,22 +334,7 @@ fn rust_workload_under_pid() {
         d,
     );
 
-    let (a_ns, b_ns) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
-    let truth = a_ns / (a_ns + b_ns);
-    let (share, coverage) = a_share(&samples);
-    println!(
-        "burn_a share: profiled {share:.4}, measured {truth:.4}; burn_a+burn_b cover {coverage:.3}"
-    );
-    assert!(
-        (share - truth).abs() <= RATIO_TOLERANCE,
-        "burn_a share of burn_a+burn_b: profiled {share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
-        d()
-    );
-    assert!(
-        coverage >= 0.85,
-        "burn_a+burn_b hold only {coverage:.3} of the cpu (expected ≥ 0.85){}",
-        d()
-    );
+    assert_burn_split(&samples, &report, d);
 
     // The main thread's stacks reach main; the helper's reach run_workload.
     let main_thread: Vec<FlatSample> = samples
