@@ -41,6 +41,44 @@ pub struct Stack {
     pub ips: [u64; MAX_STACK_DEPTH],
 }
 
+/// Bytes of user stack copied per sample for unwinding in the daemon
+/// (from the stack pointer upwards; fewer near the top of the stack).
+pub const STACK_COPY_BYTES: usize = 16 * 1024;
+/// Bytes in the ring buffer of stack samples (about 470 samples).
+pub const STACK_SAMPLES_BYTES: u32 = 8 * 1024 * 1024;
+
+/// How user stacks are unwound (the `UNWIND_MODE` global).
+pub mod unwind_mode {
+    /// Frame pointers, walked by the kernel.
+    pub const FP: u8 = 0;
+    /// The daemon unwinds a copy of the stack with .eh_frame.
+    pub const DWARF: u8 = 1;
+    /// DWARF, except for processes the daemon marks as frame-pointer ones.
+    pub const AUTO: u8 = 2;
+}
+
+/// One CPU sample whose user stack the daemon unwinds: the user registers,
+/// a copy of the user stack, and the kernel stack. Sent through the
+/// `STACK_SAMPLES` ring buffer, one record per sample.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StackSample {
+    pub tgid: u32,
+    pub tid: u32,
+    /// User registers at the sample (from the interrupted context, or the
+    /// task's saved user registers when the sample hit kernel code).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `stack` that hold memory from `sp` upwards.
+    pub stack_len: u64,
+    /// Frames of `kernel` in use (0 for a sample taken in user mode).
+    pub kernel_len: u64,
+    pub comm: [u8; COMM_LEN],
+    pub kernel: [u64; MAX_STACK_DEPTH],
+    pub stack: [u8; STACK_COPY_BYTES],
+}
+
 /// Key of one aggregated CPU sample: who ran, and where.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -95,8 +133,13 @@ pub mod counter {
     pub const FORKS_FOLLOWED: u32 = 5;
     /// Descendants not followed because the target map was full.
     pub const TARGETS_FULL: u32 = 6;
+    /// Stack samples that found the ring buffer full and fell back to a
+    /// frame-pointer stack.
+    pub const STACK_SAMPLES_FULL: u32 = 7;
+    /// Stack samples sent for unwinding in the daemon.
+    pub const STACK_SAMPLES: u32 = 8;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 9;
 }
 
 /// Index of the one-element `CONTROL` array entries.
@@ -115,4 +158,6 @@ mod user {
     unsafe impl aya::Pod for super::ProcEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Stack {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::StackSample {}
 }

@@ -104,6 +104,34 @@ pub struct Settings {
     pub mutex_fraction: u64,
     /// Static labels for every sample, file labels first, then `--label`s.
     pub labels: Vec<(String, String)>,
+    /// How user stacks are unwound.
+    pub unwind: UnwindMode,
+}
+
+/// How user stacks are unwound (`--unwind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// `.eh_frame` unwinding in the daemon, except for processes known to
+    /// keep frame pointers (Go binaries), which the kernel walks.
+    #[default]
+    Auto,
+    /// Frame pointers, walked by the kernel, for every process.
+    Fp,
+    /// `.eh_frame` unwinding in the daemon for every process.
+    Dwarf,
+}
+
+impl std::str::FromStr for UnwindMode {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "auto" => Ok(UnwindMode::Auto),
+            "fp" => Ok(UnwindMode::Fp),
+            "dwarf" => Ok(UnwindMode::Dwarf),
+            _ => Err(()),
+        }
+    }
 }
 
 /// Why the command line or config file was not accepted.
@@ -231,6 +259,11 @@ struct Cli {
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
 
+    /// How user stacks are unwound: auto, fp (frame pointers) or dwarf
+    /// (.eh_frame) [default: auto]
+    #[arg(long, value_name = "MODE")]
+    unwind: Option<String>,
+
     /// TOML file with the same keys in snake_case; flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -256,6 +289,7 @@ struct FileConfig {
     heap_sample_bytes: Option<u64>,
     block_rate: Option<String>,
     mutex_fraction: Option<u64>,
+    unwind: Option<String>,
     // `label` is the flag's name (SPEC: "the same keys"), `labels` reads
     // better for a table; accept both.
     #[serde(alias = "label")]
@@ -542,6 +576,13 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
 
     let labels = merge_labels(&cli.labels, fc.labels, path)?;
 
+    let unwind = match pick(cli.unwind, fc.unwind, "unwind", "unwind", path) {
+        Some((raw, opt)) => raw
+            .parse()
+            .map_err(|()| invalid(&opt, &raw, "expected auto, fp or dwarf"))?,
+        None => UnwindMode::Auto,
+    };
+
     Ok(Settings {
         pids,
         command,
@@ -554,6 +595,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         block_rate,
         mutex_fraction,
         labels,
+        unwind,
     })
 }
 
@@ -864,7 +906,25 @@ mod tests {
                 block_rate: Duration::from_micros(10),
                 mutex_fraction: 100,
                 labels: vec![],
+                unwind: UnwindMode::Auto,
             }
+        );
+    }
+
+    #[test]
+    fn unwind_modes() {
+        assert_eq!(parse(&["--unwind", "fp"]).unwrap().unwind, UnwindMode::Fp);
+        assert_eq!(
+            parse(&["--unwind", "dwarf"]).unwrap().unwind,
+            UnwindMode::Dwarf
+        );
+        let f = config_file("unwind = \"dwarf\"\n");
+        let s = parse(&["--config", f.path().to_str().unwrap()]).unwrap();
+        assert_eq!(s.unwind, UnwindMode::Dwarf);
+        let msg = parse(&["--unwind", "lbr"]).unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "invalid value 'lbr' for --unwind: expected auto, fp or dwarf"
         );
     }
 

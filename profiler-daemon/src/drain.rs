@@ -13,6 +13,9 @@ use crate::probes::Drained;
 pub enum Stack {
     /// Instruction pointers, leaf first.
     Frames(Arc<[u64]>),
+    /// Instruction pointers, leaf first, of a walk that stopped before the
+    /// root.
+    Truncated(Arc<[u64]>),
     /// There is none (kernel thread, or a sample taken in user mode).
     None,
     /// The kernel could not record it (stack map full, or the walk failed),
@@ -77,6 +80,11 @@ impl CpuWindow {
             *self.samples.entry(id).or_insert(0) += count;
         }
         self.missing_stacks += missing;
+    }
+
+    /// Adds one sample whose stacks were resolved in the daemon.
+    pub fn add(&mut self, id: SampleId) {
+        *self.samples.entry(id).or_insert(0) += 1;
     }
 
     /// Total samples in the window.

@@ -12,4 +12,5 @@ pub mod process;
 pub mod profile_kind;
 pub mod session;
 pub mod symbolize;
+pub mod unwind;
 pub mod writer;

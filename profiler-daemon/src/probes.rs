@@ -69,6 +69,8 @@ pub struct ProbeConfig {
     pub follow_forks: bool,
     /// CPU-clock samples per second per CPU.
     pub cpu_frequency: u64,
+    /// How user stacks are unwound (`profiler_common::unwind_mode`).
+    pub unwind_mode: u8,
 }
 
 /// One buffer's worth of drained data.
@@ -94,6 +96,8 @@ pub struct Probes {
     stacks: [MapData; 2],
     possible_cpus: usize,
     proc_events: Option<RingBuf<MapData>>,
+    stack_samples: Option<RingBuf<MapData>>,
+    fp_processes: HashMap<MapData, u32, u8>,
     active: u32,
     cpu_attached: bool,
 }
@@ -111,6 +115,7 @@ impl Probes {
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .override_global("UNWIND_MODE", &config.unwind_mode, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
 
@@ -155,6 +160,20 @@ impl Probes {
                 }
             })?;
 
+        let stack_samples =
+            RingBuf::try_from(take_map(&mut ebpf, "STACK_SAMPLES")?).map_err(|source| {
+                ProbeError::Map {
+                    name: "STACK_SAMPLES",
+                    source,
+                }
+            })?;
+        let fp_processes =
+            HashMap::try_from(take_map(&mut ebpf, "FP_PROCESSES")?).map_err(|source| {
+                ProbeError::Map {
+                    name: "FP_PROCESSES",
+                    source,
+                }
+            })?;
         let mut probes = Probes {
             ebpf,
             targets,
@@ -165,6 +184,8 @@ impl Probes {
             stacks,
             possible_cpus,
             proc_events: Some(proc_events),
+            stack_samples: Some(stack_samples),
+            fp_processes,
             active: 0,
             cpu_attached: false,
         };
@@ -270,6 +291,24 @@ impl Probes {
     /// The ring buffer of process events, taken once by the caller.
     pub fn take_proc_events(&mut self) -> Option<RingBuf<MapData>> {
         self.proc_events.take()
+    }
+
+    /// The ring buffer of samples with stack copies, taken once by the caller.
+    pub fn take_stack_samples(&mut self) -> Option<RingBuf<MapData>> {
+        self.stack_samples.take()
+    }
+
+    /// In `auto` unwinding, lets the kernel walk this process's frame
+    /// pointers instead of sending stack copies.
+    pub fn mark_frame_pointer_process(&mut self, tgid: u32) {
+        if let Err(e) = self.fp_processes.insert(tgid, 1, 0) {
+            tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
+        }
+    }
+
+    /// Forgets a process marked with `mark_frame_pointer_process`.
+    pub fn unmark_frame_pointer_process(&mut self, tgid: u32) {
+        let _ = self.fp_processes.remove(&tgid);
     }
 
     /// Makes the kernel write the other buffer; returns the one to drain.

@@ -11,11 +11,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
-use profiler_common::{ProcEvent, counter, proc_event};
+use profiler_common::{
+    COMM_LEN, MAX_STACK_DEPTH, ProcEvent, STACK_COPY_BYTES, StackSample, counter, proc_event,
+    unwind_mode,
+};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::config::Settings;
+use crate::config::{Settings, UnwindMode};
 use crate::drain::{CpuWindow, SampleId, Stack};
 use crate::frames::{Frame, Line};
 use crate::pprof::ProfileBuilder;
@@ -23,6 +26,7 @@ use crate::probes::{ProbeConfig, Probes};
 use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
 use crate::symbolize::Symbolizer;
+use crate::unwind::Unwinder;
 use crate::writer::ProfileWriter;
 
 /// How often the kernel buffers are drained. Short enough that the stack
@@ -55,7 +59,13 @@ pub async fn run(settings: Settings) -> Result<()> {
         filter_targets: command_mode || !settings.pids.is_empty(),
         follow_forks: command_mode,
         cpu_frequency: settings.cpu_frequency,
+        unwind_mode: match settings.unwind {
+            UnwindMode::Fp => unwind_mode::FP,
+            UnwindMode::Dwarf => unwind_mode::DWARF,
+            UnwindMode::Auto => unwind_mode::AUTO,
+        },
     })?;
+    let mut unwinder = Unwinder::new();
     for &pid in &settings.pids {
         probes.add_target(pid)?;
         procs.ensure(pid);
@@ -68,6 +78,14 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut events = unsafe { AsyncFd::register(ring) }
         .map_err(|e| e.into_parts().1)
         .context("watching the process event ring buffer")?;
+
+    let ring = probes
+        .take_stack_samples()
+        .context("stack sample ring buffer already taken")?;
+    // SAFETY: as for the process events above.
+    let mut stack_samples = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .context("watching the stack sample ring buffer")?;
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -107,11 +125,19 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                read_proc_events(guard.get_inner_mut(), &mut procs);
+                read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, settings.unwind);
+                guard.clear_ready();
+            }
+            guard = stack_samples.readable_mut() => {
+                let mut guard = guard.context("waiting for stack samples")?;
+                read_stack_samples(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
                 drain_once(&mut probes, &mut window.cpu).await;
+                // The kernel wakes us for stack samples only when their ring
+                // fills up; collect the rest here.
+                read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 procs.settle();
                 if !live_targets.is_empty() {
                     live_targets.retain(|&pid| process_alive(pid));
@@ -126,9 +152,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += settings.interval;
                 drain_once(&mut probes, &mut window.cpu).await;
-                read_proc_events(events.get_mut(), &mut procs);
+                read_proc_events(events.get_mut(), &mut procs, &mut probes, settings.unwind);
+                read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 let closed = std::mem::replace(&mut window, Window::new());
                 write_window(&settings, &writer, &mut symbolizer, &mut procs, closed);
+                unwinder.release_unused();
                 reported.report(&probes);
             }
         }
@@ -138,8 +166,14 @@ pub async fn run(settings: Settings) -> Result<()> {
     log_run_stats(&probes);
     probes.stop_sampling();
     tracing::info!("stopping ({stop:?}): writing the last window");
-    read_proc_events(events.get_mut(), &mut procs);
+    read_proc_events(events.get_mut(), &mut procs, &mut probes, settings.unwind);
     drain_once(&mut probes, &mut window.cpu).await;
+    read_stack_samples(
+        stack_samples.get_mut(),
+        &mut procs,
+        &mut unwinder,
+        &mut window.cpu,
+    );
     // The active buffer may hold samples written during the grace period.
     drain_once(&mut probes, &mut window.cpu).await;
     write_window(&settings, &writer, &mut symbolizer, &mut procs, window);
@@ -184,7 +218,12 @@ async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
     }
 }
 
-fn read_proc_events(ring: &mut RingBuf<MapData>, procs: &mut ProcessTable) {
+fn read_proc_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    unwind: UnwindMode,
+) {
     while let Some(item) = ring.next() {
         if item.len() < std::mem::size_of::<ProcEvent>() {
             continue;
@@ -195,10 +234,76 @@ fn read_proc_events(ring: &mut RingBuf<MapData>, procs: &mut ProcessTable) {
         match event.kind {
             proc_event::NEW | proc_event::EXEC => {
                 procs.snapshot(event.tgid);
+                // Go keeps frame pointers and has no .eh_frame: in auto
+                // mode the kernel walks its stacks.
+                if unwind == UnwindMode::Auto && crate::process::is_go_executable(event.tgid) {
+                    probes.mark_frame_pointer_process(event.tgid);
+                }
             }
-            proc_event::EXIT => procs.mark_exited(event.tgid),
+            proc_event::EXIT => {
+                procs.mark_exited(event.tgid);
+                if unwind == UnwindMode::Auto {
+                    probes.unmark_frame_pointer_process(event.tgid);
+                }
+            }
             _ => {}
         }
+    }
+}
+
+/// Unwinds every sample that came with a copy of its user stack and adds it
+/// to the window.
+fn read_stack_samples(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    cpu: &mut CpuWindow,
+) {
+    while let Some(item) = ring.next() {
+        // Ring buffer records are 8-byte aligned; check rather than trust.
+        if item.len() < std::mem::size_of::<StackSample>()
+            || item
+                .as_ptr()
+                .align_offset(std::mem::align_of::<StackSample>())
+                != 0
+        {
+            continue;
+        }
+        // SAFETY: size and alignment checked; StackSample is plain data.
+        let sample: &StackSample = unsafe { &*item.as_ptr().cast::<StackSample>() };
+        procs.ensure(sample.tgid);
+        let stack_len = (sample.stack_len as usize).min(STACK_COPY_BYTES);
+        let user = match procs.get(sample.tgid) {
+            Some(info) => {
+                let unwound = unwinder.unwind(
+                    info,
+                    sample.ip,
+                    sample.sp,
+                    sample.bp,
+                    &sample.stack[..stack_len],
+                );
+                if unwound.truncated {
+                    Stack::Truncated(Arc::from(unwound.frames))
+                } else {
+                    Stack::Frames(Arc::from(unwound.frames))
+                }
+            }
+            None => Stack::Truncated(Arc::from(vec![sample.ip])),
+        };
+        let kernel_len = (sample.kernel_len as usize).min(MAX_STACK_DEPTH);
+        let kernel = match kernel_len {
+            0 => Stack::None,
+            n => Stack::Frames(Arc::from(&sample.kernel[..n])),
+        };
+        let mut thread = [0u8; COMM_LEN];
+        thread.copy_from_slice(&sample.comm);
+        cpu.add(SampleId {
+            tgid: sample.tgid,
+            tid: sample.tid,
+            thread,
+            user,
+            kernel,
+        });
     }
 }
 
@@ -285,17 +390,27 @@ fn push_stack(
 ) {
     match stack {
         Stack::Frames(ips) => frames.extend(resolve(ips)),
+        // Visible at the root end rather than silently shorter.
+        Stack::Truncated(ips) => {
+            frames.extend(resolve(ips));
+            frames.push(marker_frame("[truncated]".to_string()));
+        }
         Stack::None => {}
         // Visible rather than silently shorter: the sample still counts.
-        Stack::Lost => frames.push(Frame {
-            address: 0,
-            mapping: None,
-            lines: Arc::from(vec![Line {
-                function: format!("[lost {what} stack]"),
-                file: None,
-                line: 0,
-            }]),
-        }),
+        Stack::Lost => frames.push(marker_frame(format!("[lost {what} stack]"))),
+    }
+}
+
+/// A frame that names a condition rather than code.
+fn marker_frame(function: String) -> Frame {
+    Frame {
+        address: 0,
+        mapping: None,
+        lines: Arc::from(vec![Line {
+            function,
+            file: None,
+            line: 0,
+        }]),
     }
 }
 

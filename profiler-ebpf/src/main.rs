@@ -18,16 +18,24 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, bpf_perf_event_data},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, generated::bpf_get_stack},
+    bindings::{
+        BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP, bpf_perf_event_data, pt_regs,
+    },
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user, bpf_task_pt_regs,
+        },
+    },
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{PerfEventContext, TracePointContext},
 };
 use profiler_common::{
     COMM_LEN, COUNTS_ENTRIES, MAX_STACK_DEPTH, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES,
-    STACK_LOST, STACK_NONE, STACKS_ENTRIES, SampleKey, Stack, StackHash, TARGETS_ENTRIES, control,
-    counter, proc_event,
+    STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey,
+    Stack, StackHash, StackSample, TARGETS_ENTRIES, control, counter, proc_event, unwind_mode,
 };
 
 /// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
@@ -43,6 +51,10 @@ static FOLLOW_FORKS: u8 = 0;
 /// daemon from the tracepoint's format file (it differs between kernels).
 #[unsafe(no_mangle)]
 static FORK_CHILD_PID_OFFSET: u32 = 44;
+
+/// How user stacks are unwound (`unwind_mode`).
+#[unsafe(no_mangle)]
+static UNWIND_MODE: u8 = 0;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -66,6 +78,12 @@ static STACKS_1: HashMap<StackHash, Stack> =
 /// 512-byte BPF stack).
 #[map]
 static SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+/// Processes to unwind with frame pointers in `AUTO` mode (set by the daemon,
+/// e.g. for Go binaries).
+#[map]
+static FP_PROCESSES: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+#[map]
+static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTES, 0);
 #[map]
 static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
 
@@ -123,6 +141,9 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     note_process(tgid);
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+    if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
+        return 0;
+    }
     let active = CONTROL.get(control::ACTIVE_BUFFER).copied().unwrap_or(0);
     let (stacks, counts) = if active == 0 {
         (&STACKS_0, &COUNTS_0)
@@ -164,6 +185,136 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         }
     }
     0
+}
+
+#[inline(always)]
+fn use_dwarf(tgid: u32) -> bool {
+    match global_u8(&UNWIND_MODE) {
+        unwind_mode::FP => false,
+        unwind_mode::DWARF => true,
+        // SAFETY: presence check only.
+        _ => unsafe { FP_PROCESSES.get(tgid).is_none() },
+    }
+}
+
+/// The user registers (ip, sp, bp) of the current task: those of the
+/// interrupted context when the sample hit user code, else the ones the
+/// task saved on entering the kernel. None for kernel threads.
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+    let (ip, sp, bp) = if in_user_mode(ctx) {
+        let data = ctx.as_ptr() as *const bpf_perf_event_data;
+        // SAFETY: direct context loads, which the verifier rewrites to the
+        // sampled registers (a probe read of the context would read the
+        // kernel's own, different structure).
+        unsafe { ((*data).regs.rip, (*data).regs.rsp, (*data).regs.rbp) }
+    } else {
+        // SAFETY: plain helpers; the pointer is only read through
+        // bpf_probe_read_kernel.
+        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
+        // SAFETY: reads of a pt_regs, checked by the helper.
+        unsafe {
+            (
+                bpf_probe_read_kernel(&(*regs).rip).ok()?,
+                bpf_probe_read_kernel(&(*regs).rsp).ok()?,
+                bpf_probe_read_kernel(&(*regs).rbp).ok()?,
+            )
+        }
+    };
+    if ip == 0 || sp == 0 {
+        return None;
+    }
+    Some((ip, sp, bp))
+}
+
+/// Sends the sample with a copy of the user stack for unwinding in the
+/// daemon. Returns false (the caller records a frame-pointer sample
+/// instead) for kernel threads and when the ring buffer is full.
+#[inline(always)]
+fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; COMM_LEN]) -> bool {
+    let Some((ip, sp, bp)) = user_regs(ctx) else {
+        return false;
+    };
+    let Some(mut entry) = STACK_SAMPLES.reserve::<StackSample>(0) else {
+        count(counter::STACK_SAMPLES_FULL);
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; fields are written in
+    // place because the record is far larger than the BPF stack.
+    unsafe {
+        (*out).tgid = tgid;
+        (*out).tid = tid;
+        (*out).ip = ip;
+        (*out).sp = sp;
+        (*out).bp = bp;
+        (*out).comm = *comm;
+        let mut kernel_len = 0u64;
+        if !in_user_mode(ctx) {
+            let bytes = bpf_get_stack(
+                ctx.as_ptr(),
+                (*out).kernel.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                0,
+            );
+            if bytes > 0 {
+                kernel_len = (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64);
+            }
+        }
+        (*out).kernel_len = kernel_len;
+        (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
+    }
+    // Waking the daemon for every sample would cost a context switch each;
+    // it reads the ring every second anyway, and is woken early only when
+    // the ring is a quarter full.
+    let wake = if STACK_SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (STACK_SAMPLES_BYTES / 4) as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wake as u64);
+    count(counter::STACK_SAMPLES);
+    true
+}
+
+/// Copies user memory from `sp` upwards into `dst` (STACK_COPY_BYTES long),
+/// stopping at the first page that cannot be read (the top of the stack).
+/// Returns the bytes copied.
+#[inline(always)]
+unsafe fn copy_user_stack(dst: *mut u8, sp: u64) -> u64 {
+    const PAGE: u64 = 4096;
+    // The whole copy at once when it lies inside the stack (deep stacks);
+    // page by page only when the top of the stack is nearer than that.
+    // SAFETY: dst is STACK_COPY_BYTES long.
+    if unsafe { bpf_probe_read_user(dst.cast(), STACK_COPY_BYTES as u32, sp as *const _) } == 0 {
+        return STACK_COPY_BYTES as u64;
+    }
+    // Up to the end of sp's page first, then whole pages.
+    let first = PAGE - (sp & (PAGE - 1));
+    // SAFETY: first <= PAGE <= STACK_COPY_BYTES.
+    if unsafe { bpf_probe_read_user(dst.cast(), first as u32, sp as *const _) } != 0 {
+        return 0;
+    }
+    let mut copied = first;
+    for _ in 0..(STACK_COPY_BYTES as u64 / PAGE - 1) {
+        // Bounds the offset for the verifier: copied + PAGE must fit.
+        if copied > STACK_COPY_BYTES as u64 - PAGE {
+            break;
+        }
+        // SAFETY: copied + PAGE <= STACK_COPY_BYTES.
+        let ok = unsafe {
+            bpf_probe_read_user(
+                dst.add(copied as usize).cast(),
+                PAGE as u32,
+                (sp + copied) as *const _,
+            )
+        };
+        if ok != 0 {
+            break;
+        }
+        copied += PAGE;
+    }
+    copied
 }
 
 /// Whether the interrupted code ran in user mode (CPL 3 in CS).

@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Profile interval in seconds.
     #[arg(long, default_value_t = 10)]
     interval: u64,
+    /// profilerd's --unwind mode; `dwarf` also makes perf record use
+    /// `--call-graph dwarf` instead of `-g`.
+    #[arg(long, default_value = "fp")]
+    unwind: String,
 }
 
 /// Kills and reaps a child on drop, so the bench leaves nothing running.
@@ -45,6 +49,7 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
     let out_dir = work.join("profiles");
     let stats_before = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
     fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling BPF run-time stats")?;
+    let unwind_name = args.unwind.clone();
     let result = measure(&bin, &work, &out_dir, &args);
     let _ = fs::write(
         "/proc/sys/kernel/bpf_stats_enabled",
@@ -55,9 +60,10 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         },
     );
     let report = result?;
+    let args_unwind = unwind_name;
     let _ = fs::remove_dir_all(&work);
     println!("{report}");
-    let path = root.join("target/bench-cpu.md");
+    let path = root.join(format!("target/bench-cpu-{}.md", args_unwind));
     fs::write(&path, &report)?;
     eprintln!("report written to {}", path.display());
     Ok(())
@@ -99,6 +105,8 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
                 &format!("{}s", args.interval),
                 "--cpu-frequency",
                 "99",
+                "--unwind",
+                &args.unwind,
             ])
             .stderr(Stdio::piped())
             .spawn()
@@ -126,7 +134,12 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
 
     let perf_data = work.join("perf.data");
     let perf = Command::new("perf")
-        .args(["record", "-F", "99", "-a", "-g", "-q", "-o"])
+        .args(["record", "-F", "99", "-a", "-q"])
+        .args(match args.unwind.as_str() {
+            "dwarf" => ["--call-graph", "dwarf"],
+            _ => ["--call-graph", "fp"],
+        })
+        .arg("-o")
         .arg(&perf_data)
         .args(["--", "sleep", &args.seconds.to_string()])
         .stdout(Stdio::null())
@@ -135,13 +148,8 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
         .context("starting perf record")?;
     let perf_pid = perf.id();
     std::mem::forget(perf); // reaped by wait4 below, which gives its rusage
-    let bpftrace = Command::new("timeout")
-        .args(["-s", "INT", &(args.seconds + 1).to_string()])
-        .args([
-            "bpftrace",
-            "-e",
-            "profile:hz:99 { @[kstack, ustack] = count(); }",
-        ])
+    let bpftrace = Command::new("bpftrace")
+        .args(["-e", "profile:hz:99 { @[kstack, ustack] = count(); }"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -152,7 +160,7 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
     let daemon_cpu_end = task_cpu_ns(pid)?;
     let peak_rss_kib = status_field(pid, "VmHWM:")?;
     let (bt_cpu_ns, bt_runs, bt_ns_per_run) = bpftrace_figures(bpftrace.0.id())?;
-    drop(bpftrace);
+    drop(bpftrace); // killed and reaped: nothing is left running
     let perf_cpu_ns = wait_rusage(perf_pid)?;
     let elapsed = started.elapsed();
 
@@ -187,21 +195,29 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
     let perf_size = fs::metadata(&perf_data).map(|m| m.len()).unwrap_or(0);
     Ok(format!(
         "| measure | value |\n|---|---|\n\
-         | window | {secs:.1} s, 2 busy CPUs, 99 Hz, system-wide, profile every {interval} s |\n\
+         | window | {secs:.1} s, 2 busy CPUs, 99 Hz, system-wide, profile every {interval} s, --unwind {unwind} |\n\
          | profilerd CPU, steady state (ready → end of window) | {daemon_ms:.1} ms = {daemon_share:.3}% of one core |\n\
          | profilerd CPU, whole life incl. start-up | {total_ms:.1} ms |\n\
-         | perf record -F 99 -a -g CPU (same window, incl. its exit processing) | {perf_ms:.1} ms = {perf_share:.3}% of one core |\n\
+         | perf record -F 99 -a --call-graph {callgraph} CPU (same window, incl. its exit processing) | {perf_ms:.1} ms = {perf_share:.3}% of one core |\n\
          | profilerd / perf record CPU | {ratio:.2} |\n\
          | profilerd peak RSS (VmHWM) | {rss:.1} MiB |\n\
          | BPF cpu_sample runs / time per run | {runs} / {ns_per_run:.0} ns |\n\
+         | profilerd steady-state CPU per sample (drain, unwind, symbolize, write) | {daemon_per_sample:.0} ns |\n\
          | bpftrace `profile:hz:99 {{ @[kstack, ustack] = count(); }}`: CPU / BPF time per run | {bt_ms:.1} ms / {bt_ns_per_run:.0} ns ({bt_runs} runs) |\n\
          | profiles written / perf.data size | {files} / {perf_mib:.1} MiB |\n",
         interval = args.interval,
+        unwind = args.unwind,
+        callgraph = if args.unwind == "dwarf" {
+            "dwarf"
+        } else {
+            "fp"
+        },
         daemon_ms = daemon_ns / 1e6,
         total_ms = daemon_total_ns as f64 / 1e6,
         perf_ms = perf_cpu_ns as f64 / 1e6,
         ratio = daemon_ns / perf_cpu_ns.max(1) as f64,
         rss = peak_rss_kib as f64 / 1024.0,
+        daemon_per_sample = daemon_ns / runs.max(1) as f64,
         bt_ms = bt_cpu_ns as f64 / 1e6,
         perf_mib = perf_size as f64 / (1024.0 * 1024.0),
     ))
@@ -262,14 +278,8 @@ fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
 }
 
 /// bpftrace's own CPU time and its program's BPF run statistics, read from
-/// /proc while it still runs. `timeout` is its parent; bpftrace is the child.
-fn bpftrace_figures(timeout_pid: u32) -> Result<(u64, u64, f64)> {
-    let children = fs::read_to_string(format!("/proc/{timeout_pid}/task/{timeout_pid}/children"))?;
-    let pid: u32 = children
-        .split_whitespace()
-        .next()
-        .and_then(|p| p.parse().ok())
-        .context("bpftrace is not running")?;
+/// /proc while it still runs.
+fn bpftrace_figures(pid: u32) -> Result<(u64, u64, f64)> {
     let cpu = task_cpu_ns(pid)?;
     let (mut runs, mut time) = (0u64, 0u64);
     for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
