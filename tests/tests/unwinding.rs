@@ -479,15 +479,16 @@ fn finish_perf(mut rec: PerfRecord, perf: &Path) -> Vec<Vec<String>> {
     parse_perf_script(&String::from_utf8_lossy(&out.stdout))
 }
 
-/// `perf script -F pid,ip,sym` output: a sample is a line with the pid at
-/// the start of the line, then one indented `IP SYMBOL` line per frame.
+/// `perf script -F pid,ip,sym` output: a sample is a line with the pid
+/// (right-aligned, so it may start with spaces), then one tab-indented
+/// `IP SYMBOL` line per frame.
 fn parse_perf_script(text: &str) -> Vec<Vec<String>> {
     let mut samples: Vec<Vec<String>> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {
             continue;
         }
-        if !line.starts_with(char::is_whitespace) {
+        if !line.starts_with('\t') {
             samples.push(Vec::new());
             continue;
         }
