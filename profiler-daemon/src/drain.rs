@@ -16,6 +16,9 @@ pub enum Stack {
     /// Instruction pointers, leaf first, of a walk that stopped before the
     /// root.
     Truncated(Arc<[u64]>),
+    /// A user stack the kernel walked by frame pointers: whether it reached
+    /// the root is only known once it is symbolized.
+    FramePointer(Arc<[u64]>),
     /// There is none (kernel thread, or a sample taken in user mode).
     None,
     /// The kernel could not record it (stack map full, or the walk failed),
@@ -74,7 +77,10 @@ impl CpuWindow {
             }
         };
         for (key, count) in counts {
-            let user = resolve(key.user_stack);
+            let user = match resolve(key.user_stack) {
+                Stack::Frames(ips) => Stack::FramePointer(ips),
+                other => other,
+            };
             let kernel = resolve(key.kernel_stack);
             let id = sample_id(&key, user, kernel);
             *self.samples.entry(id).or_insert(0) += count;
@@ -144,7 +150,7 @@ mod tests {
             tgid: 10,
             tid: 11,
             thread: key(0, 0).comm,
-            user: Stack::Frames(Arc::from(vec![0x1000u64, 0x2000])),
+            user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000])),
             kernel: Stack::None,
         };
         assert_eq!(window.samples[&ok], 10);

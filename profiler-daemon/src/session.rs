@@ -178,6 +178,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     drain_once(&mut probes, &mut window.cpu).await;
     write_window(&settings, &writer, &mut symbolizer, &mut procs, window);
     reported.report(&probes);
+    log_summary(&probes, &unwinder, &symbolizer, &procs);
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
         // perf does, but reap it if it already finished.
@@ -395,10 +396,49 @@ fn push_stack(
             frames.extend(resolve(ips));
             frames.push(marker_frame("[truncated]".to_string()));
         }
+        Stack::FramePointer(ips) => {
+            let mut resolved = resolve(ips);
+            // Cut what follows the entry point (a frame-pointer walk runs on
+            // through garbage when the entry code keeps no frame pointer);
+            // without an entry point the walk broke off early: say so.
+            match resolved.iter().position(is_stack_root) {
+                Some(root) => resolved.truncate(root + 1),
+                None => resolved.push(marker_frame("[truncated]".to_string())),
+            }
+            frames.extend(resolved);
+        }
         Stack::None => {}
         // Visible rather than silently shorter: the sample still counts.
         Stack::Lost => frames.push(marker_frame(format!("[lost {what} stack]"))),
     }
+}
+
+/// Functions at which a thread's stack begins: a complete walk ends here.
+fn is_stack_root(frame: &Frame) -> bool {
+    const ROOTS: [&str; 8] = [
+        "_start",
+        "__libc_start_call_main",
+        "__libc_start_main",
+        "start_thread",
+        "clone",
+        "clone3",
+        "__clone",
+        "thread_start",
+    ];
+    // Go: goroutines start at runtime.goexit, system threads at mstart.
+    const GO_ROOTS: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+    frame.lines.last().is_some_and(|line| {
+        let name = line.function.as_str();
+        ROOTS.iter().any(|r| {
+            name == *r
+                || name
+                    .strip_prefix(r)
+                    .is_some_and(|rest| rest.starts_with('@'))
+        }) || name.starts_with("__libc_start_main")
+            || name.ends_with("_clone3")
+            || name.ends_with("_clone")
+            || GO_ROOTS.iter().any(|r| name.starts_with(r))
+    })
 }
 
 /// A frame that names a condition rather than code.
@@ -477,6 +517,36 @@ impl Losses {
         tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
         self.last = now;
     }
+}
+
+/// One line at exit with what was collected and every loss, so that a run
+/// can be judged from its log.
+fn log_summary(
+    probes: &Probes,
+    unwinder: &Unwinder,
+    symbolizer: &Symbolizer,
+    procs: &ProcessTable,
+) {
+    let c = probes.counters();
+    let u = unwinder.stats();
+    let s = symbolizer.stats();
+    let p = procs.stats();
+    tracing::info!(
+        samples = c[counter::SAMPLES as usize],
+        stack_copies = c[counter::STACK_SAMPLES as usize],
+        stack_copies_dropped = c[counter::STACK_SAMPLES_FULL as usize],
+        count_map_full = c[counter::COUNTS_FULL as usize],
+        user_stacks_lost = c[counter::USER_STACK_LOST as usize],
+        kernel_stacks_lost = c[counter::KERNEL_STACK_LOST as usize],
+        process_events_lost = c[counter::PROC_EVENTS_LOST as usize],
+        unwinds = u.unwinds,
+        unwinds_truncated = u.truncated,
+        unwind_object_failures = u.object_load_failures,
+        frames_unsymbolized = s.failures,
+        process_snapshots = p.snapshots,
+        process_snapshot_failures = p.failures,
+        "summary"
+    );
 }
 
 fn log_run_stats(probes: &Probes) {
@@ -593,4 +663,71 @@ fn start_command(
         procs.ensure(pid);
     }
     Ok(child)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(names: &[&str]) -> Frame {
+        Frame {
+            address: 0x1000,
+            mapping: None,
+            lines: names
+                .iter()
+                .map(|n| Line {
+                    function: n.to_string(),
+                    file: None,
+                    line: 0,
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+
+    #[test]
+    fn stack_roots() {
+        for root in [
+            "_start",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "__libc_start_main@@GLIBC_2.34",
+            "start_thread",
+            "__GI___clone3",
+            "runtime.goexit.abi0",
+            "runtime.mstart",
+        ] {
+            assert!(is_stack_root(&frame(&[root])), "{root}");
+        }
+        for other in ["main", "clone_this", "run", "_start_server"] {
+            assert!(!is_stack_root(&frame(&[other])), "{other}");
+        }
+        // The outermost of inlined lines decides.
+        assert!(is_stack_root(&frame(&["inlined_helper", "start_thread"])));
+        assert!(!is_stack_root(&frame(&[])));
+    }
+
+    #[test]
+    fn frame_pointer_stacks_are_cut_at_the_root_or_marked() {
+        let walked = Stack::FramePointer(Arc::from(vec![1u64, 2, 3, 4]));
+        let mut out = Vec::new();
+        push_stack(&mut out, &walked, "user", |_| {
+            vec![
+                frame(&["leaf"]),
+                frame(&["main"]),
+                frame(&["__libc_start_call_main"]),
+                frame(&[]),
+            ]
+        });
+        let names: Vec<_> = out
+            .iter()
+            .map(|f| f.lines.last().map(|l| l.function.clone()))
+            .collect();
+        assert_eq!(names.len(), 3, "garbage after the root is cut: {names:?}");
+        let mut out = Vec::new();
+        push_stack(&mut out, &walked, "user", |_| {
+            vec![frame(&["leaf"]), frame(&[])]
+        });
+        assert_eq!(out.last().unwrap().lines[0].function, "[truncated]");
+    }
 }

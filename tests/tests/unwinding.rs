@@ -602,6 +602,14 @@ fn fp_mode_loses_what_dwarf_mode_finds() {
         "--unwind fp: work_a/work_b are the leaf of only {fp_leaf:.3} of the cpu{}",
         fp.diag(|_| true)
     );
+    // A frame-pointer walk that broke off is marked, never silently short.
+    let fp_marked = share(&fp.samples, |x| has_main(x) || ends_truncated(x));
+    println!("--unwind fp: reaching main or ending in [truncated]: {fp_marked:.4} of the cpu");
+    assert!(
+        fp_marked >= 0.999,
+        "--unwind fp: only {fp_marked:.4} of the cpu reaches main or ends in [truncated]{}",
+        fp.diag(|x| !(has_main(x) || ends_truncated(x)))
+    );
 }
 
 /// A Rust release build without forced frame pointers: its main is found.
