@@ -68,22 +68,30 @@ impl Workload {
                 c
             }
         };
-        cmd.arg("-o").arg(&out).arg(&src).current_dir(dir);
-        let output = run_with_timeout(
-            cmd,
-            &format!("compiling {}", src.display()),
-            COMPILE_TIMEOUT,
-        );
-        assert!(
-            output.status.success(),
-            "compiling {} failed ({}):\n{}{}",
-            src.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        out
+        cmd.current_dir(dir);
+        compile(cmd, &src, &out)
     }
+}
+
+/// Runs the compiler command `cmd` (gcc or rustc with its flags) on `src`,
+/// writing `out`, within the compile timeout; panics with the compiler's
+/// output if it fails.
+pub fn compile(mut cmd: Command, src: &Path, out: &Path) -> PathBuf {
+    cmd.arg("-o").arg(out).arg(src);
+    let output = run_with_timeout(
+        cmd,
+        &format!("compiling {}", src.display()),
+        COMPILE_TIMEOUT,
+    );
+    assert!(
+        output.status.success(),
+        "compiling {} failed ({}):\n{}{}",
+        src.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out.to_path_buf()
 }
 
 /// The `comm` the kernel gives a process running `exe`: its file name,

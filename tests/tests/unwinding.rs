@@ -21,7 +21,7 @@ use profiler_tests::profiles::{
     FlatSample, Frame, ProfileFile, assert_only_profiles, flatten_all, function_matches, of_pid,
     read_profiles, summary, total_count, total_cpu,
 };
-use profiler_tests::workloads::{Running, field, parse_report};
+use profiler_tests::workloads::{Running, compile, field, parse_report};
 use profiler_tests::{check_cpu_files, pprof_tops, temp_dir};
 
 /// Sampling rate: a few seconds give well over a thousand samples.
@@ -34,8 +34,6 @@ const TRUNCATED: &str = "[truncated]";
 /// How much of a sampled thread's user stack the kernel copies, from the
 /// stack pointer up.
 const STACK_COPY_BYTES: u64 = 16 * 1024;
-/// Bound on compiling one workload.
-const COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Bound on a workload's run once released.
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on the daemon's exit once its target has exited.
@@ -52,24 +50,6 @@ fn workload_source(file: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("workloads")
         .join(file)
-}
-
-fn compile(mut cmd: Command, src: &Path, out: &Path) -> PathBuf {
-    cmd.arg("-o").arg(out).arg(src);
-    let output = run_with_timeout(
-        cmd,
-        &format!("compiling {}", src.display()),
-        COMPILE_TIMEOUT,
-    );
-    assert!(
-        output.status.success(),
-        "compiling {} failed ({}):\n{}{}",
-        src.display(),
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    out.to_path_buf()
 }
 
 /// `gcc -O2 -g` (gcc's default: no frame pointers on x86-64) of
