@@ -29,9 +29,10 @@ use crate::symbolize::Symbolizer;
 use crate::unwind::Unwinder;
 use crate::writer::ProfileWriter;
 
-/// How often the kernel buffers are drained. Short enough that the stack
-/// maps stay far from full (a stack-map bucket collision loses a stack), long
-/// enough that draining costs little.
+/// How often the kernel buffers are drained. Short enough that the count
+/// and stack maps (16k entries each) stay far from full and the stack-copy
+/// ring (about 470 samples) does not overflow at common rates, long enough
+/// that draining costs little.
 const DRAIN_PERIOD: Duration = Duration::from_secs(1);
 /// How long a program that read the old buffer index may still be writing.
 const FLIP_GRACE: Duration = Duration::from_millis(2);
@@ -575,8 +576,13 @@ fn describe(settings: &Settings) -> String {
         "all processes".to_string()
     };
     let profiles: Vec<&str> = settings.profiles.iter().map(|k| k.name()).collect();
+    let unwind = match settings.unwind {
+        UnwindMode::Auto => "auto (.eh_frame; frame pointers for Go)",
+        UnwindMode::Fp => "frame pointers",
+        UnwindMode::Dwarf => ".eh_frame",
+    };
     format!(
-        "profiling {what}: {} at {} Hz, a profile every {}{}, into {}",
+        "profiling {what}: {} at {} Hz, user stacks by {unwind}, a profile every {}{}, into {}",
         profiles.join(","),
         settings.cpu_frequency,
         humantime::format_duration(settings.interval),

@@ -108,7 +108,7 @@ fn output(cmd: &mut Command) -> Option<String> {
 /// Installs what is missing; idempotent. `for_tests` adds the test and
 /// benchmark tools (go, perf).
 fn setup(for_tests: bool) -> Result<()> {
-    let rust_src = output(Command::new("rustup").args([
+    let nightly_components = output(Command::new("rustup").args([
         "component",
         "list",
         "--installed",
@@ -116,7 +116,10 @@ fn setup(for_tests: bool) -> Result<()> {
         "nightly",
     ]))
     .unwrap_or_default();
-    if !rust_src.lines().any(|l| l.starts_with("rust-src")) {
+    if !nightly_components
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
         run(Command::new("rustup").args([
             "component",
             "add",
@@ -124,6 +127,10 @@ fn setup(for_tests: bool) -> Result<()> {
             "--toolchain",
             "nightly",
         ]))?;
+    }
+    // The kernel crate is linted with nightly's clippy.
+    if for_tests && !nightly_components.lines().any(|l| l.starts_with("clippy")) {
+        run(Command::new("rustup").args(["component", "add", "clippy", "--toolchain", "nightly"]))?;
     }
     let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
     if !linker.contains("0.10.4") {
