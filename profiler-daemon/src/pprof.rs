@@ -157,6 +157,7 @@ impl ProfileBuilder {
             .map(|&vt| value_type(&mut self.strings, vt))
             .collect();
         let period_type = Some(value_type(&mut self.strings, self.kind.period_type()));
+        self.put_main_binary_first();
         pb::Profile {
             sample_type,
             sample: self.samples,
@@ -169,6 +170,50 @@ impl ProfileBuilder {
             period_type,
             period: self.period,
             ..Default::default()
+        }
+    }
+
+    /// pprof tools present mapping 1 as the profile's main binary ("File:").
+    /// Make it the user-space object in which most of the first value was
+    /// spent (the leaf frames' mapping), rather than whichever came first.
+    fn put_main_binary_first(&mut self) {
+        let mut weight = vec![0i64; self.mappings.len() + 1];
+        for sample in &self.samples {
+            let leaf_mapping = sample
+                .location_id
+                .iter()
+                .map(|&id| self.locations[(id - 1) as usize].mapping_id)
+                .find(|&m| {
+                    m != 0
+                        && !self.strings.strings[self.mappings[(m - 1) as usize].filename as usize]
+                            .starts_with('[')
+                });
+            if let (Some(m), Some(&v)) = (leaf_mapping, sample.value.first()) {
+                weight[m as usize] += v;
+            }
+        }
+        let Some((main, _)) = weight
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|&(_, &w)| w > 0)
+            .max_by_key(|&(m, &w)| (w, std::cmp::Reverse(m)))
+        else {
+            return;
+        };
+        let main = main as u64;
+        if main == 1 {
+            return;
+        }
+        self.mappings.swap(0, (main - 1) as usize);
+        self.mappings[0].id = 1;
+        self.mappings[(main - 1) as usize].id = main;
+        for location in &mut self.locations {
+            if location.mapping_id == main {
+                location.mapping_id = 1;
+            } else if location.mapping_id == 1 {
+                location.mapping_id = main;
+            }
         }
     }
 
@@ -300,6 +345,50 @@ mod tests {
 
     fn s(p: &pb::Profile, i: i64) -> &str {
         &p.string_table[i as usize]
+    }
+
+    #[test]
+    fn heaviest_user_binary_is_mapping_one() {
+        let kernel = mapping("[kernel.kallsyms]");
+        let libc = mapping("/usr/lib/libc.so.6");
+        let app = mapping("/opt/app");
+        let mut b = ProfileBuilder::new(ProfileKind::Cpu, 10, 0, 1);
+        // First seen: kernel and libc; most of the time: the app.
+        b.add_sample(
+            &[
+                frame(
+                    0xffff_0001,
+                    Some(&kernel),
+                    vec![line("ksys_write", "k.c", 1)],
+                ),
+                frame(0x1000, Some(&libc), vec![line("write", "w.c", 2)]),
+                frame(0x2000, Some(&app), vec![line("main", "a.c", 3)]),
+            ],
+            &[1, 10],
+            &[],
+        );
+        b.add_sample(
+            &[frame(0x2100, Some(&app), vec![line("work", "a.c", 9)])],
+            &[5, 50],
+            &[],
+        );
+        let p = round_trip(b);
+        assert_eq!(s(&p, p.mapping[0].filename), "/opt/app");
+        assert_eq!(p.mapping[0].id, 1);
+        for (i, m) in p.mapping.iter().enumerate() {
+            assert_eq!(m.id, i as u64 + 1);
+        }
+        // Every location still points at its own object.
+        for l in &p.location {
+            let m = &p.mapping[(l.mapping_id - 1) as usize];
+            let name = s(&p, p.function[(l.line[0].function_id - 1) as usize].name);
+            let expected = match name {
+                "ksys_write" => "[kernel.kallsyms]",
+                "write" => "/usr/lib/libc.so.6",
+                _ => "/opt/app",
+            };
+            assert_eq!(s(&p, m.filename), expected, "{name}");
+        }
     }
 
     #[test]
