@@ -5,6 +5,8 @@
 //! `aya::Pod` so the daemon can use the types as map keys and values.
 #![no_std]
 
+pub mod sampling;
+
 /// Length of a task's `comm` in the kernel (TASK_COMM_LEN).
 pub const COMM_LEN: usize = 16;
 

@@ -10,6 +10,7 @@ pub mod pprof;
 pub mod probes;
 pub mod process;
 pub mod profile_kind;
+pub mod rescale;
 pub mod session;
 pub mod symbolize;
 pub mod unwind;
