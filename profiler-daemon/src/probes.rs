@@ -278,11 +278,6 @@ impl Probes {
         self.targets_fd.as_fd()
     }
 
-    /// The processes in the kernel's target set.
-    pub fn targets(&self) -> Vec<u32> {
-        self.targets.keys().filter_map(Result::ok).collect()
-    }
-
     /// Removes a process from the target set (it exited).
     pub fn remove_target(&mut self, tgid: u32) {
         let _ = self.targets.remove(&tgid);
