@@ -43,10 +43,42 @@ fn main() -> ExitCode {
     match runtime.block_on(profilerd::session::run(settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` keeps the whole context chain on one line.
-            eprintln!("profilerd: {e:#}");
+            eprintln!("profilerd: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes on one line. Library errors often include their
+/// cause in their own message too; a cause already said is not repeated.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_are_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(2);
+        let e = anyhow::Error::new(profilerd::writer::WriteError::CreateDir {
+            dir: "/proc/nope".into(),
+            source: io,
+        });
+        let e = e.context("starting");
+        assert_eq!(
+            one_line(&e),
+            "starting: cannot create output directory /proc/nope: No such file or directory (os error 2)"
+        );
     }
 }
 
