@@ -63,6 +63,23 @@ fn one_line(error: &anyhow::Error) -> String {
     line.replace('\n', " ")
 }
 
+/// The symbolizer keeps a handle on every mapped file it may need after the
+/// process exits; the soft limit of 1024 would cap that early.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
+        && limit.rlim_cur < limit.rlim_max
+    {
+        limit.rlim_cur = limit.rlim_max;
+        // SAFETY: valid pointer; raising the soft limit up to the hard one is always allowed.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,22 +96,5 @@ mod tests {
             one_line(&e),
             "starting: cannot create output directory /proc/nope: No such file or directory (os error 2)"
         );
-    }
-}
-
-/// The symbolizer keeps a handle on every mapped file it may need after the
-/// process exits; the soft limit of 1024 would cap that early.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0
-        && limit.rlim_cur < limit.rlim_max
-    {
-        limit.rlim_cur = limit.rlim_max;
-        // SAFETY: valid pointer; raising the soft limit up to the hard one is always allowed.
-        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     }
 }
