@@ -7,6 +7,7 @@ pub mod frames;
 pub mod map_syscalls;
 pub mod notify;
 pub mod pprof;
+pub mod probe_placement;
 pub mod probes;
 pub mod process;
 pub mod profile_kind;
