@@ -97,11 +97,6 @@ impl CpuWindow {
     pub fn total(&self) -> u64 {
         self.samples.values().sum()
     }
-
-    /// The processes that have samples in this window.
-    pub fn processes(&self) -> impl Iterator<Item = u32> + '_ {
-        self.samples.keys().map(|id| id.tgid)
-    }
 }
 
 fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {

@@ -130,18 +130,8 @@ impl Probes {
                 name: "TARGETS",
                 source,
             })?;
-        let control =
-            Array::try_from(take_map(&mut ebpf, "CONTROL")?).map_err(|source| ProbeError::Map {
-                name: "CONTROL",
-                source,
-            })?;
-        let counters =
-            PerCpuArray::try_from(take_map(&mut ebpf, "COUNTERS")?).map_err(|source| {
-                ProbeError::Map {
-                    name: "COUNTERS",
-                    source,
-                }
-            })?;
+        let control = typed_map(&mut ebpf, "CONTROL")?;
+        let counters = typed_map(&mut ebpf, "COUNTERS")?;
         let counts = [
             per_cpu_hash(take_map(&mut ebpf, "COUNTS_0")?, "COUNTS_0")?,
             per_cpu_hash(take_map(&mut ebpf, "COUNTS_1")?, "COUNTS_1")?,
@@ -152,28 +142,9 @@ impl Probes {
         ];
         let possible_cpus =
             aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
-        let proc_events =
-            RingBuf::try_from(take_map(&mut ebpf, "PROC_EVENTS")?).map_err(|source| {
-                ProbeError::Map {
-                    name: "PROC_EVENTS",
-                    source,
-                }
-            })?;
-
-        let stack_samples =
-            RingBuf::try_from(take_map(&mut ebpf, "STACK_SAMPLES")?).map_err(|source| {
-                ProbeError::Map {
-                    name: "STACK_SAMPLES",
-                    source,
-                }
-            })?;
-        let fp_processes =
-            HashMap::try_from(take_map(&mut ebpf, "FP_PROCESSES")?).map_err(|source| {
-                ProbeError::Map {
-                    name: "FP_PROCESSES",
-                    source,
-                }
-            })?;
+        let proc_events = typed_map(&mut ebpf, "PROC_EVENTS")?;
+        let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
+        let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
         let mut probes = Probes {
             ebpf,
             targets,
@@ -387,6 +358,14 @@ impl Probes {
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, ProbeError> {
     ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))
+}
+
+/// Takes a map out of the object as the typed aya map `T`.
+fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    T::try_from(take_map(ebpf, name)?).map_err(|source| ProbeError::Map { name, source })
 }
 
 fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {

@@ -71,22 +71,8 @@ pub async fn run(settings: Settings) -> Result<()> {
         probes.add_target(pid)?;
         procs.ensure(pid);
     }
-    let ring = probes
-        .take_proc_events()
-        .context("process event ring buffer already taken")?;
-    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
-    // owns the ring buffer, and always reports that same fd.
-    let mut events = unsafe { AsyncFd::register(ring) }
-        .map_err(|e| e.into_parts().1)
-        .context("watching the process event ring buffer")?;
-
-    let ring = probes
-        .take_stack_samples()
-        .context("stack sample ring buffer already taken")?;
-    // SAFETY: as for the process events above.
-    let mut stack_samples = unsafe { AsyncFd::register(ring) }
-        .map_err(|e| e.into_parts().1)
-        .context("watching the stack sample ring buffer")?;
+    let mut events = watch_ring(probes.take_proc_events(), "process events")?;
+    let mut stack_samples = watch_ring(probes.take_stack_samples(), "stack samples")?;
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -203,6 +189,16 @@ impl Window {
             cpu: CpuWindow::default(),
         }
     }
+}
+
+/// Registers a ring buffer with the runtime so that its data wakes us.
+fn watch_ring(ring: Option<RingBuf<MapData>>, what: &str) -> Result<AsyncFd<RingBuf<MapData>>> {
+    let ring = ring.with_context(|| format!("the {what} ring buffer was already taken"))?;
+    // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
+    // owns the ring buffer, and always reports that same fd.
+    unsafe { AsyncFd::register(ring) }
+        .map_err(|e| e.into_parts().1)
+        .with_context(|| format!("watching the {what} ring buffer"))
 }
 
 async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
