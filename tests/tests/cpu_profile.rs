@@ -176,6 +176,16 @@ fn profile_whole_life(
     daemon.wait_success(Duration::from_secs(10));
     let files = read_profiles(out, "cpu");
     let samples = flatten_all(&files);
+    // Checks every run of this kind shares: only cpu files, one per window
+    // of the 4 s run at --interval 2s, each well formed.
+    assert_only_profiles(out, "cpu");
+    assert!(
+        files.len() >= 2,
+        "a 4 s run with --interval 2s should give at least 2 files, got {}{}",
+        files.len(),
+        diag(&samples, &files, Some(pid), &daemon)
+    );
+    check_cpu_files(&files, HZ);
     (files, samples, report, pid, daemon)
 }
 
@@ -188,14 +198,6 @@ fn c_workload_under_pid() {
     let (files, samples, report, pid, daemon) = profile_whole_life(&exe, &out);
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
-    assert_only_profiles(&out, "cpu");
-    assert!(
-        files.len() >= 2,
-        "a 4 s run with --interval 2s should give at least 2 files, got {}{}",
-        files.len(),
-        d()
-    );
-    check_cpu_files(&files, HZ);
     assert_eq!(field(&report, "pid"), u64::from(pid));
 
     // Filtering: only the target.
@@ -271,14 +273,6 @@ fn rust_workload_under_pid() {
     let (files, samples, report, pid, daemon) = profile_whole_life(&exe, &out);
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
-    assert_only_profiles(&out, "cpu");
-    assert!(
-        files.len() >= 2,
-        "a 4 s run with --interval 2s should give at least 2 files, got {}{}",
-        files.len(),
-        d()
-    );
-    check_cpu_files(&files, HZ);
     let others: Vec<&FlatSample> = samples.iter().filter(|s| s.pid() != pid).collect();
     assert!(
         others.is_empty(),
