@@ -1125,10 +1125,10 @@ mod tests {
 
     #[test]
     fn bad_profiles() {
-        let msg = error(&["--profiles", "cpu,heap"], "'heap'");
+        let msg = error(&["--profiles", "cpu,block"], "'block'");
         assert_eq!(
             msg,
-            "profile type 'heap' is not supported by this build yet"
+            "profile type 'block' is not supported by this build yet"
         );
         for kind in ["block", "mutex", "offcpu"] {
             error(&["--profiles", kind], kind);
@@ -1279,8 +1279,8 @@ region = "eu"
         assert!(msg.contains("'0s'"), "{msg}");
         let f = config_file("cpu_frequency = 20000\n");
         error(&["--config", path_str(&f)], "'20000'");
-        let f = config_file("profiles = \"cpu,heap\"\n");
-        error(&["--config", path_str(&f)], "'heap'");
+        let f = config_file("profiles = \"cpu,mutex\"\n");
+        error(&["--config", path_str(&f)], "'mutex'");
         let f = config_file(&format!("pid = {}\n", missing_pid()));
         error(&["--config", path_str(&f)], "'pid' in config file");
         let f = config_file(&format!("pid = {}\ncommand = [\"ls\"]\n", my_pid()));

@@ -1,9 +1,11 @@
 //! profilerd: a system-wide continuous profiler. The modules follow the data
 //! flow; docs/ARCHITECTURE.md maps them.
 
+pub mod allocators;
 pub mod config;
 pub mod drain;
 pub mod frames;
+pub mod heap;
 pub mod map_syscalls;
 pub mod notify;
 pub mod pprof;
@@ -15,4 +17,5 @@ pub mod rescale;
 pub mod session;
 pub mod symbolize;
 pub mod unwind;
+pub mod uprobe_session;
 pub mod writer;

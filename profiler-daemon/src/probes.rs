@@ -11,9 +11,11 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{PerfEvent, TracePoint};
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::{SampleKey, Stack, StackHash, control, counter};
+use profiler_common::{LiveKey, SampleKey, Stack, StackHash, control, counter};
 
+use crate::allocators::AllocatorLinks;
 use crate::map_syscalls::{self, BatchError};
+use crate::uprobe_session::{SessionError, SessionProgram};
 use thiserror::Error;
 
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
@@ -52,6 +54,8 @@ pub enum ProbeError {
         #[source]
         source: BatchError,
     },
+    #[error(transparent)]
+    Session(#[from] SessionError),
     #[error("cannot list online CPUs: {0}")]
     Cpus(String),
     #[error("tracefs is not available at {TRACEFS} and mounting it failed: {0}")]
@@ -71,6 +75,10 @@ pub struct ProbeConfig {
     pub cpu_frequency: u64,
     /// How user stacks are unwound (`profiler_common::unwind_mode`).
     pub unwind_mode: u8,
+    /// Whether CPU samples are taken.
+    pub cpu: bool,
+    /// Heap probes with this mean sampling distance in bytes, if enabled.
+    pub heap_sample_bytes: Option<u64>,
 }
 
 /// One buffer's worth of drained data.
@@ -100,6 +108,10 @@ pub struct Probes {
     fp_processes: HashMap<MapData, u32, u8>,
     active: u32,
     cpu_attached: bool,
+    heap_events: Option<RingBuf<MapData>>,
+    heap_live: HashMap<MapData, LiveKey, u64>,
+    /// The heap probes' program and links (when heap profiles are on).
+    allocators: Option<AllocatorLinks>,
 }
 
 impl Probes {
@@ -111,13 +123,27 @@ impl Probes {
         let fork_offset = tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?;
         let filter = u8::from(config.filter_targets);
         let follow = u8::from(config.follow_forks);
+        let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
+        let report_execs = u8::from(config.heap_sample_bytes.is_some());
+        let self_tgid = std::process::id();
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
             .override_global("UNWIND_MODE", &config.unwind_mode, true)
+            .override_global("HEAP_SAMPLE_BYTES", &heap_bytes, true)
+            .override_global("SELF_TGID", &self_tgid, true)
+            .override_global("REPORT_PROCESS_EVENTS", &report_execs, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
+        // Before any map is taken out of `ebpf`: the program refers to them.
+        let allocators = match config.heap_sample_bytes {
+            Some(_) => Some(AllocatorLinks::new(
+                SessionProgram::load(EBPF_OBJECT, &ebpf, "heap_probe")?,
+                config.filter_targets,
+            )),
+            None => None,
+        };
 
         let targets = hash(take_map(&mut ebpf, "TARGETS")?, "TARGETS")?;
         let targets_fd = targets
@@ -145,6 +171,8 @@ impl Probes {
         let proc_events = typed_map(&mut ebpf, "PROC_EVENTS")?;
         let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
         let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
+        let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
+        let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let mut probes = Probes {
             ebpf,
             targets,
@@ -159,6 +187,9 @@ impl Probes {
             fp_processes,
             active: 0,
             cpu_attached: false,
+            heap_events: Some(heap_events),
+            heap_live,
+            allocators,
         };
         for name in [
             "sched_process_fork",
@@ -167,7 +198,9 @@ impl Probes {
         ] {
             probes.attach_tracepoint(name)?;
         }
-        probes.attach_cpu(config.cpu_frequency)?;
+        if config.cpu {
+            probes.attach_cpu(config.cpu_frequency)?;
+        }
         Ok(probes)
     }
 
@@ -218,8 +251,12 @@ impl Probes {
         Ok(())
     }
 
-    /// Stops CPU sampling (detaches the perf events); the maps stay readable.
+    /// Stops sampling (detaches the perf events and the heap probes); the
+    /// maps stay readable.
     pub fn stop_sampling(&mut self) {
+        if let Some(allocators) = &mut self.allocators {
+            allocators.detach_all();
+        }
         if !self.cpu_attached {
             return;
         }
@@ -262,6 +299,28 @@ impl Probes {
     /// The ring buffer of samples with stack copies, taken once by the caller.
     pub fn take_stack_samples(&mut self) -> Option<RingBuf<MapData>> {
         self.stack_samples.take()
+    }
+
+    /// The ring buffer of heap events, taken once by the caller.
+    pub fn take_heap_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.heap_events.take()
+    }
+
+    /// The heap probes' links, when heap profiles are on.
+    pub fn allocators(&mut self) -> Option<&mut AllocatorLinks> {
+        self.allocators.as_mut()
+    }
+
+    /// Removes a process's sampled addresses from the kernel's live map
+    /// (the process exited; its pid may be reused).
+    pub fn forget_live(&mut self, tgid: u32, addrs: &[u64]) {
+        for &addr in addrs {
+            let _ = self.heap_live.remove(&LiveKey {
+                tgid,
+                _pad: 0,
+                addr,
+            });
+        }
     }
 
     /// In `auto` unwinding, lets the kernel walk this process's frame
@@ -346,13 +405,23 @@ impl Probes {
     /// Run count and run time of each program (kernel BPF stats; zero
     /// unless kernel.bpf_stats_enabled is set).
     pub fn run_stats(&self) -> Vec<(String, u64, Duration)> {
-        self.ebpf
+        let mut stats: Vec<(String, u64, Duration)> = self
+            .ebpf
             .programs()
             .filter_map(|(name, program)| {
+                // The heap probe is loaded by `uprobe_session`, not by aya.
                 let info = program.info().ok()?;
                 Some((name.to_string(), info.run_count(), info.run_time()))
             })
-            .collect()
+            .collect();
+        if let Some((runs, time)) = self
+            .allocators
+            .as_ref()
+            .and_then(|a| a.program().run_stats())
+        {
+            stats.push(("heap_probe".to_string(), runs, time));
+        }
+        stats
     }
 }
 

@@ -66,7 +66,7 @@ impl ProfileKind {
 
     /// Whether this build can collect the profile type.
     pub fn implemented(self) -> bool {
-        matches!(self, ProfileKind::Cpu)
+        matches!(self, ProfileKind::Cpu | ProfileKind::Heap)
     }
 }
 

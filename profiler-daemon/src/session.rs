@@ -12,15 +12,17 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{
-    COMM_LEN, MAX_STACK_DEPTH, ProcEvent, STACK_COPY_BYTES, StackSample, counter, proc_event,
-    unwind_mode,
+    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, ProcEvent, STACK_COPY_BYTES, StackSample,
+    counter, heap_event, proc_event, unwind_mode,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::allocators::{PreExecLinks, resolve_program};
 use crate::config::{Settings, UnwindMode};
 use crate::drain::{CpuWindow, SampleId, Stack};
 use crate::frames::{Frame, Line};
+use crate::heap::HeapTable;
 use crate::pprof::ProfileBuilder;
 use crate::probes::{ProbeConfig, Probes};
 use crate::process::ProcessTable;
@@ -56,6 +58,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut procs = ProcessTable::new(MAX_PROCESSES);
 
     let command_mode = !settings.command.is_empty();
+    let heap_on = settings.profiles.contains(&ProfileKind::Heap);
     let mut probes = Probes::load(&ProbeConfig {
         filter_targets: command_mode || !settings.pids.is_empty(),
         follow_forks: command_mode,
@@ -65,14 +68,33 @@ pub async fn run(settings: Settings) -> Result<()> {
             UnwindMode::Dwarf => unwind_mode::DWARF,
             UnwindMode::Auto => unwind_mode::AUTO,
         },
+        cpu: settings.profiles.contains(&ProfileKind::Cpu),
+        heap_sample_bytes: heap_on.then_some(settings.heap_sample_bytes),
     })?;
     let mut unwinder = Unwinder::new();
     for &pid in &settings.pids {
         probes.add_target(pid)?;
         procs.ensure(pid);
     }
+    if let Some(allocators) = probes.allocators() {
+        if settings.pids.is_empty() && !command_mode {
+            // System-wide: every allocator file mapped now; later ones as
+            // processes exec.
+            for pid in all_pids() {
+                allocators.attach_process(pid);
+            }
+        }
+        for &pid in &settings.pids {
+            allocators.attach_process(pid);
+        }
+    }
     let mut events = watch_ring(probes.take_proc_events(), "process events")?;
     let mut stack_samples = watch_ring(probes.take_stack_samples(), "stack samples")?;
+    let mut heap_events = watch_ring(probes.take_heap_events(), "heap events")?;
+    let mut heap = HeapTable::default();
+    // Processes that exec'd: their mappings are complete only once the
+    // dynamic loader has run, so they are looked at again a tick later.
+    let mut exec_rescan: Vec<u32> = Vec::new();
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -112,7 +134,12 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, settings.unwind);
+                read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                guard.clear_ready();
+            }
+            guard = heap_events.readable_mut() => {
+                let mut guard = guard.context("waiting for heap events")?;
+                read_heap_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut heap);
                 guard.clear_ready();
             }
             guard = stack_samples.readable_mut() => {
@@ -125,6 +152,12 @@ pub async fn run(settings: Settings) -> Result<()> {
                 // The kernel wakes us for stack samples only when their ring
                 // fills up; collect the rest here.
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
+                read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                if let Some(allocators) = probes.allocators() {
+                    for pid in exec_rescan.drain(..) {
+                        allocators.attach_process(pid);
+                    }
+                }
                 procs.settle();
                 if !live_targets.is_empty() {
                     live_targets.retain(|&pid| process_alive(pid));
@@ -139,10 +172,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += settings.interval;
                 drain_once(&mut probes, &mut window.cpu).await;
-                read_proc_events(events.get_mut(), &mut procs, &mut probes, settings.unwind);
+                read_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
+                read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
                 let closed = std::mem::replace(&mut window, Window::new());
-                write_window(&settings, &writer, &mut symbolizer, &mut procs, closed);
+                write_window(&settings, &writer, &mut symbolizer, &mut procs, &mut heap, closed);
                 unwinder.release_unused();
                 reported.report(&probes);
             }
@@ -153,7 +187,17 @@ pub async fn run(settings: Settings) -> Result<()> {
     log_run_stats(&probes);
     probes.stop_sampling();
     tracing::info!("stopping ({stop:?}): writing the last window");
-    read_proc_events(events.get_mut(), &mut procs, &mut probes, settings.unwind);
+    // Heap events first: a process's exit event must not forget the live
+    // allocations its last events report.
+    read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+    read_proc_events(
+        events.get_mut(),
+        &mut procs,
+        &mut probes,
+        &mut heap,
+        &mut exec_rescan,
+        settings.unwind,
+    );
     drain_once(&mut probes, &mut window.cpu).await;
     read_stack_samples(
         stack_samples.get_mut(),
@@ -163,9 +207,16 @@ pub async fn run(settings: Settings) -> Result<()> {
     );
     // The active buffer may hold samples written during the grace period.
     drain_once(&mut probes, &mut window.cpu).await;
-    write_window(&settings, &writer, &mut symbolizer, &mut procs, window);
+    write_window(
+        &settings,
+        &writer,
+        &mut symbolizer,
+        &mut procs,
+        &mut heap,
+        window,
+    );
     reported.report(&probes);
-    log_summary(&probes, &unwinder, &symbolizer, &procs);
+    log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap);
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
         // perf does, but reap it if it already finished.
@@ -220,6 +271,8 @@ fn read_proc_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
     probes: &mut Probes,
+    heap: &mut HeapTable,
+    exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
 ) {
     while let Some(item) = ring.next() {
@@ -231,6 +284,17 @@ fn read_proc_events(
         let event: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
         match event.kind {
             proc_event::NEW | proc_event::EXEC => {
+                if let Some(allocators) = probes.allocators() {
+                    // A followed fork reports threads too; they share their
+                    // process's probes.
+                    if event.kind == proc_event::NEW && !is_process(event.tgid) {
+                        continue;
+                    }
+                    allocators.attach_process(event.tgid);
+                    if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
+                        exec_rescan.push(event.tgid);
+                    }
+                }
                 procs.snapshot(event.tgid);
                 // Go keeps frame pointers and has no .eh_frame: in auto
                 // mode the kernel walks its stacks.
@@ -240,6 +304,11 @@ fn read_proc_events(
             }
             proc_event::EXIT => {
                 procs.mark_exited(event.tgid);
+                let gone = heap.forget_process(event.tgid);
+                probes.forget_live(event.tgid, &gone);
+                if let Some(allocators) = probes.allocators() {
+                    allocators.forget_process(event.tgid);
+                }
                 if unwind == UnwindMode::Auto {
                     probes.unmark_frame_pointer_process(event.tgid);
                 }
@@ -305,12 +374,91 @@ fn read_stack_samples(
     }
 }
 
+/// Adds the sampled allocations and frees that the heap probes reported.
+fn read_heap_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    heap: &mut HeapTable,
+) {
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<HeapFree>() {
+            continue;
+        }
+        // SAFETY: every heap event starts with its kind; read_unaligned
+        // copes with any alignment.
+        let kind: u32 = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        if kind == heap_event::FREE {
+            // SAFETY: size checked above; plain data.
+            let free: HeapFree = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            heap.freed(free.tgid, free.addr);
+            continue;
+        }
+        if kind != heap_event::ALLOC
+            || item.len() < std::mem::size_of::<HeapAlloc>()
+            || item
+                .as_ptr()
+                .align_offset(std::mem::align_of::<HeapAlloc>())
+                != 0
+        {
+            continue;
+        }
+        // SAFETY: size and alignment checked; HeapAlloc is plain data.
+        let alloc: &HeapAlloc = unsafe { &*item.as_ptr().cast::<HeapAlloc>() };
+        procs.ensure(alloc.tgid);
+        // The registers are those at the allocator's return: the leaf is
+        // the call site, one byte back from the return address.
+        let call_site = alloc.ip.saturating_sub(1);
+        let user = if alloc.stack_len > 0 {
+            let stack_len = (alloc.stack_len as usize).min(STACK_COPY_BYTES);
+            match procs.get(alloc.tgid) {
+                Some(info) => {
+                    let unwound = unwinder.unwind(
+                        info,
+                        call_site,
+                        alloc.sp,
+                        alloc.bp,
+                        &alloc.stack[..stack_len],
+                    );
+                    if unwound.truncated {
+                        Stack::Truncated(Arc::from(unwound.frames))
+                    } else {
+                        Stack::Frames(Arc::from(unwound.frames))
+                    }
+                }
+                None => Stack::Truncated(Arc::from(vec![call_site])),
+            }
+        } else {
+            let len = (alloc.frames_len as usize).min(MAX_STACK_DEPTH);
+            let mut frames = alloc.frames[..len].to_vec();
+            if let Some(first) = frames.first_mut() {
+                *first = first.saturating_sub(1);
+            }
+            match frames.is_empty() {
+                true => Stack::Lost,
+                false => Stack::FramePointer(Arc::from(frames)),
+            }
+        };
+        let mut thread = [0u8; COMM_LEN];
+        thread.copy_from_slice(&alloc.comm);
+        let id = SampleId {
+            tgid: alloc.tgid,
+            tid: alloc.tid,
+            thread,
+            user,
+            kernel: Stack::None,
+        };
+        heap.allocated(id, alloc.addr, alloc.size, alloc.live != 0);
+    }
+}
+
 /// Symbolizes, builds and writes every enabled profile of a closed window.
 fn write_window(
     settings: &Settings,
     writer: &ProfileWriter,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
+    heap: &mut HeapTable,
     window: Window,
 ) {
     let duration = window.started.elapsed();
@@ -327,6 +475,14 @@ fn write_window(
                 symbolizer,
                 procs,
                 &window.cpu,
+                time_nanos,
+                duration.as_nanos() as i64,
+            ),
+            ProfileKind::Heap => build_heap_profile(
+                settings,
+                symbolizer,
+                procs,
+                heap,
                 time_nanos,
                 duration.as_nanos() as i64,
             ),
@@ -376,6 +532,41 @@ fn build_cpu_profile(
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         builder.add_sample(&frames, &[count, count * period], &labels);
+    }
+    builder.build()
+}
+
+fn build_heap_profile(
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    heap: &mut HeapTable,
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> pprof_proto::Profile {
+    let rate = settings.heap_sample_bytes;
+    let mut builder =
+        ProfileBuilder::new(ProfileKind::Heap, rate as i64, time_nanos, duration_nanos);
+    let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for row in heap.close_window() {
+        let id = &row.id;
+        frames.clear();
+        procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.user, "user", |ips| {
+            symbolizer.user_stack(procs, id.tgid, ips)
+        });
+        let (alloc_objects, alloc_space) = row.alloc.scaled(rate);
+        let (inuse_objects, inuse_space) = row.inuse.scaled(rate);
+        let labels = sample_labels(settings, procs, id);
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        builder.add_sample(
+            &frames,
+            &[alloc_objects, alloc_space, inuse_objects, inuse_space],
+            &labels,
+        );
     }
     builder.build()
 }
@@ -504,6 +695,22 @@ impl Losses {
                 counter::TARGETS_FULL,
                 "descendants not followed: target map full",
             ),
+            (
+                counter::HEAP_ALLOCS_LOST,
+                "sampled allocations dropped: heap event ring full",
+            ),
+            (
+                counter::HEAP_FREES_LOST,
+                "frees of sampled allocations dropped: heap event ring full",
+            ),
+            (
+                counter::HEAP_LIVE_FULL,
+                "sampled allocations not tracked as live: live map full",
+            ),
+            (
+                counter::HEAP_THREADS_FULL,
+                "heap sampling state lost: thread map full",
+            ),
         ];
         for (index, what) in names {
             let i = index as usize;
@@ -519,11 +726,29 @@ impl Losses {
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
 fn log_summary(
-    probes: &Probes,
+    probes: &mut Probes,
     unwinder: &Unwinder,
     symbolizer: &Symbolizer,
     procs: &ProcessTable,
+    heap: &HeapTable,
 ) {
+    if let Some(allocators) = probes.allocators() {
+        let a = allocators.stats();
+        let c = probes.counters();
+        tracing::info!(
+            heap_samples = c[counter::HEAP_SAMPLES as usize],
+            heap_allocs_lost = c[counter::HEAP_ALLOCS_LOST as usize],
+            heap_frees_lost = c[counter::HEAP_FREES_LOST as usize],
+            heap_live_full = c[counter::HEAP_LIVE_FULL as usize],
+            heap_threads_full = c[counter::HEAP_THREADS_FULL as usize],
+            heap_live = heap.live_count(),
+            heap_unknown_frees = heap.unknown_frees,
+            allocator_links = a.links,
+            allocator_attach_failures = a.failures,
+            allocator_probes_single_stepped = a.single_stepped,
+            "heap summary"
+        );
+    }
     let c = probes.counters();
     let u = unwinder.stats();
     let s = symbolizer.stats();
@@ -611,6 +836,28 @@ fn check_privileges() -> Result<()> {
     bail!("not allowed to load eBPF programs: run as root or with CAP_BPF and CAP_PERFMON")
 }
 
+/// Every process id in /proc.
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `id` is a process (thread group leader) rather than a thread.
+fn is_process(id: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{id}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Tgid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+        })
+        .is_some_and(|tgid| tgid == id)
+}
+
 fn process_alive(pid: u32) -> bool {
     // A zombie has a /proc entry but will never run again.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -648,14 +895,27 @@ fn start_command(
     procs: &mut ProcessTable,
 ) -> Result<tokio::process::Child> {
     let targets = probes.targets_fd().as_raw_fd();
+    // Heap probes for the allocators known before the exec, made by the
+    // child itself (see PreExecLinks).
+    let pre_exec_links = match (probes.allocators(), resolve_program(&command[0])) {
+        (Some(allocators), Some(program)) => Some(Arc::new(
+            PreExecLinks::prepare(allocators, &program).context("preparing the heap probes")?,
+        )),
+        _ => None,
+    };
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
-    // SAFETY: between fork and exec only getpid and the bpf system call run;
-    // nothing allocates or takes a lock.
+    let in_child = pre_exec_links.clone();
+    // SAFETY: between fork and exec only getpid, bpf, sendmsg and close
+    // run; nothing allocates or takes a lock.
     unsafe {
         cmd.pre_exec(move || {
             let pid = libc::getpid() as u32;
-            crate::map_syscalls::update_elem_raw(targets, &pid, &1u8)
+            crate::map_syscalls::update_elem_raw(targets, &pid, &1u8)?;
+            if let Some(links) = &in_child {
+                links.in_child();
+            }
+            Ok(())
         });
     }
     let child = cmd
@@ -663,6 +923,13 @@ fn start_command(
         .with_context(|| format!("cannot start command {}", command[0].to_string_lossy()))?;
     if let Some(pid) = child.id() {
         procs.ensure(pid);
+        if let (Some(links), Some(allocators)) = (pre_exec_links, probes.allocators()) {
+            // The closure's copy went with the command object.
+            drop(cmd);
+            if let Ok(links) = Arc::try_unwrap(links) {
+                links.collect(pid, allocators);
+            }
+        }
     }
     Ok(child)
 }

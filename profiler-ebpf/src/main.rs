@@ -10,6 +10,10 @@
 //! buffer that the kernel no longer writes, so draining never races a
 //! writer and per-CPU counts never lose an update.
 //!
+//! `heap_probe` runs at the allocator entry points of targeted processes
+//! (and, as a uprobe session, at the return of the calls it asks for); see
+//! its comment.
+//!
 //! The process tracepoints follow descendants in `-- COMMAND` mode and tell
 //! the daemon when a process first appears, execs or exits, so that it can
 //! snapshot the process's mappings while the process still lives.
@@ -24,18 +28,22 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        bpf_probe_read_user as read_user,
         generated::{
-            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_user, bpf_task_pt_regs,
+            bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_func_ip, bpf_get_prandom_u32,
+            bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{map, perf_event, tracepoint, uprobe},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{PerfEventContext, TracePointContext},
+    programs::{PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, MAX_STACK_DEPTH, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES,
-    STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey,
-    Stack, StackHash, StackSample, TARGETS_ENTRIES, control, counter, proc_event, unwind_mode,
+    COMM_LEN, COUNTS_ENTRIES, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
+    HeapAlloc, HeapFree, HeapThread, LiveKey, MAX_STACK_DEPTH, PROC_EVENTS_BYTES, ProcEvent,
+    SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
+    SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES, alloc_fn, control, counter,
+    heap_event, proc_event, sampling::next_sample_distance, unwind_mode,
 };
 
 /// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
@@ -55,6 +63,18 @@ static FORK_CHILD_PID_OFFSET: u32 = 44;
 /// How user stacks are unwound (`unwind_mode`).
 #[unsafe(no_mangle)]
 static UNWIND_MODE: u8 = 0;
+
+/// Mean bytes between heap samples (`--heap-sample-bytes`).
+#[unsafe(no_mangle)]
+static HEAP_SAMPLE_BYTES: u64 = 524_288;
+/// The daemon's own process id: its allocations are not profiled.
+#[unsafe(no_mangle)]
+static SELF_TGID: u32 = 0;
+/// 1 when the execs of all targets and their followed forks are reported
+/// (heap profiles look for allocators in new programs), not only those of
+/// processes already seen.
+#[unsafe(no_mangle)]
+static REPORT_PROCESS_EVENTS: u8 = 0;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -86,6 +106,22 @@ static FP_PROCESSES: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIE
 static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTES, 0);
 #[map]
 static PROC_EVENTS: RingBuf = RingBuf::with_byte_size(PROC_EVENTS_BYTES, 0);
+/// Heap sampling state per thread id.
+#[map]
+static HEAP_THREADS: LruHashMap<u32, HeapThread> =
+    LruHashMap::with_max_entries(HEAP_THREADS_ENTRIES, 0);
+/// Sampled allocations still live, by process and address.
+#[map]
+static HEAP_LIVE: HashMap<LiveKey, u64> =
+    HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
+#[map]
+static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
+
+#[inline(always)]
+fn global<T: Copy>(v: &T) -> T {
+    // SAFETY: as for global_u8.
+    unsafe { core::ptr::read_volatile(v) }
+}
 
 #[inline(always)]
 fn global_u8(v: &u8) -> u8 {
@@ -391,6 +427,286 @@ fn record_stack(
     hash
 }
 
+/// The allocator probes of heap profiles, attached as a uprobe session to
+/// every allocator entry point (the cookie names the function). The same
+/// program runs at a call's entry and, when the entry returned 0, at its
+/// return.
+///
+/// At entry an unsampled malloc or calloc only counts its bytes down and
+/// returns 1, so that its return costs nothing. A call that exhausts the
+/// thread's byte budget is sampled: its return records the address, the
+/// size and the caller's stack. The other allocation functions always ask
+/// for their return, because some allocators implement them with a call to
+/// malloc (glibc's realloc(NULL, n), memalign with a small alignment): a
+/// call entered while another is pending, deeper on the same stack, is
+/// nested and not counted again. free, and realloc of a sampled address,
+/// retire the address.
+#[uprobe]
+pub fn heap_probe(ctx: ProbeContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tgid == global(&SELF_TGID) {
+        return 1;
+    }
+    let regs = ctx.regs;
+    // SAFETY: the context of a uprobe is the user's pt_regs; these are
+    // checked context loads.
+    let (sp, arg0, arg1, arg2) = unsafe { ((*regs).rsp, (*regs).rdi, (*regs).rsi, (*regs).rdx) };
+    // SAFETY: plain helper on our own context.
+    let function = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) };
+    if function == alloc_fn::FREE {
+        retire(tgid, arg0);
+        return 1;
+    }
+    let Some(state) = heap_thread(tid) else {
+        return 1;
+    };
+    // SAFETY: the map value stays valid for this program run; a thread
+    // runs one program at a time.
+    let state = unsafe { &mut *state };
+    // At a return the registers are the caller's, past the call; at an
+    // entry the instruction pointer is the probe's.
+    // SAFETY: plain helper on our own context; checked context load.
+    let is_return = unsafe { bpf_get_func_ip(ctx.regs.cast()) != (*regs).rip };
+    if is_return {
+        // Only the pending call's own return counts: `ret` popped its
+        // return address. (A call tail-called by the pending one may
+        // report a return of its own at the same point.)
+        if state.pending_sp != 0
+            && sp == state.pending_sp + 8
+            && function == u64::from(state.pending_fn)
+        {
+            on_return(&ctx, state, tgid, tid);
+        }
+        return 0;
+    }
+    if state.pending_sp != 0 {
+        // Nested in the pending call, counted by it: deeper on the stack, or
+        // at the same depth when the pending call tail-calls (glibc's
+        // realloc(NULL, n) jumps to malloc).
+        // SAFETY: plain helper.
+        if sp <= state.pending_sp
+            && unsafe { bpf_ktime_get_ns() } - state.pending_ns < PENDING_STALE_NS
+        {
+            return 1;
+        }
+        // A pending call that never returned (longjmp out of it): forget it.
+        state.pending_sp = 0;
+    }
+    let (size, out, old) = match function {
+        alloc_fn::MALLOC | alloc_fn::VALLOC => (arg0, 0, 0),
+        alloc_fn::CALLOC => (mul_or_zero(arg0, arg1), 0, 0),
+        alloc_fn::REALLOC => (arg1, 0, arg0),
+        alloc_fn::REALLOCARRAY => (mul_or_zero(arg1, arg2), 0, arg0),
+        alloc_fn::POSIX_MEMALIGN => (arg2, arg0, 0),
+        alloc_fn::ALIGNED_ALLOC | alloc_fn::MEMALIGN => (arg1, 0, 0),
+        alloc_fn::PVALLOC => ((arg0 + 4095) & !4095, 0, 0),
+        _ => return 1,
+    };
+    if old != 0 {
+        retire(tgid, old);
+    }
+    let sampled = size > 0 && take_sample(state, size);
+    let composite = function != alloc_fn::MALLOC && function != alloc_fn::CALLOC;
+    if !sampled && !composite {
+        return 1;
+    }
+    state.pending_sp = sp;
+    // SAFETY: plain helper.
+    state.pending_ns = unsafe { bpf_ktime_get_ns() };
+    state.pending_size = size;
+    state.pending_out = out;
+    state.pending_fn = function as u32;
+    state.pending_sampled = u32::from(sampled);
+    0
+}
+
+/// n * size as calloc computes it; a request that overflows fails and
+/// allocates nothing. (An overflow check by division or checked_mul makes
+/// LLVM emit a 128-bit multiply, which BPF lacks; factors below 2^32 cannot
+/// overflow, and larger ones are only plausible times one.)
+#[inline(always)]
+fn mul_or_zero(n: u64, size: u64) -> u64 {
+    if (n | size) >> 32 == 0 {
+        n * size
+    } else if n == 1 {
+        size
+    } else if size == 1 {
+        n
+    } else {
+        0
+    }
+}
+
+/// Allocator calls return within microseconds; a pending call older than
+/// this was left without a return (longjmp) and is forgotten.
+const PENDING_STALE_NS: u64 = 1_000_000_000;
+
+/// The thread's heap state, created with a fresh byte budget on first use.
+#[inline(always)]
+fn heap_thread(tid: u32) -> Option<*mut HeapThread> {
+    if let Some(state) = HEAP_THREADS.get_ptr_mut(tid) {
+        return Some(state);
+    }
+    let fresh = HeapThread {
+        remaining: draw_sample_distance(),
+        ..HeapThread::default()
+    };
+    if HEAP_THREADS.insert(tid, fresh, 0).is_err() {
+        count(counter::HEAP_THREADS_FULL);
+        return None;
+    }
+    HEAP_THREADS.get_ptr_mut(tid)
+}
+
+#[inline(always)]
+fn draw_sample_distance() -> u64 {
+    // SAFETY: plain helper.
+    let random = unsafe { bpf_get_prandom_u32() };
+    next_sample_distance(random, global(&HEAP_SAMPLE_BYTES))
+}
+
+/// Go's rule (runtime/malloc.go): an allocation smaller than what is left
+/// of the budget only counts it down; one that reaches it is sampled and a
+/// new budget is drawn.
+#[inline(always)]
+fn take_sample(state: &mut HeapThread, size: u64) -> bool {
+    if size < state.remaining {
+        state.remaining -= size;
+        return false;
+    }
+    state.remaining = draw_sample_distance();
+    true
+}
+
+/// The pending call returned: record it if it was sampled.
+#[inline(always)]
+fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
+    state.pending_sp = 0;
+    if state.pending_sampled == 0 {
+        return;
+    }
+    let function = state.pending_fn;
+    // SAFETY: checked context load.
+    let ret = unsafe { (*ctx.regs).rax };
+    let addr = if u64::from(function) == alloc_fn::POSIX_MEMALIGN {
+        // It returns an error number and stores the pointer through `out`.
+        if ret as u32 != 0 {
+            return;
+        }
+        // SAFETY: a user pointer, read through the checked helper.
+        match unsafe { read_user(state.pending_out as *const u64) } {
+            Ok(addr) => addr,
+            Err(_) => return,
+        }
+    } else {
+        ret
+    };
+    if addr == 0 {
+        return;
+    }
+    count(counter::HEAP_SAMPLES);
+    // So that the daemon snapshots the process and hears of its exit.
+    note_process(tgid);
+    let key = LiveKey {
+        tgid,
+        _pad: 0,
+        addr,
+    };
+    let live = HEAP_LIVE.insert(key, state.pending_size, 0).is_ok();
+    if !live {
+        count(counter::HEAP_LIVE_FULL);
+    }
+    if !send_heap_alloc(ctx, tgid, tid, function, addr, state.pending_size, live) {
+        count(counter::HEAP_ALLOCS_LOST);
+        if live {
+            let _ = HEAP_LIVE.remove(key);
+        }
+    }
+}
+
+/// A freed address: if it was a sampled live allocation, tell the daemon.
+#[inline(always)]
+fn retire(tgid: u32, addr: u64) {
+    if addr == 0 {
+        return;
+    }
+    let key = LiveKey {
+        tgid,
+        _pad: 0,
+        addr,
+    };
+    if HEAP_LIVE.remove(key).is_err() {
+        return;
+    }
+    let event = HeapFree {
+        kind: heap_event::FREE,
+        tgid,
+        addr,
+    };
+    if HEAP_EVENTS.output::<HeapFree>(&event, 0).is_err() {
+        count(counter::HEAP_FREES_LOST);
+    }
+}
+
+#[inline(always)]
+fn send_heap_alloc(
+    ctx: &ProbeContext,
+    tgid: u32,
+    tid: u32,
+    function: u32,
+    addr: u64,
+    size: u64,
+    live: bool,
+) -> bool {
+    let Some(mut entry) = HEAP_EVENTS.reserve::<HeapAlloc>(0) else {
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    let regs = ctx.regs;
+    // SAFETY: the entry is ours until submitted; written in place (it is
+    // far larger than the BPF stack). Register reads are context loads.
+    unsafe {
+        (*out).kind = heap_event::ALLOC;
+        (*out).tgid = tgid;
+        (*out).tid = tid;
+        (*out).function = function;
+        (*out).live = u32::from(live);
+        (*out)._pad = 0;
+        (*out).addr = addr;
+        (*out).size = size;
+        (*out).ip = (*regs).rip;
+        (*out).sp = (*regs).rsp;
+        (*out).bp = (*regs).rbp;
+        (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        if use_dwarf(tgid) {
+            (*out).frames_len = 0;
+            (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), (*regs).rsp);
+        } else {
+            (*out).stack_len = 0;
+            let bytes = bpf_get_stack(
+                regs.cast(),
+                (*out).frames.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                BPF_F_USER_STACK as u64,
+            );
+            (*out).frames_len = if bytes > 0 {
+                (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
+            } else {
+                0
+            };
+        }
+    }
+    let wake = if HEAP_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > (HEAP_EVENTS_BYTES / 4) as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wake as u64);
+    true
+}
+
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     if global_u8(&FOLLOW_FORKS) == 0 {
@@ -411,6 +727,11 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     // A new thread's id lands here too; sched_process_exit removes it.
     if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
         count(counter::FORKS_FOLLOWED);
+        if global_u8(&REPORT_PROCESS_EVENTS) != 0 {
+            // The daemon attaches heap probes for the child (it ignores
+            // the event for a new thread).
+            send_proc_event(proc_event::NEW, child as u32);
+        }
     } else {
         count(counter::TARGETS_FULL);
     }
@@ -421,7 +742,9 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: presence check only.
-    if unsafe { SEEN.get(tgid).is_some() } {
+    if (global_u8(&REPORT_PROCESS_EVENTS) != 0 && is_target(tgid))
+        || unsafe { SEEN.get(tgid).is_some() }
+    {
         send_proc_event(proc_event::EXEC, tgid);
     }
     0
@@ -432,6 +755,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
+    let _ = HEAP_THREADS.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
         // unrelated process later.

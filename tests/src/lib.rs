@@ -46,6 +46,62 @@ pub fn check_cpu_files(files: &[ProfileFile], hz: u64) {
     }
 }
 
+/// Checks every heap profile file of a run: the contract's structure with
+/// period = `rate` (see [`profiles::check_heap_profile`]), and that
+/// `go tool pprof -raw` reads it, prints its samples, and shows the same
+/// period and the same total of each sample type as our own decoder.
+pub fn check_heap_files(files: &[ProfileFile], rate: u64) {
+    for file in files {
+        profiles::check_heap_profile(file, rate);
+        let raw = pprof_tool::check_readable(&file.path, !file.profile.sample.is_empty());
+        let name = file.path.display();
+        let (period_type, period) = pprof_tool::raw_period(&raw);
+        assert_eq!(
+            (period_type.as_deref(), period),
+            (Some("space bytes"), Some(rate as i64)),
+            "{name}: period type and period as `go tool pprof -raw` reads them:\n{raw}"
+        );
+        if file.profile.sample.is_empty() {
+            continue;
+        }
+        let (header, sums) = pprof_tool::raw_totals(&raw);
+        let want_header: Vec<String> = profiles::sample_types(&file.profile)
+            .iter()
+            .map(|(t, u)| format!("{t}/{u}"))
+            .collect();
+        assert_eq!(
+            header, want_header,
+            "{name}: sample types as `go tool pprof -raw` reads them:\n{raw}"
+        );
+        let ours: Vec<i64> = profiles::HEAP_SAMPLE_TYPES
+            .iter()
+            .map(|t| profiles::total_of(&file.profile, t))
+            .collect();
+        assert_eq!(
+            sums,
+            ours,
+            "{name}: totals of {:?} from `go tool pprof -raw` differ from our decoder's",
+            profiles::HEAP_SAMPLE_TYPES
+        );
+    }
+}
+
+/// `go tool pprof -top` of every heap file by allocated and by in-use
+/// bytes, for failure messages.
+pub fn pprof_heap_tops(files: &[ProfileFile]) -> String {
+    let mut out = Vec::new();
+    for f in files {
+        for index in ["alloc_space", "inuse_space"] {
+            out.push(format!(
+                "== go tool pprof -top -sample_index={index} {}\n{}",
+                f.path.display(),
+                pprof_tool::top_of_index(&f.path, index)
+            ));
+        }
+    }
+    out.join("\n")
+}
+
 /// `go tool pprof -top` of every file, for failure messages.
 pub fn pprof_tops(files: &[ProfileFile], pid: Option<u32>) -> String {
     files

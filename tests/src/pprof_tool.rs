@@ -98,3 +98,105 @@ pub fn top(file: &Path, pid: Option<u32>) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// What `go tool pprof -raw` printed about the samples: the sample type
+/// names of its header (`type/unit`) and, per type, the sum of the values
+/// of its sample lines.
+pub fn raw_totals(raw: &str) -> (Vec<String>, Vec<i64>) {
+    let mut lines = raw
+        .lines()
+        .skip_while(|l| !l.starts_with("Samples:"))
+        .skip(1);
+    let header: Vec<String> = lines
+        .next()
+        .map(|h| h.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut sums = vec![0i64; header.len()];
+    for line in lines.take_while(|l| !l.starts_with("Locations") && !l.starts_with("Mappings")) {
+        let Some((values, _)) = line.split_once(':') else {
+            continue;
+        };
+        let values: Option<Vec<i64>> = values.split_whitespace().map(|v| v.parse().ok()).collect();
+        // Label lines ("pid:[123]") have no numbers before the colon.
+        if let Some(values) = values.filter(|v| v.len() == sums.len() && !v.is_empty()) {
+            for (sum, v) in sums.iter_mut().zip(values) {
+                *sum += v;
+            }
+        }
+    }
+    (header, sums)
+}
+
+/// The `PeriodType:` and `Period:` lines of `go tool pprof -raw`:
+/// ("type unit", period).
+pub fn raw_period(raw: &str) -> (Option<String>, Option<i64>) {
+    let field = |prefix: &str| {
+        raw.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|v| v.trim().to_string())
+    };
+    (
+        field("PeriodType:"),
+        field("Period:").and_then(|v| v.parse().ok()),
+    )
+}
+
+/// `go tool pprof -top -sample_index=INDEX` of a file (for failure
+/// reports). Never panics: errors come back as text.
+pub fn top_of_index(file: &Path, sample_index: &str) -> String {
+    let mut cmd = Command::new(go_binary());
+    cmd.args(["tool", "pprof", "-top", "-nodecount=25"])
+        .arg(format!("-sample_index={sample_index}"))
+        .arg(file);
+    if std::env::var_os("HOME").is_none() {
+        cmd.env("HOME", std::env::temp_dir());
+    }
+    let out = run_with_timeout(cmd, "go tool pprof -top", PPROF_TIMEOUT);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shape of `go tool pprof -raw` output for a heap profile.
+    const RAW: &str = "PeriodType: space bytes
+Period: 16384
+Time: 2026-05-20 00:11:22 +0000 UTC
+Samples:
+alloc_objects/count alloc_space/bytes inuse_objects/count inuse_space/bytes
+       1024      16384          0          0: 1 2 3 
+                comm:[heap_sites]
+                pid:[42]
+          3     196608          3     196608: 4 2 3 
+                pid:[42]
+Locations
+     1: 0x1234 M=1 site_malloc_16 heap_sites.c:80 s=0
+Mappings
+1: 0x1000/0x2000/0x0 heap_sites 
+";
+
+    #[test]
+    fn raw_heap_totals() {
+        let (header, sums) = raw_totals(RAW);
+        assert_eq!(
+            header,
+            [
+                "alloc_objects/count",
+                "alloc_space/bytes",
+                "inuse_objects/count",
+                "inuse_space/bytes"
+            ]
+        );
+        assert_eq!(sums, [1027, 212992, 3, 196608]);
+        assert_eq!(raw_sample_lines(RAW), 2);
+        assert_eq!(
+            raw_period(RAW),
+            (Some("space bytes".to_string()), Some(16384))
+        );
+    }
+}

@@ -180,17 +180,107 @@ pub fn total_of(p: &Profile, sample_type: &str) -> i64 {
 pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
     let p = &file.profile;
     let name = file.path.display();
+    check_structure(
+        file,
+        "cpu",
+        &[("samples", "count"), ("cpu", "nanoseconds")],
+        ("cpu", "nanoseconds"),
+    );
+    let period = 1_000_000_000 / hz as i64;
+    assert!(
+        (p.period - period).abs() <= 1,
+        "{name}: period {} for {hz} Hz, expected {period}",
+        p.period
+    );
+    for (i, s) in p.sample.iter().enumerate() {
+        assert!(
+            s.value[0] > 0,
+            "{name}: sample {i} has count {}",
+            s.value[0]
+        );
+        assert_eq!(
+            s.value[1],
+            s.value[0] * p.period,
+            "{name}: sample {i}: cpu/nanoseconds must be samples * period"
+        );
+    }
+}
+
+/// The sample types of a heap profile, in the contract's order.
+pub const HEAP_SAMPLE_TYPES: [&str; 4] = [
+    "alloc_objects",
+    "alloc_space",
+    "inuse_objects",
+    "inuse_space",
+];
+
+/// Checks a heap profile against the contract: the four sample types
+/// (alloc_objects/count, alloc_space/bytes, inuse_objects/count,
+/// inuse_space/bytes), period type space/bytes with period = the
+/// heap-sample-bytes `rate`, a window, and per sample: four non-negative
+/// values (no space without objects), the four labels with numeric pid/tid,
+/// and every id resolving. Panics naming the file and the problem.
+pub fn check_heap_profile(file: &ProfileFile, rate: u64) {
+    let p = &file.profile;
+    let name = file.path.display();
+    check_structure(
+        file,
+        "heap",
+        &[
+            ("alloc_objects", "count"),
+            ("alloc_space", "bytes"),
+            ("inuse_objects", "count"),
+            ("inuse_space", "bytes"),
+        ],
+        ("space", "bytes"),
+    );
+    assert_eq!(
+        p.period, rate as i64,
+        "{name}: period must be the heap-sample-bytes {rate}"
+    );
+    for (i, s) in p.sample.iter().enumerate() {
+        assert!(
+            s.value.iter().all(|v| *v >= 0),
+            "{name}: sample {i} has a negative value: {:?}",
+            s.value
+        );
+        for (objects, space) in [(0, 1), (2, 3)] {
+            assert!(
+                s.value[space] == 0 || s.value[objects] > 0,
+                "{name}: sample {i} has {} {} but {} {}",
+                s.value[space],
+                HEAP_SAMPLE_TYPES[space],
+                s.value[objects],
+                HEAP_SAMPLE_TYPES[objects]
+            );
+        }
+    }
+}
+
+/// What every profile file must satisfy (SPEC.md "Output files"): the
+/// string table, the sample and period types, a window, a name stamped
+/// with the window start, unique ids that resolve, and per sample one value
+/// per sample type and exactly one pid, tid, comm and thread label, all
+/// string labels, pid and tid numeric.
+fn check_structure(
+    file: &ProfileFile,
+    kind: &str,
+    want_types: &[(&str, &str)],
+    want_period_type: (&str, &str),
+) {
+    let p = &file.profile;
+    let name = file.path.display();
     assert_eq!(
         p.string_table.first().map(String::as_str),
         Some(""),
         "{name}: string_table[0] must be \"\""
     );
     let types = sample_types(p);
-    assert_eq!(
-        types,
-        [("samples", "count"), ("cpu", "nanoseconds")].map(|(t, u)| (t.to_string(), u.to_string())),
-        "{name}: sample types"
-    );
+    let want: Vec<(String, String)> = want_types
+        .iter()
+        .map(|(t, u)| (t.to_string(), u.to_string()))
+        .collect();
+    assert_eq!(types, want, "{name}: sample types");
     let period_type = p
         .period_type
         .as_ref()
@@ -200,14 +290,11 @@ pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
             string(p, period_type.r#type, "period type"),
             string(p, period_type.unit, "period unit")
         ),
-        ("cpu".to_string(), "nanoseconds".to_string()),
+        (
+            want_period_type.0.to_string(),
+            want_period_type.1.to_string()
+        ),
         "{name}: period type"
-    );
-    let period = 1_000_000_000 / hz as i64;
-    assert!(
-        (p.period - period).abs() <= 1,
-        "{name}: period {} for {hz} Hz, expected {period}",
-        p.period
     );
     assert!(
         p.time_nanos > 1_500_000_000_000_000_000,
@@ -221,8 +308,8 @@ pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
     );
 
     let file_name = file.name();
-    let stamp = parse_file_name(&file_name, "cpu")
-        .unwrap_or_else(|| panic!("{name}: not a cpu profile name"));
+    let stamp = parse_file_name(&file_name, kind)
+        .unwrap_or_else(|| panic!("{name}: not a {kind} profile name"));
     assert_eq!(
         stamp,
         utc_stamp(p.time_nanos),
@@ -279,19 +366,9 @@ pub fn check_cpu_profile(file: &ProfileFile, hz: u64) {
     for (i, s) in p.sample.iter().enumerate() {
         assert_eq!(
             s.value.len(),
-            2,
+            want_types.len(),
             "{name}: sample {i} has {} values",
             s.value.len()
-        );
-        assert!(
-            s.value[0] > 0,
-            "{name}: sample {i} has count {}",
-            s.value[0]
-        );
-        assert_eq!(
-            s.value[1],
-            s.value[0] * p.period,
-            "{name}: sample {i}: cpu/nanoseconds must be samples * period"
         );
         for id in &s.location_id {
             assert!(
@@ -352,8 +429,12 @@ impl Frame {
 #[derive(Clone, Debug)]
 pub struct FlatSample {
     pub labels: BTreeMap<String, String>,
+    /// The first value (samples/count of a cpu profile).
     pub count: i64,
+    /// The second value (cpu/nanoseconds of a cpu profile).
     pub cpu_ns: i64,
+    /// Every value, in the order of the profile's sample types.
+    pub values: Vec<i64>,
     /// Leaf first.
     pub frames: Vec<Frame>,
 }
@@ -474,6 +555,7 @@ pub fn flatten(p: &Profile) -> Vec<FlatSample> {
             labels: sample.label.iter().map(|l| (s(l.key), s(l.str))).collect(),
             count: sample.value.first().copied().unwrap_or(0),
             cpu_ns: sample.value.get(1).copied().unwrap_or(0),
+            values: sample.value.clone(),
             frames: sample
                 .location_id
                 .iter()

@@ -1,12 +1,12 @@
 //! The workloads in `tests/workloads/`: compiled at test time into a
-//! temporary directory (gcc or rustc, with frame pointers, bounded by a
-//! timeout) and run with their stdout captured.
+//! temporary directory (gcc or rustc, with frame pointers unless said
+//! otherwise, bounded by a timeout) and run with their stdout captured.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ChildStdin, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use crate::process::{Guarded, Lines, run_with_timeout};
@@ -29,7 +29,18 @@ pub enum Workload {
     /// `short_lived.c`: burns in short_lived_burn, then exits;
     /// `[SECONDS] [--wait-stdin]`.
     ShortLived,
+    /// `heap_sites.c`: allocations of known sizes and numbers at named
+    /// sites, built like a distribution's C program (`gcc -O2`, no frame
+    /// pointers), against glibc's allocator;
+    /// `[--wait-stdin] [--hold] [--scale F]`.
+    HeapSites,
+    /// `heap_sites.c` linked with `-ljemalloc` (Debian's libjemalloc-dev;
+    /// see [`JEMALLOC_LIB`]), so that jemalloc's malloc, free, ... serve it.
+    HeapSitesJemalloc,
 }
+
+/// The library that [`Workload::HeapSitesJemalloc`] links against.
+pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     fn source(self) -> PathBuf {
@@ -38,6 +49,7 @@ impl Workload {
             Workload::CpuRatioRust => "cpu_ratio.rs",
             Workload::Syscalls => "syscalls.c",
             Workload::ShortLived => "short_lived.c",
+            Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -49,6 +61,7 @@ impl Workload {
     pub fn build(self, dir: &Path, exe_name: &str) -> PathBuf {
         let out = dir.join(exe_name);
         let src = self.source();
+        let mut libs: &[&str] = &[];
         let mut cmd = match self {
             Workload::CpuRatioRust => {
                 let mut c = Command::new("rustc");
@@ -62,6 +75,16 @@ impl Workload {
                 ]);
                 c
             }
+            Workload::HeapSites | Workload::HeapSitesJemalloc => {
+                // Without frame pointers, like the C programs of a
+                // distribution: heap stacks must be complete all the same.
+                let mut c = Command::new("gcc");
+                c.args(["-O2", "-g", "-Wall", "-Werror"]);
+                if self == Workload::HeapSitesJemalloc {
+                    libs = &["-ljemalloc"];
+                }
+                c
+            }
             _ => {
                 let mut c = Command::new("gcc");
                 c.args(["-O2", "-fno-omit-frame-pointer", "-g", "-Wall"]);
@@ -69,15 +92,21 @@ impl Workload {
             }
         };
         cmd.current_dir(dir);
-        compile(cmd, &src, &out)
+        compile_linking(cmd, &src, &out, libs)
     }
 }
 
 /// Runs the compiler command `cmd` (gcc or rustc with its flags) on `src`,
 /// writing `out`, within the compile timeout; panics with the compiler's
 /// output if it fails.
-pub fn compile(mut cmd: Command, src: &Path, out: &Path) -> PathBuf {
-    cmd.arg("-o").arg(out).arg(src);
+pub fn compile(cmd: Command, src: &Path, out: &Path) -> PathBuf {
+    compile_linking(cmd, src, out, &[])
+}
+
+/// [`compile`], with `libs` (such as `-ljemalloc`) after the source, where
+/// the linker looks for what the source needs.
+pub fn compile_linking(mut cmd: Command, src: &Path, out: &Path, libs: &[&str]) -> PathBuf {
+    cmd.arg("-o").arg(out).arg(src).args(libs);
     let output = run_with_timeout(
         cmd,
         &format!("compiling {}", src.display()),
@@ -109,6 +138,7 @@ pub fn comm_of(exe: &Path) -> String {
 pub struct Running {
     proc: Guarded,
     stdout: Lines,
+    stdin: Option<ChildStdin>,
 }
 
 impl Running {
@@ -125,7 +155,12 @@ impl Running {
             .unwrap_or_default();
         let mut proc = Guarded::spawn(cmd, &name);
         let stdout = proc.take_stdout().expect("stdout is piped");
-        Running { proc, stdout }
+        let stdin = proc.take_stdin();
+        Running {
+            proc,
+            stdout,
+            stdin,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -135,13 +170,36 @@ impl Running {
     /// Lets a workload started with `--wait-stdin` go: writes one byte to
     /// its stdin and closes it.
     pub fn release(&mut self) {
-        let mut stdin = self
-            .proc
-            .take_stdin()
-            .expect("stdin is piped and not yet used");
+        self.poke();
+        // Closing stdin also ends a later wait (such as heap_sites --hold).
+        self.stdin = None;
+    }
+
+    /// Writes one byte to the workload's stdin and keeps it open: lets a
+    /// workload go from its first wait on stdin to its next one.
+    pub fn poke(&mut self) {
+        let name = self.proc.name().to_string();
+        let stdin = self
+            .stdin
+            .as_mut()
+            .unwrap_or_else(|| panic!("the stdin of {name} is already closed"));
         stdin
             .write_all(b"g")
-            .unwrap_or_else(|e| panic!("releasing {}: {e}", self.proc.name()));
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("writing to the stdin of {name}: {e}"));
+    }
+
+    /// Waits at most `timeout` for a line of the workload's stdout (not seen
+    /// by an earlier wait) that satisfies `pred`; panics with its output if
+    /// none comes.
+    pub fn wait_line(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        self.stdout.wait_for(timeout, pred).unwrap_or_else(|why| {
+            panic!(
+                "workload {}: the awaited line did not come ({why}); stdout so far:\n{}",
+                self.proc.name(),
+                self.stdout.text()
+            )
+        })
     }
 
     /// Waits at most `timeout` for the workload to exit successfully and

@@ -1,0 +1,511 @@
+//! Allocator discovery and the heap probes' links: which files of a process
+//! implement malloc and friends (glibc's libc.so.6, jemalloc, tcmalloc,
+//! mimalloc, or an allocator linked into the executable), where in them to
+//! put each probe, and one uprobe-session link per file (system-wide) or
+//! per file and target process (`--pid`, `-- COMMAND`), so that other
+//! processes pay nothing.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use procfs::process::{MMPermissions, MMapPath, Process};
+use profiler_common::alloc_fn;
+
+use crate::probe_placement;
+use crate::uprobe_session::{SessionProgram, create_link};
+
+/// Files whose allocator probes are remembered (found or not).
+const MAX_FILES: usize = 4096;
+/// Links kept at once (files times target processes).
+const MAX_LINKS: usize = 8192;
+
+/// The probe points of one allocator file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatorProbes {
+    /// File offsets of the probed instructions.
+    pub offsets: Vec<u64>,
+    /// `alloc_fn` of each offset (the uprobe cookie).
+    pub cookies: Vec<u64>,
+    /// `alloc_fn`s whose probe the kernel must single-step (no emulated
+    /// instruction before an argument changes; glibc's reallocarray).
+    pub single_stepped: Vec<u64>,
+}
+
+/// Finds the allocator entry points that `path` defines. None when it does
+/// not define both malloc and free (most files).
+pub fn find(path: &Path) -> Result<Option<AllocatorProbes>, String> {
+    let data = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    find_in(&data).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn find_in(data: &[u8]) -> Result<Option<AllocatorProbes>, String> {
+    let file = object::File::parse(data).map_err(|e| e.to_string())?;
+    // Defined functions by name; dynamic symbols first (what callers bind
+    // to), then the full table of a static executable.
+    let mut by_name: HashMap<&str, (u64, u64)> = HashMap::new();
+    for symbol in file.dynamic_symbols().chain(file.symbols()) {
+        if symbol.is_undefined() || symbol.kind() != SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        if alloc_fn::NAMES.contains(&name) {
+            by_name
+                .entry(name)
+                .or_insert((symbol.address(), symbol.size()));
+        }
+    }
+    if !by_name.contains_key("malloc") || !by_name.contains_key("free") {
+        return Ok(None);
+    }
+    let mut probes = AllocatorProbes {
+        offsets: Vec::new(),
+        cookies: Vec::new(),
+        single_stepped: Vec::new(),
+    };
+    let mut seen_addresses = Vec::new();
+    for (cookie, name) in alloc_fn::NAMES.iter().enumerate() {
+        let Some(&(address, size)) = by_name.get(name) else {
+            continue;
+        };
+        // Aliases (glibc's memalign and aligned_alloc) share one probe: two
+        // would count each call twice.
+        if seen_addresses.contains(&address) {
+            continue;
+        }
+        seen_addresses.push(address);
+        let Some((offset, code)) = code_at(&file, data, address, size) else {
+            continue;
+        };
+        let placement = probe_placement::choose(code, address);
+        if !placement.emulated {
+            probes.single_stepped.push(cookie as u64);
+        }
+        probes.offsets.push(offset + placement.offset);
+        probes.cookies.push(cookie as u64);
+    }
+    Ok(Some(probes))
+}
+
+/// The file offset of `address` and the function's bytes (`size`, or a
+/// bounded prefix when the symbol has no size).
+fn code_at<'d>(
+    file: &object::File<'d>,
+    data: &'d [u8],
+    address: u64,
+    size: u64,
+) -> Option<(u64, &'d [u8])> {
+    let size = if size == 0 { 64 } else { size.min(64 * 1024) };
+    file.segments().find_map(|segment| {
+        let (file_start, file_size) = segment.file_range();
+        let start = segment.address();
+        if address < start || address >= start + file_size {
+            return None;
+        }
+        let offset = address - start + file_start;
+        let end = (offset + size)
+            .min(file_start + file_size)
+            .min(data.len() as u64);
+        Some((offset, data.get(offset as usize..end as usize)?))
+    })
+}
+
+/// Identity of a file: device and inode.
+type FileId = (u64, u64);
+
+/// Counts of what attaching did, for the exit summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttachStats {
+    pub links: usize,
+    pub failures: u64,
+    pub single_stepped: usize,
+}
+
+/// The heap probes' links, made as processes and files appear.
+pub struct AllocatorLinks {
+    program: SessionProgram,
+    /// Links per target process (true) or per file for every process.
+    per_process: bool,
+    files: HashMap<FileId, Option<Arc<AllocatorProbes>>>,
+    links: HashMap<(FileId, u32), OwnedFd>,
+    stats: AttachStats,
+    failure_logged: bool,
+}
+
+impl AllocatorLinks {
+    pub fn new(program: SessionProgram, per_process: bool) -> Self {
+        AllocatorLinks {
+            program,
+            per_process,
+            files: HashMap::new(),
+            links: HashMap::new(),
+            stats: AttachStats::default(),
+            failure_logged: false,
+        }
+    }
+
+    pub fn program(&self) -> &SessionProgram {
+        &self.program
+    }
+
+    pub fn stats(&self) -> AttachStats {
+        AttachStats {
+            links: self.links.len(),
+            ..self.stats
+        }
+    }
+
+    /// Attaches to every allocator file that process `pid` maps and that is
+    /// not attached yet (for this process, or for everyone). A process that
+    /// has gone is no error.
+    pub fn attach_process(&mut self, pid: u32) {
+        let Ok(process) = Process::new(pid as i32) else {
+            return;
+        };
+        let Ok(maps) = process.maps() else {
+            return;
+        };
+        for map in maps {
+            let MMapPath::Path(path) = &map.pathname else {
+                continue;
+            };
+            if !map.perms.contains(MMPermissions::EXECUTE) {
+                continue;
+            }
+            let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
+            let owner = if self.per_process { pid } else { 0 };
+            if self.links.contains_key(&(id, owner)) {
+                continue;
+            }
+            // The mapping's own file, whichever mount namespace or deleted
+            // state it is in.
+            let via = PathBuf::from(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                map.address.0, map.address.1
+            ));
+            let Some(probes) = self.probes_of(id, &via, path) else {
+                continue;
+            };
+            self.attach(id, owner, &via, &probes);
+        }
+    }
+
+    /// Attaches to a file by path for one process (or all: pid 0), before
+    /// the process maps it.
+    pub fn attach_file(&mut self, path: &Path, pid: u32) {
+        let Ok(meta) = fs::metadata(path) else { return };
+        let id = (meta.dev(), meta.ino());
+        if self.links.contains_key(&(id, pid)) {
+            return;
+        }
+        if let Some(probes) = self.probes_of(id, path, path) {
+            self.attach(id, pid, path, &probes);
+        }
+    }
+
+    /// The allocator probes of one file, from the cache or found now.
+    fn probes_of(&mut self, id: FileId, open: &Path, shown: &Path) -> Option<Arc<AllocatorProbes>> {
+        if let Some(known) = self.files.get(&id) {
+            return known.clone();
+        }
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        let found = match find(open) {
+            Ok(found) => found.map(Arc::new),
+            Err(e) => {
+                tracing::debug!("looking for an allocator in {}: {e}", shown.display());
+                None
+            }
+        };
+        if let Some(p) = &found {
+            tracing::info!(
+                "heap probes: allocator in {} ({} entry points{})",
+                shown.display(),
+                p.offsets.len(),
+                if p.single_stepped.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = p
+                        .single_stepped
+                        .iter()
+                        .map(|&f| alloc_fn::NAMES[f as usize])
+                        .collect();
+                    format!("; single-stepped: {}", names.join(", "))
+                }
+            );
+            self.stats.single_stepped += p.single_stepped.len();
+        }
+        self.files.insert(id, found.clone());
+        found
+    }
+
+    fn attach(&mut self, id: FileId, pid: u32, path: &Path, probes: &AllocatorProbes) {
+        if self.links.len() >= MAX_LINKS {
+            self.note_failure(path, "too many links");
+            return;
+        }
+        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+            return;
+        };
+        match self
+            .program
+            .attach(&c_path, &probes.offsets, &probes.cookies, pid)
+        {
+            Ok(link) => {
+                self.links.insert((id, pid), link);
+            }
+            // The process may have exited meanwhile (ESRCH, ENOENT).
+            Err(e) => self.note_failure(path, &e.to_string()),
+        }
+    }
+
+    /// Takes a link that a child made for itself before exec.
+    pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
+        if let Ok(meta) = fs::metadata(path) {
+            self.links.insert(((meta.dev(), meta.ino()), pid), link);
+        }
+    }
+
+    pub fn note_failure(&mut self, path: &Path, reason: &str) {
+        self.stats.failures += 1;
+        if !self.failure_logged {
+            self.failure_logged = true;
+            tracing::warn!(
+                "attaching heap probes to {} failed: {reason} (further failures are counted)",
+                path.display()
+            );
+        }
+    }
+
+    /// Drops the links of a process that exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        if pid != 0 {
+            self.links.retain(|&(_, owner), _| owner != pid);
+        }
+    }
+
+    /// Detaches everything.
+    pub fn detach_all(&mut self) {
+        self.links.clear();
+    }
+}
+
+/// Allocator files a command will map that can be known before it starts:
+/// its executable, when it has an allocator of its own, and the allocators
+/// this daemon maps (the system's libc). Others are attached once the
+/// process maps them.
+pub fn files_before_exec(program: &Path) -> Vec<(PathBuf, AllocatorProbes)> {
+    let mut out: Vec<(PathBuf, AllocatorProbes)> = Vec::new();
+    let mut candidates = vec![program.to_path_buf()];
+    if let Ok(me) = Process::myself()
+        && let Ok(maps) = me.maps()
+    {
+        for map in maps {
+            if let MMapPath::Path(path) = map.pathname
+                && map.perms.contains(MMPermissions::EXECUTE)
+                && !candidates.contains(&path)
+            {
+                candidates.push(path);
+            }
+        }
+    }
+    for path in candidates {
+        if let Ok(Some(probes)) = find(&path) {
+            out.push((path, probes));
+        }
+    }
+    out
+}
+
+/// Resolves a command name as execvp does (a name without '/' is looked up
+/// in PATH).
+pub fn resolve_program(name: &std::ffi::OsStr) -> Option<PathBuf> {
+    let path = Path::new(name);
+    if name.as_bytes().contains(&b'/') {
+        return Some(path.to_path_buf());
+    }
+    let dirs = std::env::var_os("PATH")?;
+    std::env::split_paths(&dirs)
+        .map(|d| d.join(path))
+        .find(|p| p.is_file())
+}
+
+/// Heap-probe links that a command makes for itself between fork and exec,
+/// so that its first allocation is already seen: the daemon cannot, since
+/// `spawn` returns only after the exec. The child creates one link per
+/// allocator file with its own pid and passes each descriptor back over a
+/// socket (SCM_RIGHTS).
+pub struct PreExecLinks {
+    program_fd: RawFd,
+    files: Vec<(PathBuf, CString, AllocatorProbes)>,
+    parent: UnixDatagram,
+    child: UnixDatagram,
+}
+
+impl PreExecLinks {
+    pub fn prepare(links: &AllocatorLinks, program: &Path) -> std::io::Result<Self> {
+        let (parent, child) = UnixDatagram::pair()?;
+        parent.set_nonblocking(true)?;
+        let files = files_before_exec(program)
+            .into_iter()
+            .filter_map(|(path, probes)| {
+                let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+                Some((path, c_path, probes))
+            })
+            .collect();
+        Ok(PreExecLinks {
+            program_fd: links.program().fd(),
+            files,
+            parent,
+            child,
+        })
+    }
+
+    /// Runs in the forked child before exec: allocates nothing, calls only
+    /// getpid, bpf, sendmsg and close. A failure leaves the command
+    /// unprobed but running; the daemon notices the missing links.
+    pub fn in_child(&self) {
+        // SAFETY: plain system call.
+        let pid = unsafe { libc::getpid() } as u32;
+        for (index, (_, path, probes)) in self.files.iter().enumerate() {
+            let Ok(fd) = create_link(self.program_fd, path, &probes.offsets, &probes.cookies, pid)
+            else {
+                continue;
+            };
+            send_fd(self.child.as_raw_fd(), index as u8, fd);
+            // SAFETY: our own new descriptor; the daemon now holds a copy.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    /// In the daemon after the spawn: adopts the links the child sent.
+    pub fn collect(self, pid: u32, links: &mut AllocatorLinks) {
+        let mut adopted = 0;
+        while let Some((index, fd)) = recv_fd(self.parent.as_raw_fd()) {
+            if let Some((path, _, _)) = self.files.get(index as usize) {
+                links.adopt(path, pid, fd);
+                adopted += 1;
+            }
+        }
+        if adopted < self.files.len() {
+            links.note_failure(
+                Path::new("the command"),
+                &format!("{} of {} links made before exec", adopted, self.files.len()),
+            );
+        }
+    }
+}
+
+/// Sends one descriptor with a one-byte tag. Stack buffers only.
+fn send_fd(socket: RawFd, tag: u8, fd: RawFd) {
+    let mut byte = [tag];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one cmsghdr carrying one int, 8-byte aligned.
+    let mut control = [0u64; 4];
+    // SAFETY: msghdr is plain data; the buffers outlive the call and the
+    // CMSG macros stay within `control`.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = libc::CMSG_SPACE(size_of::<RawFd>() as u32) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd);
+        libc::sendmsg(socket, &msg, 0);
+    }
+}
+
+/// Receives one tagged descriptor; None when no more are queued.
+fn recv_fd(socket: RawFd) -> Option<(u8, OwnedFd)> {
+    let mut byte = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = [0u64; 4];
+    // SAFETY: as in send_fd; the received descriptor is new and ours.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        if libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) <= 0 {
+            return None;
+        }
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return None;
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+        Some((byte[0], OwnedFd::from_raw_fd(fd)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_glibc_allocator_with_emulated_probes() {
+        let Some(libc) = [
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+        ]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists()) else {
+            return;
+        };
+        let probes = find(libc).expect("readable").expect("libc has malloc");
+        let has = |f: u64| probes.cookies.contains(&f);
+        for f in [
+            alloc_fn::MALLOC,
+            alloc_fn::FREE,
+            alloc_fn::CALLOC,
+            alloc_fn::REALLOC,
+        ] {
+            assert!(has(f), "{}", alloc_fn::NAMES[f as usize]);
+        }
+        // memalign and aligned_alloc are one function in glibc: one probe.
+        let mut sorted = probes.offsets.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), probes.offsets.len(), "no offset twice");
+        // Every frequent entry point is emulated; only reallocarray (a
+        // multiply of its arguments first) may be single-stepped.
+        assert!(
+            probes
+                .single_stepped
+                .iter()
+                .all(|&f| f == alloc_fn::REALLOCARRAY),
+            "{probes:?}"
+        );
+    }
+
+    #[test]
+    fn ordinary_files_have_no_allocator() {
+        let exe = std::env::current_exe().expect("test executable");
+        // A Rust test binary calls malloc but does not define it.
+        assert_eq!(find(&exe).expect("readable"), None);
+    }
+}
