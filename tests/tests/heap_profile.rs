@@ -896,3 +896,25 @@ fn jemalloc_alloc_per_site() {
         );
     }
 }
+
+/// System-wide: the allocator is probed by file for every process, so a
+/// program started after the daemon is profiled from its first allocation
+/// without being named.
+#[test]
+fn system_wide_covers_a_process_started_later() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_sw");
+    let out = tmp.path().join("out");
+    let mut args = heap_args(RATE, "60s", &out);
+    args.extend(["--duration".to_string(), "60s".to_string()]);
+    let mut daemon = Daemon::start(&args);
+    daemon.wait_ready();
+    // No --wait-stdin: it allocates from its first instruction on.
+    let mut workload = Running::start::<&str>(&exe, &[]);
+    let stdout = workload.finish(WORKLOAD_TIMEOUT);
+    daemon.signal(libc::SIGINT);
+    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let run = HeapRun::read(&out, RATE, &stdout, daemon);
+    assert_alloc_per_site(&run, &run.samples, false);
+}
