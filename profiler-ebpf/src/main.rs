@@ -637,7 +637,10 @@ fn retire(tgid: u32, addr: u64) {
         _pad: 0,
         addr,
     };
-    if HEAP_LIVE.remove(key).is_err() {
+    // A lookup first: it takes no lock, where a delete locks its bucket
+    // even for the absent keys of nearly every free.
+    // SAFETY: presence check only.
+    if unsafe { HEAP_LIVE.get(key).is_none() } || HEAP_LIVE.remove(key).is_err() {
         return;
     }
     let event = HeapFree {
