@@ -151,8 +151,14 @@ pub mod counter {
     pub const HEAP_LIVE_FULL: u32 = 12;
     /// Threads whose sampling state was lost to the thread map's bound.
     pub const HEAP_THREADS_FULL: u32 = 13;
+    /// Futex waits ended (targets only).
+    pub const FUTEX_WAITS: u32 = 14;
+    /// Kept waits and wake-ups lost: the wait event ring was full.
+    pub const WAIT_EVENTS_LOST: u32 = 15;
+    /// Futex calls not tracked: the per-thread map was full.
+    pub const FUTEX_CALLS_FULL: u32 = 16;
     /// Number of counters.
-    pub const COUNT: u32 = 14;
+    pub const COUNT: u32 = 17;
 }
 
 /// Index of the one-element `CONTROL` array entries.
@@ -280,8 +286,120 @@ pub struct HeapFree {
     pub addr: u64,
 }
 
+/// futex(2) commands (`op & FUTEX_CMD_MASK`).
+pub mod futex_op {
+    pub const CMD_MASK: u64 = 0x7f;
+    pub const WAIT: u64 = 0;
+    pub const WAKE: u64 = 1;
+    pub const REQUEUE: u64 = 3;
+    pub const CMP_REQUEUE: u64 = 4;
+    pub const WAKE_OP: u64 = 5;
+    pub const LOCK_PI: u64 = 6;
+    pub const UNLOCK_PI: u64 = 7;
+    pub const WAIT_BITSET: u64 = 9;
+    pub const WAKE_BITSET: u64 = 10;
+    pub const WAIT_REQUEUE_PI: u64 = 11;
+    pub const CMP_REQUEUE_PI: u64 = 12;
+    pub const LOCK_PI2: u64 = 13;
+}
+
+/// A futex system call in progress on a thread (the `FUTEX_CALLS` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexCall {
+    /// When it was entered (ns, CLOCK_MONOTONIC).
+    pub start_ns: u64,
+    /// The futex word.
+    pub uaddr: u64,
+    /// A kept wake-up's id.
+    pub wake_id: u64,
+    /// 1: a wait; 2: a wake-up kept for the mutex profile.
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+/// Values of [`FutexCall::kind`].
+pub mod futex_call {
+    pub const WAIT: u32 = 1;
+    pub const WAKE: u32 = 2;
+}
+
+/// The latest kept wake-up of a futex word (the `FUTEX_WAKERS` map): the
+/// waits it ended report their delays against it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexWaker {
+    /// Identity of the wake-up (the waker's tid and its entry time).
+    pub wake_id: u64,
+    /// When the waker entered the wake-up call.
+    pub time_ns: u64,
+    /// Waits it ended that have reported (bounded by `woken`).
+    pub claimed: u32,
+    /// How many waiters it woke (0 until the waker's call returns).
+    pub woken: u32,
+}
+
+/// Threads with a futex call in progress that are tracked at once.
+pub const FUTEX_CALLS_ENTRIES: u32 = 65_536;
+/// Futex words with a kept wake-up remembered at once.
+pub const FUTEX_WAKERS_ENTRIES: u32 = 16_384;
+/// Bytes in the ring buffer of wait events.
+pub const WAIT_EVENTS_BYTES: u32 = 16 * 1024 * 1024;
+
+/// What a wait event reports (its first word).
+pub mod wait_event {
+    /// A kept futex wait (block profile), with the waiter's stack.
+    pub const BLOCK: u32 = 1;
+    /// A kept contended wake-up (mutex profile), with the waker's stack.
+    pub const MUTEX_WAKE: u32 = 2;
+    /// A wait ended by a kept wake-up: its delay ([`super::MutexDelay`]).
+    pub const MUTEX_DELAY: u32 = 3;
+}
+
+/// A kept wait or wake-up with the user stack where it happened (a copy for
+/// unwinding in the daemon, or frame-pointer frames walked by the kernel).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitStack {
+    /// `wait_event::BLOCK` or `wait_event::MUTEX_WAKE`.
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub _pad: u32,
+    /// BLOCK: how long the wait lasted (ns). MUTEX_WAKE: the wake-up's id.
+    pub value: u64,
+    /// The futex word.
+    pub uaddr: u64,
+    /// User registers of the thread (saved on entering the kernel).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
+    pub stack_len: u64,
+    /// Frames of `frames` in use (frame-pointer walk).
+    pub frames_len: u64,
+    pub comm: [u8; COMM_LEN],
+    pub frames: [u64; MAX_STACK_DEPTH],
+    pub stack: [u8; STACK_COPY_BYTES],
+}
+
+/// A wait ended by a kept wake-up, and how long it waited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MutexDelay {
+    /// `wait_event::MUTEX_DELAY`.
+    pub kind: u32,
+    pub tgid: u32,
+    pub wake_id: u64,
+    pub delay_ns: u64,
+}
+
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::FutexCall {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::FutexWaker {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::HeapThread {}
     // SAFETY: as below.

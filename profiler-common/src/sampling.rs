@@ -70,6 +70,20 @@ pub fn next_sample_distance(random: u32, mean: u64) -> u64 {
     ((neg_ln_q16 * mean) >> 16) + 1
 }
 
+/// Go's block profile rule (runtime/mprof.go, `blocksampled`): an event of
+/// `duration_ns` is kept always at or above the rate, and with probability
+/// duration/rate below it. `random` is uniform in u32.
+#[inline(always)]
+pub fn keep_block_event(duration_ns: u64, rate_ns: u64, random: u32) -> bool {
+    duration_ns >= rate_ns || (u64::from(random) * rate_ns) >> 32 < duration_ns
+}
+
+/// Mutex profile rule: one contended wake-up in `fraction` is kept.
+#[inline(always)]
+pub fn keep_mutex_event(fraction: u64, random: u32) -> bool {
+    fraction <= 1 || u64::from(random) % fraction == 0
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;

@@ -1125,12 +1125,12 @@ mod tests {
 
     #[test]
     fn bad_profiles() {
-        let msg = error(&["--profiles", "cpu,block"], "'block'");
+        let msg = error(&["--profiles", "cpu,offcpu"], "'offcpu'");
         assert_eq!(
             msg,
-            "profile type 'block' is not supported by this build yet"
+            "profile type 'offcpu' is not supported by this build yet"
         );
-        for kind in ["block", "mutex", "offcpu"] {
+        for kind in ["offcpu"] {
             error(&["--profiles", kind], kind);
         }
         error(&["--profiles", "cpu,gpu"], "'gpu'");
@@ -1279,8 +1279,8 @@ region = "eu"
         assert!(msg.contains("'0s'"), "{msg}");
         let f = config_file("cpu_frequency = 20000\n");
         error(&["--config", path_str(&f)], "'20000'");
-        let f = config_file("profiles = \"cpu,mutex\"\n");
-        error(&["--config", path_str(&f)], "'mutex'");
+        let f = config_file("profiles = \"cpu,offcpu\"\n");
+        error(&["--config", path_str(&f)], "'offcpu'");
         let f = config_file(&format!("pid = {}\n", missing_pid()));
         error(&["--config", path_str(&f)], "'pid' in config file");
         let f = config_file(&format!("pid = {}\ncommand = [\"ls\"]\n", my_pid()));

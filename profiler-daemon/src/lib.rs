@@ -18,4 +18,5 @@ pub mod session;
 pub mod symbolize;
 pub mod unwind;
 pub mod uprobe_session;
+pub mod waits;
 pub mod writer;

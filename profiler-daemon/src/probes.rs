@@ -79,6 +79,10 @@ pub struct ProbeConfig {
     pub cpu: bool,
     /// Heap probes with this mean sampling distance in bytes, if enabled.
     pub heap_sample_bytes: Option<u64>,
+    /// Block profile with this rate in ns, if enabled.
+    pub block_rate_ns: Option<u64>,
+    /// Mutex profile keeping 1 in this many contended wake-ups, if enabled.
+    pub mutex_fraction: Option<u64>,
 }
 
 /// One buffer's worth of drained data.
@@ -109,6 +113,7 @@ pub struct Probes {
     active: u32,
     cpu_attached: bool,
     heap_events: Option<RingBuf<MapData>>,
+    wait_events: Option<RingBuf<MapData>>,
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<AllocatorLinks>,
@@ -126,6 +131,20 @@ impl Probes {
         let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
         let report_execs = u8::from(config.heap_sample_bytes.is_some());
         let self_tgid = std::process::id();
+        let futex_on = config.block_rate_ns.is_some() || config.mutex_fraction.is_some();
+        let (uaddr_offset, op_offset, ret_offset) = if futex_on {
+            (
+                tracepoint_field_offset("syscalls", "sys_enter_futex", "uaddr")?,
+                tracepoint_field_offset("syscalls", "sys_enter_futex", "op")?,
+                tracepoint_field_offset("syscalls", "sys_exit_futex", "ret")?,
+            )
+        } else {
+            (16, 24, 16)
+        };
+        let block_on = u8::from(config.block_rate_ns.is_some());
+        let block_rate = config.block_rate_ns.unwrap_or(0);
+        let mutex_on = u8::from(config.mutex_fraction.is_some());
+        let mutex_fraction = config.mutex_fraction.unwrap_or(1);
         let mut ebpf = EbpfLoader::new()
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
@@ -134,6 +153,13 @@ impl Probes {
             .override_global("HEAP_SAMPLE_BYTES", &heap_bytes, true)
             .override_global("SELF_TGID", &self_tgid, true)
             .override_global("REPORT_PROCESS_EVENTS", &report_execs, true)
+            .override_global("BLOCK_ON", &block_on, true)
+            .override_global("BLOCK_RATE_NS", &block_rate, true)
+            .override_global("MUTEX_ON", &mutex_on, true)
+            .override_global("MUTEX_FRACTION", &mutex_fraction, true)
+            .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
+            .override_global("FUTEX_OP_OFFSET", &op_offset, true)
+            .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.
@@ -172,6 +198,7 @@ impl Probes {
         let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
         let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
         let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
+        let wait_events = typed_map(&mut ebpf, "WAIT_EVENTS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let mut probes = Probes {
             ebpf,
@@ -188,6 +215,7 @@ impl Probes {
             active: 0,
             cpu_attached: false,
             heap_events: Some(heap_events),
+            wait_events: Some(wait_events),
             heap_live,
             allocators,
         };
@@ -196,7 +224,28 @@ impl Probes {
             "sched_process_exec",
             "sched_process_exit",
         ] {
-            probes.attach_tracepoint(name)?;
+            probes.attach_tracepoint(name, &[("sched", name)])?;
+        }
+        if futex_on {
+            probes.attach_tracepoint("futex_enter", &[("syscalls", "sys_enter_futex")])?;
+            probes.attach_tracepoint(
+                "futex_wait_enter",
+                &[
+                    ("syscalls", "sys_enter_futex_wait"),
+                    ("syscalls", "sys_enter_futex_waitv"),
+                ],
+            )?;
+            probes
+                .attach_tracepoint("futex_wake_enter", &[("syscalls", "sys_enter_futex_wake")])?;
+            probes.attach_tracepoint(
+                "futex_exit",
+                &[
+                    ("syscalls", "sys_exit_futex"),
+                    ("syscalls", "sys_exit_futex_wait"),
+                    ("syscalls", "sys_exit_futex_waitv"),
+                    ("syscalls", "sys_exit_futex_wake"),
+                ],
+            )?;
         }
         if config.cpu {
             probes.attach_cpu(config.cpu_frequency)?;
@@ -204,7 +253,14 @@ impl Probes {
         Ok(probes)
     }
 
-    fn attach_tracepoint(&mut self, name: &'static str) -> Result<(), ProbeError> {
+    /// Loads tracepoint program `name` and attaches it to each tracepoint
+    /// of `points` that this kernel has (the first must exist; newer
+    /// system calls such as futex_waitv may not).
+    fn attach_tracepoint(
+        &mut self,
+        name: &'static str,
+        points: &[(&str, &str)],
+    ) -> Result<(), ProbeError> {
         let program: &mut TracePoint = self
             .ebpf
             .program_mut(name)
@@ -214,9 +270,20 @@ impl Probes {
         program
             .load()
             .map_err(|source| ProbeError::Program { name, source })?;
-        program
-            .attach("sched", name)
-            .map_err(|source| ProbeError::Program { name, source })?;
+        for (i, (category, point)) in points.iter().enumerate() {
+            let exists = Path::new(tracefs_root())
+                .join("events")
+                .join(category)
+                .join(point)
+                .is_dir();
+            if i > 0 && !exists {
+                tracing::debug!("tracepoint {category}:{point} does not exist here");
+                continue;
+            }
+            program
+                .attach(category, point)
+                .map_err(|source| ProbeError::Program { name, source })?;
+        }
         Ok(())
     }
 
@@ -251,11 +318,25 @@ impl Probes {
         Ok(())
     }
 
-    /// Stops sampling (detaches the perf events and the heap probes); the
-    /// maps stay readable.
+    /// Stops sampling (detaches the perf events, the heap probes and the
+    /// futex tracepoints); the maps stay readable.
     pub fn stop_sampling(&mut self) {
         if let Some(allocators) = &mut self.allocators {
             allocators.detach_all();
+        }
+        for name in [
+            "futex_enter",
+            "futex_wait_enter",
+            "futex_wake_enter",
+            "futex_exit",
+        ] {
+            if let Some(program) = self.ebpf.program_mut(name)
+                && let Ok(program) = <&mut TracePoint>::try_from(program)
+                && program.fd().is_ok()
+                && let Err(e) = program.unload()
+            {
+                tracing::warn!("detaching {name} failed: {e}");
+            }
         }
         if !self.cpu_attached {
             return;
@@ -304,6 +385,11 @@ impl Probes {
     /// The ring buffer of heap events, taken once by the caller.
     pub fn take_heap_events(&mut self) -> Option<RingBuf<MapData>> {
         self.heap_events.take()
+    }
+
+    /// The ring buffer of wait events, taken once by the caller.
+    pub fn take_wait_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.wait_events.take()
     }
 
     /// The heap probes' links, when heap profiles are on.

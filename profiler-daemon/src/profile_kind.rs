@@ -66,7 +66,10 @@ impl ProfileKind {
 
     /// Whether this build can collect the profile type.
     pub fn implemented(self) -> bool {
-        matches!(self, ProfileKind::Cpu | ProfileKind::Heap)
+        matches!(
+            self,
+            ProfileKind::Cpu | ProfileKind::Heap | ProfileKind::Block | ProfileKind::Mutex
+        )
     }
 }
 

@@ -28,11 +28,9 @@ pub fn block_event(duration_ns: u64, rate_ns: u64) -> (f64, f64) {
     }
 }
 
-/// Whether an event of `duration_ns` is kept: always at or above the rate,
-/// with probability duration/rate below it. `random` is uniform in u32.
-pub fn keep_block_event(duration_ns: u64, rate_ns: u64, random: u32) -> bool {
-    duration_ns >= rate_ns || (u64::from(random) * rate_ns) >> 32 < duration_ns
-}
+/// Whether an event is kept: decided in the kernel, by the rule in
+/// `profiler_common::sampling`.
+pub use profiler_common::sampling::keep_block_event;
 
 /// Mutex: one kept wake-up in `fraction` with a delay of `delay_ns` stands
 /// for `fraction` contentions and `fraction * delay_ns` nanoseconds.

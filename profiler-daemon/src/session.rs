@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{
-    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, ProcEvent, STACK_COPY_BYTES, StackSample,
-    counter, heap_event, proc_event, unwind_mode,
+    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, ProcEvent, STACK_COPY_BYTES,
+    StackSample, WaitStack, counter, heap_event, proc_event, unwind_mode, wait_event,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -29,6 +29,7 @@ use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
 use crate::symbolize::Symbolizer;
 use crate::unwind::Unwinder;
+use crate::waits::{BlockWindow, MutexTable, Weight};
 use crate::writer::ProfileWriter;
 
 /// How often the kernel buffers are drained. Short enough that the count
@@ -70,6 +71,14 @@ pub async fn run(settings: Settings) -> Result<()> {
         },
         cpu: settings.profiles.contains(&ProfileKind::Cpu),
         heap_sample_bytes: heap_on.then_some(settings.heap_sample_bytes),
+        block_rate_ns: settings
+            .profiles
+            .contains(&ProfileKind::Block)
+            .then_some(settings.block_rate.as_nanos() as u64),
+        mutex_fraction: settings
+            .profiles
+            .contains(&ProfileKind::Mutex)
+            .then_some(settings.mutex_fraction),
     })?;
     let mut unwinder = Unwinder::new();
     for &pid in &settings.pids {
@@ -92,6 +101,8 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut stack_samples = watch_ring(probes.take_stack_samples(), "stack samples")?;
     let mut heap_events = watch_ring(probes.take_heap_events(), "heap events")?;
     let mut heap = HeapTable::default();
+    let mut wait_events = watch_ring(probes.take_wait_events(), "wait events")?;
+    let mut waits = Waits::new(&settings);
     // Processes that exec'd: their mappings are complete only once the
     // dynamic loader has run, so they are looked at again a tick later.
     let mut exec_rescan: Vec<u32> = Vec::new();
@@ -137,6 +148,11 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 guard.clear_ready();
             }
+            guard = wait_events.readable_mut() => {
+                let mut guard = guard.context("waiting for wait events")?;
+                read_wait_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut waits);
+                guard.clear_ready();
+            }
             guard = heap_events.readable_mut() => {
                 let mut guard = guard.context("waiting for heap events")?;
                 read_heap_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut heap);
@@ -153,6 +169,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 // fills up; collect the rest here.
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
                 if let Some(allocators) = probes.allocators() {
                     for pid in exec_rescan.drain(..) {
                         allocators.attach_process(pid);
@@ -175,8 +192,9 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
                 let closed = std::mem::replace(&mut window, Window::new());
-                write_window(&settings, &writer, &mut symbolizer, &mut procs, &mut heap, closed);
+                write_window(&settings, &writer, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
                 unwinder.release_unused();
                 reported.report(&probes);
             }
@@ -190,6 +208,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     // Heap events first: a process's exit event must not forget the live
     // allocations its last events report.
     read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
     read_proc_events(
         events.get_mut(),
         &mut procs,
@@ -213,6 +232,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         &mut symbolizer,
         &mut procs,
         &mut heap,
+        &mut waits,
         window,
     );
     reported.report(&probes);
@@ -408,37 +428,15 @@ fn read_heap_events(
         procs.ensure(alloc.tgid);
         // The registers are those at the allocator's return: the leaf is
         // the call site, one byte back from the return address.
-        let call_site = alloc.ip.saturating_sub(1);
-        let user = if alloc.stack_len > 0 {
-            let stack_len = (alloc.stack_len as usize).min(STACK_COPY_BYTES);
-            match procs.get(alloc.tgid) {
-                Some(info) => {
-                    let unwound = unwinder.unwind(
-                        info,
-                        call_site,
-                        alloc.sp,
-                        alloc.bp,
-                        &alloc.stack[..stack_len],
-                    );
-                    if unwound.truncated {
-                        Stack::Truncated(Arc::from(unwound.frames))
-                    } else {
-                        Stack::Frames(Arc::from(unwound.frames))
-                    }
-                }
-                None => Stack::Truncated(Arc::from(vec![call_site])),
-            }
-        } else {
-            let len = (alloc.frames_len as usize).min(MAX_STACK_DEPTH);
-            let mut frames = alloc.frames[..len].to_vec();
-            if let Some(first) = frames.first_mut() {
-                *first = first.saturating_sub(1);
-            }
-            match frames.is_empty() {
-                true => Stack::Lost,
-                false => Stack::FramePointer(Arc::from(frames)),
-            }
-        };
+        let user = event_user_stack(
+            procs,
+            unwinder,
+            alloc.tgid,
+            (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
+            &alloc.stack[..(alloc.stack_len as usize).min(STACK_COPY_BYTES)],
+            &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
+            true,
+        );
         let mut thread = [0u8; COMM_LEN];
         thread.copy_from_slice(&alloc.comm);
         let id = SampleId {
@@ -452,6 +450,117 @@ fn read_heap_events(
     }
 }
 
+/// The user stack of an event that carries either a stack copy (unwound
+/// here from `regs`) or frame-pointer frames. `at_return`: the registers
+/// are at a return address, so the kernel's first frame is one past the
+/// call.
+fn event_user_stack(
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    tgid: u32,
+    (ip, sp, bp): (u64, u64, u64),
+    stack: &[u8],
+    frames: &[u64],
+    at_return: bool,
+) -> Stack {
+    if !stack.is_empty() {
+        return match procs.get(tgid) {
+            Some(info) => {
+                let unwound = unwinder.unwind(info, ip, sp, bp, stack);
+                if unwound.truncated {
+                    Stack::Truncated(Arc::from(unwound.frames))
+                } else {
+                    Stack::Frames(Arc::from(unwound.frames))
+                }
+            }
+            None => Stack::Truncated(Arc::from(vec![ip])),
+        };
+    }
+    let mut frames = frames.to_vec();
+    if at_return && let Some(first) = frames.first_mut() {
+        *first = first.saturating_sub(1);
+    }
+    match frames.is_empty() {
+        true => Stack::Lost,
+        false => Stack::FramePointer(Arc::from(frames)),
+    }
+}
+
+/// What the block and mutex profiles collect.
+struct Waits {
+    block: BlockWindow,
+    mutex: MutexTable,
+    block_rate_ns: u64,
+}
+
+impl Waits {
+    fn new(settings: &Settings) -> Self {
+        Waits {
+            block: BlockWindow::default(),
+            mutex: MutexTable::new(settings.mutex_fraction),
+            block_rate_ns: settings.block_rate.as_nanos() as u64,
+        }
+    }
+}
+
+/// Adds the kept waits, wake-ups and delays that the futex probes reported.
+fn read_wait_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+) {
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<MutexDelay>() {
+            continue;
+        }
+        // SAFETY: every wait event starts with its kind.
+        let kind: u32 = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        if kind == wait_event::MUTEX_DELAY {
+            // SAFETY: size checked above; plain data.
+            let delay: MutexDelay = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            waits.mutex.delay(delay.wake_id, delay.delay_ns);
+            continue;
+        }
+        if (kind != wait_event::BLOCK && kind != wait_event::MUTEX_WAKE)
+            || item.len() < std::mem::size_of::<WaitStack>()
+            || item
+                .as_ptr()
+                .align_offset(std::mem::align_of::<WaitStack>())
+                != 0
+        {
+            continue;
+        }
+        // SAFETY: size and alignment checked; WaitStack is plain data.
+        let event: &WaitStack = unsafe { &*item.as_ptr().cast::<WaitStack>() };
+        procs.ensure(event.tgid);
+        // Registers saved at the system call: an exact instruction pointer.
+        let user = event_user_stack(
+            procs,
+            unwinder,
+            event.tgid,
+            (event.ip, event.sp, event.bp),
+            &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
+            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+            false,
+        );
+        let mut thread = [0u8; COMM_LEN];
+        thread.copy_from_slice(&event.comm);
+        let id = SampleId {
+            tgid: event.tgid,
+            tid: event.tid,
+            thread,
+            user,
+            kernel: Stack::None,
+        };
+        if kind == wait_event::BLOCK {
+            waits.block.add(id, event.value, waits.block_rate_ns);
+        } else {
+            waits.mutex.wake(event.value, id);
+        }
+    }
+}
+
 /// Symbolizes, builds and writes every enabled profile of a closed window.
 fn write_window(
     settings: &Settings,
@@ -459,6 +568,7 @@ fn write_window(
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
     heap: &mut HeapTable,
+    waits: &mut Waits,
     window: Window,
 ) {
     let duration = window.started.elapsed();
@@ -486,6 +596,30 @@ fn write_window(
                 time_nanos,
                 duration.as_nanos() as i64,
             ),
+            ProfileKind::Block => {
+                let rows = waits.block.close();
+                build_wait_profile(
+                    ProfileKind::Block,
+                    settings,
+                    symbolizer,
+                    procs,
+                    rows.iter().map(|(id, w)| (id, *w)),
+                    time_nanos,
+                    duration.as_nanos() as i64,
+                )
+            }
+            ProfileKind::Mutex => {
+                let rows = waits.mutex.close();
+                build_wait_profile(
+                    ProfileKind::Mutex,
+                    settings,
+                    symbolizer,
+                    procs,
+                    rows.iter().map(|(id, w)| (id.as_ref(), *w)),
+                    time_nanos,
+                    duration.as_nanos() as i64,
+                )
+            }
             // Refused at parse time until the probes exist.
             _ => continue,
         };
@@ -565,6 +699,40 @@ fn build_heap_profile(
         builder.add_sample(
             &frames,
             &[alloc_objects, alloc_space, inuse_objects, inuse_space],
+            &labels,
+        );
+    }
+    builder.build()
+}
+
+fn build_wait_profile<'a>(
+    kind: ProfileKind,
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    rows: impl Iterator<Item = (&'a SampleId, Weight)>,
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> pprof_proto::Profile {
+    let mut builder = ProfileBuilder::new(kind, 1, time_nanos, duration_nanos);
+    let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for (id, weight) in rows {
+        frames.clear();
+        procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.user, "user", |ips| {
+            symbolizer.user_stack(procs, id.tgid, ips)
+        });
+        let labels = sample_labels(settings, procs, id);
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        builder.add_sample(
+            &frames,
+            &[
+                weight.contentions.round() as i64,
+                weight.delay_ns.round() as i64,
+            ],
             &labels,
         );
     }

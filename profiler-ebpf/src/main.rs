@@ -31,7 +31,8 @@ use aya_ebpf::{
         bpf_probe_read_user as read_user,
         generated::{
             bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_func_ip, bpf_get_prandom_u32,
-            bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
+            bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user,
+            bpf_task_pt_regs,
         },
     },
     macros::{map, perf_event, tracepoint, uprobe},
@@ -39,11 +40,14 @@ use aya_ebpf::{
     programs::{PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
-    HeapAlloc, HeapFree, HeapThread, LiveKey, MAX_STACK_DEPTH, PROC_EVENTS_BYTES, ProcEvent,
+    COMM_LEN, COUNTS_ENTRIES, FUTEX_CALLS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
+    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
+    LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, PROC_EVENTS_BYTES, ProcEvent,
     SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
-    SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES, alloc_fn, control, counter,
-    heap_event, proc_event, sampling::next_sample_distance, unwind_mode,
+    SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WaitStack,
+    alloc_fn, control, counter, futex_call, futex_op, heap_event, proc_event,
+    sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
+    unwind_mode, wait_event,
 };
 
 /// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
@@ -75,6 +79,24 @@ static SELF_TGID: u32 = 0;
 /// processes already seen.
 #[unsafe(no_mangle)]
 static REPORT_PROCESS_EVENTS: u8 = 0;
+
+/// Block profile on, and its rate (`--block-rate`, ns).
+#[unsafe(no_mangle)]
+static BLOCK_ON: u8 = 0;
+#[unsafe(no_mangle)]
+static BLOCK_RATE_NS: u64 = 10_000;
+/// Mutex profile on, and 1 in how many contended wake-ups it keeps.
+#[unsafe(no_mangle)]
+static MUTEX_ON: u8 = 0;
+#[unsafe(no_mangle)]
+static MUTEX_FRACTION: u64 = 100;
+/// Offsets in the syscall tracepoint records, from their format files.
+#[unsafe(no_mangle)]
+static FUTEX_UADDR_OFFSET: u32 = 16;
+#[unsafe(no_mangle)]
+static FUTEX_OP_OFFSET: u32 = 24;
+#[unsafe(no_mangle)]
+static SYSCALL_RET_OFFSET: u32 = 16;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -116,6 +138,19 @@ static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
+/// The futex call each thread is in (waits, and kept wake-ups).
+#[map]
+static FUTEX_CALLS: HashMap<u32, FutexCall> =
+    HashMap::with_max_entries(FUTEX_CALLS_ENTRIES, BPF_F_NO_PREALLOC);
+/// The latest kept wake-up per futex word (process, address).
+#[map]
+static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
+    LruHashMap::with_max_entries(FUTEX_WAKERS_ENTRIES, 0);
+/// Per-CPU sequence numbers that make wake-up ids unique.
+#[map]
+static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
 
 #[inline(always)]
 fn global<T: Copy>(v: &T) -> T {
@@ -710,6 +745,280 @@ fn send_heap_alloc(
     true
 }
 
+/// sys_enter_futex: a wait starts, or a wake-up is drawn for the mutex
+/// profile (one in MUTEX_FRACTION).
+#[tracepoint]
+pub fn futex_enter(ctx: TracePointContext) -> u32 {
+    let offset = global(&FUTEX_OP_OFFSET) as usize;
+    // SAFETY: a field of the tracepoint record, offset from its format file.
+    let op: u64 = unsafe { ctx.read_at(offset) }.unwrap_or(u64::MAX);
+    match op & futex_op::CMD_MASK {
+        futex_op::WAIT
+        | futex_op::WAIT_BITSET
+        | futex_op::LOCK_PI
+        | futex_op::LOCK_PI2
+        | futex_op::WAIT_REQUEUE_PI => begin_wait(&ctx),
+        futex_op::WAKE
+        | futex_op::WAKE_BITSET
+        | futex_op::WAKE_OP
+        | futex_op::UNLOCK_PI
+        | futex_op::REQUEUE
+        | futex_op::CMP_REQUEUE
+        | futex_op::CMP_REQUEUE_PI => begin_wake(&ctx),
+        _ => {}
+    }
+    0
+}
+
+/// sys_enter_futex_wait and sys_enter_futex_waitv (whose first argument,
+/// the waiter array, stands for the futex word).
+#[tracepoint]
+pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
+    begin_wait(&ctx);
+    0
+}
+
+/// sys_enter_futex_wake.
+#[tracepoint]
+pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
+    begin_wake(&ctx);
+    0
+}
+
+/// The targeted thread making the current system call, if any.
+#[inline(always)]
+fn futex_caller() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+        return None;
+    }
+    Some((tgid, pid_tgid as u32))
+}
+
+#[inline(always)]
+fn futex_uaddr(ctx: &TracePointContext) -> u64 {
+    let offset = global(&FUTEX_UADDR_OFFSET) as usize;
+    // SAFETY: a field of the tracepoint record, offset from its format file.
+    unsafe { ctx.read_at(offset) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn begin_wait(ctx: &TracePointContext) {
+    if global_u8(&BLOCK_ON) == 0 && global_u8(&MUTEX_ON) == 0 {
+        return;
+    }
+    let Some((_, tid)) = futex_caller() else {
+        return;
+    };
+    let call = FutexCall {
+        // SAFETY: plain helper.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        uaddr: futex_uaddr(ctx),
+        wake_id: 0,
+        kind: futex_call::WAIT,
+        _pad: 0,
+    };
+    if FUTEX_CALLS.insert(tid, call, 0).is_err() {
+        count(counter::FUTEX_CALLS_FULL);
+    }
+}
+
+#[inline(always)]
+fn begin_wake(ctx: &TracePointContext) {
+    if global_u8(&MUTEX_ON) == 0 {
+        return;
+    }
+    // SAFETY: plain helper.
+    if !keep_mutex_event(global(&MUTEX_FRACTION), unsafe { bpf_get_prandom_u32() }) {
+        return;
+    }
+    let Some((tgid, tid)) = futex_caller() else {
+        return;
+    };
+    // SAFETY: plain helpers.
+    let (now, cpu) = unsafe { (bpf_ktime_get_ns(), bpf_get_smp_processor_id()) };
+    let Some(seq) = WAKE_SEQ.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's slot; programs do not nest on a CPU.
+    let wake_id = unsafe {
+        *seq += 1;
+        (u64::from(cpu) << 48) | (*seq & 0xffff_ffff_ffff)
+    };
+    let uaddr = futex_uaddr(ctx);
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: uaddr,
+    };
+    let waker = FutexWaker {
+        wake_id,
+        time_ns: now,
+        claimed: 0,
+        woken: 0,
+    };
+    let _ = FUTEX_WAKERS.insert(key, waker, 0);
+    let call = FutexCall {
+        start_ns: now,
+        uaddr,
+        wake_id,
+        kind: futex_call::WAKE,
+        _pad: 0,
+    };
+    if FUTEX_CALLS.insert(tid, call, 0).is_err() {
+        count(counter::FUTEX_CALLS_FULL);
+    }
+}
+
+/// sys_exit of every futex call: a wait ends (block profile, and its delay
+/// for the mutex profile if a kept wake-up ended it), or a kept wake-up
+/// reports its stack when it woke someone.
+#[tracepoint]
+pub fn futex_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(call) = (unsafe { FUTEX_CALLS.get(tid) }).copied() else {
+        return 0;
+    };
+    let _ = FUTEX_CALLS.remove(tid);
+    // SAFETY: plain helper.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: call.uaddr,
+    };
+    if call.kind == futex_call::WAIT {
+        count(counter::FUTEX_WAITS);
+        let waited = now.saturating_sub(call.start_ns);
+        // SAFETY: plain helper.
+        let random = unsafe { bpf_get_prandom_u32() };
+        if global_u8(&BLOCK_ON) != 0 && keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
+            send_wait_stack(&ctx, wait_event::BLOCK, tgid, tid, waited, call.uaddr);
+        }
+        if global_u8(&MUTEX_ON) != 0
+            && let Some(waker) = FUTEX_WAKERS.get_ptr_mut(key)
+        {
+            // SAFETY: a map value, valid during this run; a lost update
+            // between two waiters only loosens the claim bound.
+            let waker = unsafe { &mut *waker };
+            if waker.time_ns >= call.start_ns && (waker.woken == 0 || waker.claimed < waker.woken) {
+                waker.claimed += 1;
+                let event = MutexDelay {
+                    kind: wait_event::MUTEX_DELAY,
+                    tgid,
+                    wake_id: waker.wake_id,
+                    delay_ns: waker.time_ns - call.start_ns,
+                };
+                if WAIT_EVENTS.output::<MutexDelay>(&event, 0).is_err() {
+                    count(counter::WAIT_EVENTS_LOST);
+                }
+            }
+        }
+        return 0;
+    }
+    let offset = global(&SYSCALL_RET_OFFSET) as usize;
+    // SAFETY: a field of the tracepoint record, offset from its format file.
+    let ret: i64 = unsafe { ctx.read_at(offset) }.unwrap_or(0);
+    match FUTEX_WAKERS.get_ptr_mut(key) {
+        // SAFETY: as above.
+        Some(waker) if unsafe { (*waker).wake_id } == call.wake_id => {
+            if ret <= 0 {
+                // It woke nobody: no wait may claim it.
+                let _ = FUTEX_WAKERS.remove(key);
+                return 0;
+            }
+            // SAFETY: as above.
+            unsafe { (*waker).woken = ret.min(i64::from(u32::MAX)) as u32 };
+        }
+        _ => {}
+    }
+    if ret > 0 {
+        send_wait_stack(
+            &ctx,
+            wait_event::MUTEX_WAKE,
+            tgid,
+            tid,
+            call.wake_id,
+            call.uaddr,
+        );
+    }
+    0
+}
+
+/// Sends a kept wait or wake-up with the thread's user stack.
+#[inline(always)]
+fn send_wait_stack(
+    ctx: &TracePointContext,
+    kind: u32,
+    tgid: u32,
+    tid: u32,
+    value: u64,
+    uaddr: u64,
+) {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+        count(counter::WAIT_EVENTS_LOST);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
+    // SAFETY: the entry is ours until submitted; written in place.
+    unsafe {
+        (*out).kind = kind;
+        (*out).tgid = tgid;
+        (*out).tid = tid;
+        (*out)._pad = 0;
+        (*out).value = value;
+        (*out).uaddr = uaddr;
+        (*out).ip = ip;
+        (*out).sp = sp;
+        (*out).bp = bp;
+        (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        if sp != 0 && use_dwarf(tgid) {
+            (*out).frames_len = 0;
+            (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
+        } else {
+            (*out).stack_len = 0;
+            let bytes = bpf_get_stack(
+                ctx.as_ptr(),
+                (*out).frames.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                BPF_F_USER_STACK as u64,
+            );
+            (*out).frames_len = if bytes > 0 {
+                (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
+            } else {
+                0
+            };
+        }
+    }
+    let wake = if WAIT_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > (WAIT_EVENTS_BYTES / 4) as u64 {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(wake as u64);
+}
+
+/// The current task's user registers as saved on entering the kernel.
+#[inline(always)]
+fn task_user_regs() -> Option<(u64, u64, u64)> {
+    // SAFETY: plain helpers; the pointer is only read through
+    // bpf_probe_read_kernel.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
+    // SAFETY: reads of a pt_regs, checked by the helper.
+    unsafe {
+        Some((
+            bpf_probe_read_kernel(&(*regs).rip).ok()?,
+            bpf_probe_read_kernel(&(*regs).rsp).ok()?,
+            bpf_probe_read_kernel(&(*regs).rbp).ok()?,
+        ))
+    }
+}
+
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     if global_u8(&FOLLOW_FORKS) == 0 {
@@ -759,6 +1068,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     let _ = HEAP_THREADS.remove(tid);
+    let _ = FUTEX_CALLS.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
         // unrelated process later.
