@@ -157,8 +157,12 @@ pub mod counter {
     pub const WAIT_EVENTS_LOST: u32 = 15;
     /// Futex calls not tracked: the per-thread map was full.
     pub const FUTEX_CALLS_FULL: u32 = 16;
+    /// Blocking switch-outs of targeted threads.
+    pub const OFFCPU_SWITCHES: u32 = 17;
+    /// Blocked threads not tracked: the parked-stack map was full.
+    pub const OFFCPU_PARKED_FULL: u32 = 18;
     /// Number of counters.
-    pub const COUNT: u32 = 17;
+    pub const COUNT: u32 = 19;
 }
 
 /// Index of the one-element `CONTROL` array entries.
@@ -354,6 +358,8 @@ pub mod wait_event {
     pub const MUTEX_WAKE: u32 = 2;
     /// A wait ended by a kept wake-up: its delay ([`super::MutexDelay`]).
     pub const MUTEX_DELAY: u32 = 3;
+    /// A kept off-CPU interval ([`super::OffcpuRecord`]).
+    pub const OFFCPU: u32 = 4;
 }
 
 /// A kept wait or wake-up with the user stack where it happened (a copy for
@@ -381,6 +387,45 @@ pub struct WaitStack {
     pub comm: [u8; COMM_LEN],
     pub frames: [u64; MAX_STACK_DEPTH],
     pub stack: [u8; STACK_COPY_BYTES],
+}
+
+/// Bytes of user stack kept per blocked thread for the off-CPU profile
+/// (copied at every blocking switch-out, so smaller than CPU samples' copy).
+pub const OFFCPU_STACK_BYTES: usize = 8 * 1024;
+/// Kernel frames kept per off-CPU event.
+pub const OFFCPU_KERNEL_DEPTH: usize = 64;
+/// Blocked threads whose switch-out stacks are parked at once.
+pub const OFFCPU_PARKED_ENTRIES: u32 = 4096;
+
+/// A thread that left the CPU blocked: its stacks at the switch-out, parked
+/// in `OFFCPU_PARKED` until it runs again; sent (with `duration_ns`) as a
+/// `wait_event::OFFCPU` event when kept.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct OffcpuRecord {
+    /// `wait_event::OFFCPU`.
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub _pad: u32,
+    /// When it left the CPU (ns, CLOCK_MONOTONIC).
+    pub start_ns: u64,
+    /// How long it was off the CPU (set when it is switched in).
+    pub duration_ns: u64,
+    /// User registers saved on entering the kernel.
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
+    pub stack_len: u64,
+    /// Frames of `frames` in use (frame-pointer walk).
+    pub frames_len: u64,
+    /// Frames of `kernel` in use.
+    pub kernel_len: u64,
+    pub comm: [u8; COMM_LEN],
+    pub kernel: [u64; OFFCPU_KERNEL_DEPTH],
+    pub frames: [u64; MAX_STACK_DEPTH],
+    pub stack: [u8; OFFCPU_STACK_BYTES],
 }
 
 /// A wait ended by a kept wake-up, and how long it waited.

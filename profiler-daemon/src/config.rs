@@ -166,9 +166,6 @@ pub enum ConfigError {
     /// Both a pid list and a command were given in the same place.
     #[error("{}", pid_with_command_message(.config_file.as_deref()))]
     PidWithCommand { config_file: Option<PathBuf> },
-    /// A profile type that exists in the contract but not in this build.
-    #[error("profile type '{0}' is not supported by this build yet")]
-    UnsupportedProfile(ProfileKind),
     /// The config file could not be read.
     #[error("cannot read config file {}: {reason}", .path.display())]
     ReadConfig { path: PathBuf, reason: String },
@@ -718,9 +715,6 @@ fn merge_profiles(
                 "expected a comma list of cpu, heap, block, mutex, offcpu",
             )
         })?;
-        if !kind.implemented() {
-            return Err(ConfigError::UnsupportedProfile(kind));
-        }
         if !profiles.contains(&kind) {
             profiles.push(kind);
         }
@@ -1125,14 +1119,6 @@ mod tests {
 
     #[test]
     fn bad_profiles() {
-        let msg = error(&["--profiles", "cpu,offcpu"], "'offcpu'");
-        assert_eq!(
-            msg,
-            "profile type 'offcpu' is not supported by this build yet"
-        );
-        for kind in ["offcpu"] {
-            error(&["--profiles", kind], kind);
-        }
         error(&["--profiles", "cpu,gpu"], "'gpu'");
         error(&["--profiles", "cpu,"], "--profiles");
         error(&["--profiles", ""], "--profiles");
@@ -1279,8 +1265,8 @@ region = "eu"
         assert!(msg.contains("'0s'"), "{msg}");
         let f = config_file("cpu_frequency = 20000\n");
         error(&["--config", path_str(&f)], "'20000'");
-        let f = config_file("profiles = \"cpu,offcpu\"\n");
-        error(&["--config", path_str(&f)], "'offcpu'");
+        let f = config_file("profiles = \"cpu,gpu\"\n");
+        error(&["--config", path_str(&f)], "'gpu'");
         let f = config_file(&format!("pid = {}\n", missing_pid()));
         error(&["--config", path_str(&f)], "'pid' in config file");
         let f = config_file(&format!("pid = {}\ncommand = [\"ls\"]\n", my_pid()));

@@ -79,8 +79,12 @@ pub struct ProbeConfig {
     pub cpu: bool,
     /// Heap probes with this mean sampling distance in bytes, if enabled.
     pub heap_sample_bytes: Option<u64>,
-    /// Block profile with this rate in ns, if enabled.
-    pub block_rate_ns: Option<u64>,
+    /// Block profile on.
+    pub block: bool,
+    /// Off-CPU profile on.
+    pub offcpu: bool,
+    /// Rate of the block and off-CPU profiles (ns).
+    pub wait_rate_ns: u64,
     /// Mutex profile keeping 1 in this many contended wake-ups, if enabled.
     pub mutex_fraction: Option<u64>,
 }
@@ -131,7 +135,7 @@ impl Probes {
         let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
         let report_execs = u8::from(config.heap_sample_bytes.is_some());
         let self_tgid = std::process::id();
-        let futex_on = config.block_rate_ns.is_some() || config.mutex_fraction.is_some();
+        let futex_on = config.block || config.mutex_fraction.is_some();
         let (uaddr_offset, op_offset, ret_offset) = if futex_on {
             (
                 tracepoint_field_offset("syscalls", "sys_enter_futex", "uaddr")?,
@@ -141,8 +145,18 @@ impl Probes {
         } else {
             (16, 24, 16)
         };
-        let block_on = u8::from(config.block_rate_ns.is_some());
-        let block_rate = config.block_rate_ns.unwrap_or(0);
+        let block_on = u8::from(config.block);
+        let block_rate = config.wait_rate_ns;
+        let offcpu_on = u8::from(config.offcpu);
+        let (prev_pid, prev_state, next_pid) = if config.offcpu {
+            (
+                tracepoint_field_offset("sched", "sched_switch", "prev_pid")?,
+                tracepoint_field_offset("sched", "sched_switch", "prev_state")?,
+                tracepoint_field_offset("sched", "sched_switch", "next_pid")?,
+            )
+        } else {
+            (24, 32, 56)
+        };
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
         let mut ebpf = EbpfLoader::new()
@@ -155,6 +169,10 @@ impl Probes {
             .override_global("REPORT_PROCESS_EVENTS", &report_execs, true)
             .override_global("BLOCK_ON", &block_on, true)
             .override_global("BLOCK_RATE_NS", &block_rate, true)
+            .override_global("OFFCPU_ON", &offcpu_on, true)
+            .override_global("SWITCH_PREV_PID_OFFSET", &prev_pid, true)
+            .override_global("SWITCH_PREV_STATE_OFFSET", &prev_state, true)
+            .override_global("SWITCH_NEXT_PID_OFFSET", &next_pid, true)
             .override_global("MUTEX_ON", &mutex_on, true)
             .override_global("MUTEX_FRACTION", &mutex_fraction, true)
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
@@ -225,6 +243,9 @@ impl Probes {
             "sched_process_exit",
         ] {
             probes.attach_tracepoint(name, &[("sched", name)])?;
+        }
+        if config.offcpu {
+            probes.attach_tracepoint("sched_switch", &[("sched", "sched_switch")])?;
         }
         if futex_on {
             probes.attach_tracepoint("futex_enter", &[("syscalls", "sys_enter_futex")])?;

@@ -63,14 +63,6 @@ impl ProfileKind {
             ProfileKind::Offcpu => ("offcpu", "nanoseconds"),
         }
     }
-
-    /// Whether this build can collect the profile type.
-    pub fn implemented(self) -> bool {
-        matches!(
-            self,
-            ProfileKind::Cpu | ProfileKind::Heap | ProfileKind::Block | ProfileKind::Mutex
-        )
-    }
 }
 
 impl fmt::Display for ProfileKind {

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{
-    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, ProcEvent, STACK_COPY_BYTES,
-    StackSample, WaitStack, counter, heap_event, proc_event, unwind_mode, wait_event,
+    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
+    OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, counter,
+    heap_event, proc_event, unwind_mode, wait_event,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -71,10 +72,9 @@ pub async fn run(settings: Settings) -> Result<()> {
         },
         cpu: settings.profiles.contains(&ProfileKind::Cpu),
         heap_sample_bytes: heap_on.then_some(settings.heap_sample_bytes),
-        block_rate_ns: settings
-            .profiles
-            .contains(&ProfileKind::Block)
-            .then_some(settings.block_rate.as_nanos() as u64),
+        block: settings.profiles.contains(&ProfileKind::Block),
+        offcpu: settings.profiles.contains(&ProfileKind::Offcpu),
+        wait_rate_ns: settings.block_rate.as_nanos() as u64,
         mutex_fraction: settings
             .profiles
             .contains(&ProfileKind::Mutex)
@@ -489,6 +489,7 @@ fn event_user_stack(
 /// What the block and mutex profiles collect.
 struct Waits {
     block: BlockWindow,
+    offcpu: BlockWindow,
     mutex: MutexTable,
     block_rate_ns: u64,
 }
@@ -497,6 +498,7 @@ impl Waits {
     fn new(settings: &Settings) -> Self {
         Waits {
             block: BlockWindow::default(),
+            offcpu: BlockWindow::default(),
             mutex: MutexTable::new(settings.mutex_fraction),
             block_rate_ns: settings.block_rate.as_nanos() as u64,
         }
@@ -516,6 +518,10 @@ fn read_wait_events(
         }
         // SAFETY: every wait event starts with its kind.
         let kind: u32 = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        if kind == wait_event::OFFCPU {
+            read_offcpu_event(&item, procs, unwinder, waits);
+            continue;
+        }
         if kind == wait_event::MUTEX_DELAY {
             // SAFETY: size checked above; plain data.
             let delay: MutexDelay = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
@@ -559,6 +565,54 @@ fn read_wait_events(
             waits.mutex.wake(event.value, id);
         }
     }
+}
+
+/// A kept off-CPU interval: the stacks at the thread's switch-out.
+fn read_offcpu_event(
+    item: &[u8],
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+) {
+    if item.len() < std::mem::size_of::<OffcpuRecord>()
+        || item
+            .as_ptr()
+            .align_offset(std::mem::align_of::<OffcpuRecord>())
+            != 0
+    {
+        return;
+    }
+    // SAFETY: size and alignment checked; OffcpuRecord is plain data.
+    let event: &OffcpuRecord = unsafe { &*item.as_ptr().cast::<OffcpuRecord>() };
+    procs.ensure(event.tgid);
+    let user = match event.sp {
+        // A kernel thread.
+        0 => Stack::None,
+        _ => event_user_stack(
+            procs,
+            unwinder,
+            event.tgid,
+            (event.ip, event.sp, event.bp),
+            &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
+            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+            false,
+        ),
+    };
+    let kernel_len = (event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH);
+    let kernel = match kernel_len {
+        0 => Stack::None,
+        n => Stack::Frames(Arc::from(&event.kernel[..n])),
+    };
+    let mut thread = [0u8; COMM_LEN];
+    thread.copy_from_slice(&event.comm);
+    let id = SampleId {
+        tgid: event.tgid,
+        tid: event.tid,
+        thread,
+        user,
+        kernel,
+    };
+    waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
 
 /// Symbolizes, builds and writes every enabled profile of a closed window.
@@ -608,6 +662,18 @@ fn write_window(
                     duration.as_nanos() as i64,
                 )
             }
+            ProfileKind::Offcpu => {
+                let rows = waits.offcpu.close();
+                build_wait_profile(
+                    ProfileKind::Offcpu,
+                    settings,
+                    symbolizer,
+                    procs,
+                    rows.iter().map(|(id, w)| (id, *w)),
+                    time_nanos,
+                    duration.as_nanos() as i64,
+                )
+            }
             ProfileKind::Mutex => {
                 let rows = waits.mutex.close();
                 build_wait_profile(
@@ -620,8 +686,6 @@ fn write_window(
                     duration.as_nanos() as i64,
                 )
             }
-            // Refused at parse time until the probes exist.
-            _ => continue,
         };
         let built = began.elapsed();
         match writer.write(kind, window.start, &profile) {
@@ -719,6 +783,13 @@ fn build_wait_profile<'a>(
     for (id, weight) in rows {
         frames.clear();
         procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.kernel, "kernel", |ips| {
+            symbolizer.kernel_stack(ips)
+        });
+        // The switch-out stack starts inside the tracepoint that recorded
+        // it; the thread blocked in the scheduler below.
+        let tracing = frames.iter().take_while(|f| is_tracing_frame(f)).count();
+        frames.drain(..tracing);
         push_stack(&mut frames, &id.user, "user", |ips| {
             symbolizer.user_stack(procs, id.tgid, ips)
         });
@@ -794,6 +865,18 @@ fn is_stack_root(frame: &Frame) -> bool {
             || name.ends_with("_clone3")
             || name.ends_with("_clone")
             || GO_ROOTS.iter().any(|r| name.starts_with(r))
+    })
+}
+
+/// Kernel frames of the tracing machinery that ran the probe.
+fn is_tracing_frame(frame: &Frame) -> bool {
+    frame.lines.last().is_some_and(|line| {
+        let name = line.function.as_str();
+        name.starts_with("__traceiter_")
+            || name.starts_with("__bpf_trace_")
+            || name.starts_with("bpf_trace_run")
+            || name.starts_with("trace_call_bpf")
+            || name.starts_with("bpf_prog_")
     })
 }
 

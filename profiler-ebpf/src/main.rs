@@ -42,7 +42,8 @@ use aya_ebpf::{
 use profiler_common::{
     COMM_LEN, COUNTS_ENTRIES, FUTEX_CALLS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
     HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
-    LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, PROC_EVENTS_BYTES, ProcEvent,
+    LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
+    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
     SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
     SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WaitStack,
     alloc_fn, control, counter, futex_call, futex_op, heap_event, proc_event,
@@ -90,6 +91,16 @@ static BLOCK_RATE_NS: u64 = 10_000;
 static MUTEX_ON: u8 = 0;
 #[unsafe(no_mangle)]
 static MUTEX_FRACTION: u64 = 100;
+/// Off-CPU profile on (its rate is BLOCK_RATE_NS).
+#[unsafe(no_mangle)]
+static OFFCPU_ON: u8 = 0;
+/// Offsets in the sched_switch record, from its format file.
+#[unsafe(no_mangle)]
+static SWITCH_PREV_PID_OFFSET: u32 = 24;
+#[unsafe(no_mangle)]
+static SWITCH_PREV_STATE_OFFSET: u32 = 32;
+#[unsafe(no_mangle)]
+static SWITCH_NEXT_PID_OFFSET: u32 = 56;
 /// Offsets in the syscall tracepoint records, from their format files.
 #[unsafe(no_mangle)]
 static FUTEX_UADDR_OFFSET: u32 = 16;
@@ -149,6 +160,13 @@ static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
 /// Per-CPU sequence numbers that make wake-up ids unique.
 #[map]
 static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+/// Stacks of blocked threads, by thread id, until they run again.
+#[map]
+static OFFCPU_PARKED: HashMap<u32, OffcpuRecord> =
+    HashMap::with_max_entries(OFFCPU_PARKED_ENTRIES, BPF_F_NO_PREALLOC);
+/// Per-CPU space to build a parked record in (far larger than the BPF stack).
+#[map]
+static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
 
@@ -884,6 +902,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = FUTEX_CALLS.remove(tid);
+    let _ = OFFCPU_PARKED.remove(tid);
     // SAFETY: plain helper.
     let now = unsafe { bpf_ktime_get_ns() };
     let key = FutexKey {
@@ -1019,6 +1038,167 @@ fn task_user_regs() -> Option<(u64, u64, u64)> {
     }
 }
 
+/// sched_switch: parks the stacks of a targeted thread that leaves the CPU
+/// blocked (not one that was preempted: it stays runnable), and when a
+/// parked thread is switched back in, keeps the interval by Go's block rule
+/// (BLOCK_RATE_NS) and sends it. The switch-out runs in the blocked
+/// thread's own context, so its user stack can be copied there.
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    if global_u8(&OFFCPU_ON) == 0 {
+        return 0;
+    }
+    // SAFETY: fields of the tracepoint record, offsets from its format file.
+    let (prev, state, next) = unsafe {
+        (
+            ctx.read_at::<i32>(global(&SWITCH_PREV_PID_OFFSET) as usize)
+                .unwrap_or(0),
+            ctx.read_at::<i64>(global(&SWITCH_PREV_STATE_OFFSET) as usize)
+                .unwrap_or(0),
+            ctx.read_at::<i32>(global(&SWITCH_NEXT_PID_OFFSET) as usize)
+                .unwrap_or(0),
+        )
+    };
+    // SAFETY: plain helper.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if prev > 0 && state != 0 {
+        park(&ctx, prev as u32, now);
+    }
+    if next > 0 {
+        unpark(next as u32, now);
+    }
+    0
+}
+
+#[inline(always)]
+fn park(ctx: &TracePointContext, tid: u32, now: u64) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+        return;
+    }
+    count(counter::OFFCPU_SWITCHES);
+    let Some(record) = OFFCPU_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
+    // SAFETY: this CPU's scratch record; written in place, then copied
+    // into the map.
+    unsafe {
+        (*record).kind = wait_event::OFFCPU;
+        (*record).tgid = tgid;
+        (*record).tid = tid;
+        (*record).start_ns = now;
+        (*record).duration_ns = 0;
+        (*record).ip = ip;
+        (*record).sp = sp;
+        (*record).bp = bp;
+        (*record).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        let bytes = bpf_get_stack(
+            ctx.as_ptr(),
+            (*record).kernel.as_mut_ptr().cast(),
+            (OFFCPU_KERNEL_DEPTH * 8) as u32,
+            0,
+        );
+        (*record).kernel_len = if bytes > 0 {
+            (bytes as u64 / 8).min(OFFCPU_KERNEL_DEPTH as u64)
+        } else {
+            0
+        };
+        (*record).stack_len = 0;
+        (*record).frames_len = 0;
+        if sp == 0 {
+            // A kernel thread: no user stack.
+        } else if use_dwarf(tgid) {
+            (*record).stack_len = copy_user_stack_small((*record).stack.as_mut_ptr(), sp);
+        } else {
+            let bytes = bpf_get_stack(
+                ctx.as_ptr(),
+                (*record).frames.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                BPF_F_USER_STACK as u64,
+            );
+            if bytes > 0 {
+                (*record).frames_len = (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64);
+            }
+        }
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        if OFFCPU_PARKED.insert(tid, &*record, 0).is_err() {
+            count(counter::OFFCPU_PARKED_FULL);
+        }
+    }
+}
+
+#[inline(always)]
+fn unpark(tid: u32, now: u64) {
+    let Some(parked) = OFFCPU_PARKED.get_ptr(tid) else {
+        return;
+    };
+    // SAFETY: a map value, valid during this run.
+    let start = unsafe { (*parked).start_ns };
+    let off = now.saturating_sub(start);
+    // SAFETY: plain helper.
+    let random = unsafe { bpf_get_prandom_u32() };
+    if keep_block_event(off, global(&BLOCK_RATE_NS), random) {
+        match WAIT_EVENTS.reserve::<OffcpuRecord>(0) {
+            Some(mut entry) => {
+                let out = entry.as_mut_ptr();
+                // SAFETY: copies the parked record (a map value) into the
+                // reserved entry of the same type.
+                let copied = unsafe {
+                    aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+                        out.cast(),
+                        core::mem::size_of::<OffcpuRecord>() as u32,
+                        parked.cast(),
+                    )
+                };
+                if copied == 0 {
+                    // SAFETY: as above.
+                    unsafe { (*out).duration_ns = off };
+                    entry.submit(0);
+                } else {
+                    entry.discard(0);
+                }
+            }
+            None => count(counter::WAIT_EVENTS_LOST),
+        }
+    }
+    let _ = OFFCPU_PARKED.remove(tid);
+}
+
+/// copy_user_stack for the smaller off-CPU copy.
+#[inline(always)]
+unsafe fn copy_user_stack_small(dst: *mut u8, sp: u64) -> u64 {
+    const PAGE: u64 = 4096;
+    // SAFETY: dst is OFFCPU_STACK_BYTES long.
+    if unsafe { bpf_probe_read_user(dst.cast(), OFFCPU_STACK_BYTES as u32, sp as *const _) } == 0 {
+        return OFFCPU_STACK_BYTES as u64;
+    }
+    let first = PAGE - (sp & (PAGE - 1));
+    // SAFETY: first <= PAGE <= OFFCPU_STACK_BYTES.
+    if unsafe { bpf_probe_read_user(dst.cast(), first as u32, sp as *const _) } != 0 {
+        return 0;
+    }
+    let mut copied = first;
+    for _ in 0..(OFFCPU_STACK_BYTES as u64 / PAGE - 1) {
+        if copied > OFFCPU_STACK_BYTES as u64 - PAGE {
+            break;
+        }
+        // SAFETY: copied + PAGE <= OFFCPU_STACK_BYTES.
+        let ok = unsafe {
+            bpf_probe_read_user(
+                dst.add(copied as usize).cast(),
+                PAGE as u32,
+                (sp + copied) as *const _,
+            )
+        };
+        if ok != 0 {
+            break;
+        }
+        copied += PAGE;
+    }
+    copied
+}
+
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     if global_u8(&FOLLOW_FORKS) == 0 {
@@ -1069,6 +1249,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let tid = pid_tgid as u32;
     let _ = HEAP_THREADS.remove(tid);
     let _ = FUTEX_CALLS.remove(tid);
+    let _ = OFFCPU_PARKED.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
         // unrelated process later.
