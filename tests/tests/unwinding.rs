@@ -830,3 +830,131 @@ fn too_deep_stacks_end_with_truncated() {
         run.diag(|x| !leaf_is(x, "burn_shallow") || has_main(x))
     );
 }
+
+/// Threads blocked inside glibc, captured where they left the CPU
+/// (sched_switch, `--profiles offcpu`) and at their futex wait
+/// (`--profiles block`): the stacks go on through glibc's wrappers to the
+/// calling functions (the frame-pointer walk stops inside glibc), and the
+/// blocked times match what the threads measured.
+#[test]
+fn blocked_threads_show_their_callers() {
+    require_root();
+    let tmp = temp_dir();
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-O2", "-g", "-Wall", "-pthread"])
+        .current_dir(tmp.path());
+    let exe = compile(
+        gcc,
+        &workload_source("blocked_threads.c"),
+        &tmp.path().join("blocked_threads"),
+    );
+    let out = tmp.path().join("out");
+    let mut workload = Running::start(&exe, &["--wait-stdin"]);
+    let pid = workload.pid();
+    let pid_arg = pid.to_string();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid_arg,
+        "--profiles",
+        "offcpu,block",
+        "--block-rate",
+        "100us",
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().expect("temporary paths are UTF-8"),
+    ]);
+    daemon.wait_ready();
+    workload.release();
+    let report = parse_report(&workload.finish(WORKLOAD_TIMEOUT), "pid");
+    workload.kill();
+    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let (lock_ns, sleep_ns) = (field(&report, "lock_ns"), field(&report, "sleep_ns"));
+
+    let offcpu = read_profiles(&out, "offcpu");
+    let block = read_profiles(&out, "block");
+    for file in offcpu.iter().chain(&block) {
+        profiler_tests::pprof_tool::check_readable(&file.path, !file.profile.sample.is_empty());
+    }
+    let offcpu = of_pid(&flatten_all(&offcpu), pid);
+    let block = of_pid(&flatten_all(&block), pid);
+    let delay = |samples: &[FlatSample], pred: &dyn Fn(&FlatSample) -> bool| -> i64 {
+        samples.iter().filter(|s| pred(s)).map(|s| s.cpu_ns).sum()
+    };
+    let diag = || {
+        let show = |samples: &[FlatSample]| {
+            samples
+                .iter()
+                .map(|s| format!("{} ns: {}", s.cpu_ns, s.stack_text()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        format!(
+            "\n--- offcpu ---\n{}\n--- block ---\n{}\n{}",
+            show(&offcpu),
+            show(&block),
+            daemon.describe()
+        )
+    };
+    // The user part of each stack: the wait's glibc wrappers, then the
+    // caller, its thread function and the thread's start.
+    let slept = |s: &FlatSample| has_chain(s, &["usleep", "sleep_site", "sleeper", "start_thread"]);
+    let locked = |s: &FlatSample| {
+        has_chain(
+            s,
+            &[
+                "___pthread_mutex_lock",
+                "lock_site",
+                "locker",
+                "start_thread",
+            ],
+        ) || has_chain(
+            s,
+            &[
+                "__pthread_mutex_lock",
+                "lock_site",
+                "locker",
+                "start_thread",
+            ],
+        )
+    };
+    let sleep_seen = delay(&offcpu, &|s| s.has_function("usleep"));
+    let sleep_chained = delay(&offcpu, &slept);
+    let lock_seen = delay(&offcpu, &|s| {
+        s.has_function("lock_site") || s.has_function("locker")
+    });
+    let lock_chained = delay(&offcpu, &locked);
+    let block_lock = delay(&block, &locked);
+    println!(
+        "measured: lock {lock_ns} ns, sleep {sleep_ns} ns; offcpu: sleep {sleep_chained}/{sleep_seen}, \
+         lock {lock_chained}/{lock_seen}; block: lock {block_lock}"
+    );
+    let within = |got: i64, want: u64| (got as f64 / want as f64 - 1.0).abs() <= 0.2;
+    assert!(
+        within(sleep_chained, sleep_ns),
+        "off-CPU time in usleep <- sleep_site <- sleeper <- start_thread: {sleep_chained} ns, \
+         the thread measured {sleep_ns} ns{}",
+        diag()
+    );
+    assert!(
+        within(lock_chained, lock_ns),
+        "off-CPU time in pthread_mutex_lock <- lock_site <- locker <- start_thread: \
+         {lock_chained} ns, the thread measured {lock_ns} ns{}",
+        diag()
+    );
+    assert!(
+        within(block_lock, lock_ns),
+        "futex wait in pthread_mutex_lock <- lock_site <- locker <- start_thread: {block_lock} ns, \
+         the thread measured {lock_ns} ns{}",
+        diag()
+    );
+    // The off-CPU stacks carry the kernel side too, from the scheduler down.
+    assert!(
+        offcpu
+            .iter()
+            .filter(|s| slept(s))
+            .all(|s| s.frames.first().is_some_and(|f| f.is_kernel())),
+        "off-CPU stacks of the sleeper do not start in the kernel{}",
+        diag()
+    );
+}
