@@ -35,7 +35,7 @@ use aya_ebpf::{
             bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, tracepoint, uprobe},
+    macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{PerfEventContext, ProbeContext, TracePointContext},
 };
@@ -494,8 +494,17 @@ fn record_stack(
 /// call entered while another is pending, deeper on the same stack, is
 /// nested and not counted again. free, and realloc of a sampled address,
 /// retire the address.
-#[uprobe]
-pub fn heap_probe(ctx: ProbeContext) -> u32 {
+///
+/// Written without aya's `#[uprobe]` macro, which returns 0 whatever the
+/// function returns: in a session that would ask for every return.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub fn heap_probe(ctx: *mut core::ffi::c_void) -> u32 {
+    heap_probe_run(ProbeContext::new(ctx))
+}
+
+#[inline(always)]
+fn heap_probe_run(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;

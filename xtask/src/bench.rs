@@ -9,6 +9,8 @@
 //! after readiness and whole life), its peak RSS, BPF run time per sample
 //! from the kernel's BPF statistics (ours and bpftrace's), and the CPU time
 //! of perf record and bpftrace.
+//!
+//! `cargo xtask bench --heap` measures the heap profile instead (bench_heap).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -31,10 +33,15 @@ pub struct BenchArgs {
     /// `--call-graph dwarf` instead of `-g`.
     #[arg(long, default_value = "fp")]
     unwind: String,
+    /// Measure the heap profile instead: malloc+free cost against empty
+    /// uprobes, and the daemon with a million sampled live allocations
+    /// (writes target/bench-heap.md).
+    #[arg(long, conflicts_with_all = ["seconds", "interval", "unwind"])]
+    heap: bool,
 }
 
 /// Kills and reaps a child on drop, so the bench leaves nothing running.
-struct Reaped(Child);
+pub(crate) struct Reaped(pub(crate) Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -48,9 +55,20 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
     let work = tempdir(root)?;
     let out_dir = work.join("profiles");
     let stats_before = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
-    fs::write("/proc/sys/kernel/bpf_stats_enabled", "1").context("enabling BPF run-time stats")?;
-    let unwind_name = args.unwind.clone();
-    let result = measure(&bin, &work, &out_dir, &args);
+    let (result, path) = if args.heap {
+        (
+            crate::bench_heap::measure(&bin, &work),
+            root.join("target/bench-heap.md"),
+        )
+    } else {
+        let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
+            .context("enabling BPF run-time stats")
+            .and_then(|()| measure(&bin, &work, &out_dir, &args));
+        (
+            result,
+            root.join(format!("target/bench-cpu-{}.md", args.unwind)),
+        )
+    };
     let _ = fs::write(
         "/proc/sys/kernel/bpf_stats_enabled",
         if stats_before.trim().is_empty() {
@@ -60,10 +78,8 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         },
     );
     let report = result?;
-    let args_unwind = unwind_name;
     let _ = fs::remove_dir_all(&work);
     println!("{report}");
-    let path = root.join(format!("target/bench-cpu-{}.md", args_unwind));
     fs::write(&path, &report)?;
     eprintln!("report written to {}", path.display());
     Ok(())
@@ -251,7 +267,7 @@ fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<
 
 /// On-CPU time of every thread of `pid`, in ns (schedstat: exact, unlike
 /// the 10 ms ticks of /proc/PID/stat).
-fn task_cpu_ns(pid: u32) -> Result<u64> {
+pub(crate) fn task_cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
         let path = entry?.path().join("schedstat");
@@ -265,7 +281,7 @@ fn task_cpu_ns(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-fn status_field(pid: u32, field: &str) -> Result<u64> {
+pub(crate) fn status_field(pid: u32, field: &str) -> Result<u64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
@@ -305,7 +321,7 @@ fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
 
 /// bpftrace's own CPU time and its program's BPF run statistics, read from
 /// /proc while it still runs.
-fn bpftrace_figures(pid: u32) -> Result<(u64, u64, f64)> {
+pub(crate) fn bpftrace_figures(pid: u32) -> Result<(u64, u64, f64)> {
     let cpu = task_cpu_ns(pid)?;
     let (mut runs, mut time) = (0u64, 0u64);
     for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {

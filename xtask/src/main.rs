@@ -6,6 +6,8 @@
 //! test.
 
 mod bench;
+mod bench_heap;
+mod empty_uprobe;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -40,7 +42,8 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
-    /// Measure the daemon's cost against perf record (writes a report).
+    /// Measure the daemon's cost against perf record and bpftrace, or with
+    /// --heap the heap profile's against empty uprobes (writes a report).
     Bench(bench::BenchArgs),
 }
 
