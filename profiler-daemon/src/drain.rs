@@ -34,6 +34,8 @@ pub struct SampleId {
     pub thread: [u8; COMM_LEN],
     pub user: Stack,
     pub kernel: Stack,
+    /// The futex word a block or mutex event was about (0: none).
+    pub object: u64,
 }
 
 impl SampleId {
@@ -106,6 +108,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         thread: key.comm,
         user,
         kernel,
+        object: 0,
     }
 }
 
@@ -147,6 +150,7 @@ mod tests {
             thread: key(0, 0).comm,
             user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000])),
             kernel: Stack::None,
+            object: 0,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

@@ -144,6 +144,7 @@ mod tests {
             thread: [0; 16],
             user: Stack::Frames(Arc::from(frames)),
             kernel: Stack::None,
+            object: 0,
         }
     }
 

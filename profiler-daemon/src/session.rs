@@ -390,6 +390,7 @@ fn read_stack_samples(
             thread,
             user,
             kernel,
+            object: 0,
         });
     }
 }
@@ -445,6 +446,7 @@ fn read_heap_events(
             thread,
             user,
             kernel: Stack::None,
+            object: 0,
         };
         heap.allocated(id, alloc.addr, alloc.size, alloc.live != 0);
     }
@@ -558,6 +560,7 @@ fn read_wait_events(
             thread,
             user,
             kernel: Stack::None,
+            object: event.uaddr,
         };
         if kind == wait_event::BLOCK {
             waits.block.add(id, event.value, waits.block_rate_ns);
@@ -611,6 +614,7 @@ fn read_offcpu_event(
         thread,
         user,
         kernel,
+        object: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -914,6 +918,11 @@ fn sample_labels(
         ("comm".to_string(), comm),
         ("thread".to_string(), id.thread_name()),
     ];
+    if id.object != 0 {
+        // Which lock or condition: the futex word's address (a mutex's own
+        // address; inside a condition variable).
+        labels.push(("lock".to_string(), format!("{:#x}", id.object)));
+    }
     labels.extend(settings.labels.iter().cloned());
     labels
 }
@@ -1047,16 +1056,27 @@ fn describe(settings: &Settings) -> String {
     } else {
         "all processes".to_string()
     };
-    let profiles: Vec<&str> = settings.profiles.iter().map(|k| k.name()).collect();
+    let profiles: Vec<String> = settings
+        .profiles
+        .iter()
+        .map(|k| match k {
+            ProfileKind::Cpu => format!("cpu at {} Hz", settings.cpu_frequency),
+            ProfileKind::Heap => format!("heap every {} bytes", settings.heap_sample_bytes),
+            ProfileKind::Block | ProfileKind::Offcpu => format!(
+                "{k} at rate {}",
+                humantime::format_duration(settings.block_rate)
+            ),
+            ProfileKind::Mutex => format!("mutex 1 in {}", settings.mutex_fraction),
+        })
+        .collect();
     let unwind = match settings.unwind {
         UnwindMode::Auto => "auto (.eh_frame; frame pointers for Go)",
         UnwindMode::Fp => "frame pointers",
         UnwindMode::Dwarf => ".eh_frame",
     };
     format!(
-        "profiling {what}: {} at {} Hz, user stacks by {unwind}, a profile every {}{}, into {}",
-        profiles.join(","),
-        settings.cpu_frequency,
+        "profiling {what}: {}; user stacks by {unwind}, a profile every {}{}, into {}",
+        profiles.join(", "),
         humantime::format_duration(settings.interval),
         settings
             .duration

@@ -127,6 +127,7 @@ mod tests {
             thread: [0; 16],
             user: Stack::Frames(Arc::from(vec![frame])),
             kernel: Stack::None,
+            object: 0,
         }
     }
 
