@@ -362,6 +362,41 @@ pub mod wait_event {
     pub const OFFCPU: u32 = 4;
 }
 
+/// Bits of [`WaitStack::flags`].
+pub mod wait_flags {
+    /// The first frame is a return address (a Go goroutine's park point),
+    /// not the thread's instruction pointer.
+    pub const RETURN_ADDRESS: u32 = 1;
+}
+
+/// Go runtime park points probed for the block profile (uprobe cookie).
+pub mod go_fn {
+    /// `runtime.gopark`: the current goroutine parks.
+    pub const GOPARK: u64 = 0;
+    /// `runtime.ready`: a parked goroutine is made runnable.
+    pub const READY: u64 = 1;
+    /// Symbol names, indexed by the constants above.
+    pub const NAMES: [&str; 2] = ["runtime.gopark", "runtime.ready"];
+}
+
+/// A parked goroutine (the `GO_PARKED` map, by process and `g` address):
+/// when and where it parked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GoPark {
+    pub start_ns: u64,
+    /// Registers at runtime.gopark's entry: the return address is at
+    /// `sp`, the caller's frame pointer in `bp`.
+    pub sp: u64,
+    pub bp: u64,
+    pub tid: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Goroutines parked at once whose park points are remembered.
+pub const GO_PARKED_ENTRIES: u32 = 65_536;
+
 /// A kept wait or wake-up with the user stack where it happened (a copy for
 /// unwinding in the daemon, or frame-pointer frames walked by the kernel).
 #[repr(C)]
@@ -371,7 +406,8 @@ pub struct WaitStack {
     pub kind: u32,
     pub tgid: u32,
     pub tid: u32,
-    pub _pad: u32,
+    /// `wait_flags`.
+    pub flags: u32,
     /// BLOCK: how long the wait lasted (ns). MUTEX_WAKE: the wake-up's id.
     pub value: u64,
     /// The futex word.

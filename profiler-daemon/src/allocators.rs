@@ -1,9 +1,8 @@
-//! Allocator discovery and the heap probes' links: which files of a process
-//! implement malloc and friends (glibc's libc.so.6, jemalloc, tcmalloc,
-//! mimalloc, or an allocator linked into the executable), where in them to
-//! put each probe, and one uprobe-session link per file (system-wide) or
-//! per file and target process (`--pid`, `-- COMMAND`), so that other
-//! processes pay nothing.
+//! Allocator discovery for the heap probes: which files implement malloc
+//! and friends (glibc's libc.so.6, jemalloc, tcmalloc, mimalloc, or an
+//! allocator linked into the executable) and where in them to put each
+//! probe; and the links a command makes for itself before its exec. The
+//! links themselves are kept by `uprobe_session::UprobeLinks`.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -11,43 +10,24 @@ use std::fs;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::alloc_fn;
 
 use crate::probe_placement;
-use crate::uprobe_session::{SessionProgram, create_link};
-
-/// Files whose allocator probes are remembered (found or not).
-const MAX_FILES: usize = 4096;
-/// Links kept at once (files times target processes).
-const MAX_LINKS: usize = 8192;
-
-/// The probe points of one allocator file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AllocatorProbes {
-    /// File offsets of the probed instructions.
-    pub offsets: Vec<u64>,
-    /// `alloc_fn` of each offset (the uprobe cookie).
-    pub cookies: Vec<u64>,
-    /// `alloc_fn`s whose probe the kernel must single-step (no emulated
-    /// instruction before an argument changes; glibc's reallocarray).
-    pub single_stepped: Vec<u64>,
-}
+use crate::uprobe_session::{ProbePoints, UprobeLinks, create_link};
 
 /// Finds the allocator entry points that `path` defines. None when it does
 /// not define both malloc and free (most files).
-pub fn find(path: &Path) -> Result<Option<AllocatorProbes>, String> {
+pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
     let data = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     find_in(&data).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn find_in(data: &[u8]) -> Result<Option<AllocatorProbes>, String> {
+fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
     // Defined functions by name; dynamic symbols first (what callers bind
     // to), then the full table of a static executable.
@@ -66,7 +46,7 @@ fn find_in(data: &[u8]) -> Result<Option<AllocatorProbes>, String> {
     if !by_name.contains_key("malloc") || !by_name.contains_key("free") {
         return Ok(None);
     }
-    let mut probes = AllocatorProbes {
+    let mut probes = ProbePoints {
         offsets: Vec::new(),
         cookies: Vec::new(),
         single_stepped: Vec::new(),
@@ -118,193 +98,12 @@ fn code_at<'d>(
     })
 }
 
-/// Identity of a file: device and inode.
-type FileId = (u64, u64);
-
-/// Counts of what attaching did, for the exit summary.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct AttachStats {
-    pub links: usize,
-    pub failures: u64,
-    pub single_stepped: usize,
-}
-
-/// The heap probes' links, made as processes and files appear.
-pub struct AllocatorLinks {
-    program: SessionProgram,
-    /// Links per target process (true) or per file for every process.
-    per_process: bool,
-    files: HashMap<FileId, Option<Arc<AllocatorProbes>>>,
-    links: HashMap<(FileId, u32), OwnedFd>,
-    stats: AttachStats,
-    failure_logged: bool,
-}
-
-impl AllocatorLinks {
-    pub fn new(program: SessionProgram, per_process: bool) -> Self {
-        AllocatorLinks {
-            program,
-            per_process,
-            files: HashMap::new(),
-            links: HashMap::new(),
-            stats: AttachStats::default(),
-            failure_logged: false,
-        }
-    }
-
-    pub fn program(&self) -> &SessionProgram {
-        &self.program
-    }
-
-    pub fn stats(&self) -> AttachStats {
-        AttachStats {
-            links: self.links.len(),
-            ..self.stats
-        }
-    }
-
-    /// Attaches to every allocator file that process `pid` maps and that is
-    /// not attached yet (for this process, or for everyone). A process that
-    /// has gone is no error.
-    pub fn attach_process(&mut self, pid: u32) {
-        let Ok(process) = Process::new(pid as i32) else {
-            return;
-        };
-        let Ok(maps) = process.maps() else {
-            return;
-        };
-        for map in maps {
-            let MMapPath::Path(path) = &map.pathname else {
-                continue;
-            };
-            if !map.perms.contains(MMPermissions::EXECUTE) {
-                continue;
-            }
-            let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
-            let owner = if self.per_process { pid } else { 0 };
-            if self.links.contains_key(&(id, owner)) {
-                continue;
-            }
-            // The mapping's own file, whichever mount namespace or deleted
-            // state it is in.
-            let via = PathBuf::from(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                map.address.0, map.address.1
-            ));
-            let Some(probes) = self.probes_of(id, &via, path) else {
-                continue;
-            };
-            self.attach(id, owner, &via, &probes);
-        }
-    }
-
-    /// Attaches to a file by path for one process (or all: pid 0), before
-    /// the process maps it.
-    pub fn attach_file(&mut self, path: &Path, pid: u32) {
-        let Ok(meta) = fs::metadata(path) else { return };
-        let id = (meta.dev(), meta.ino());
-        if self.links.contains_key(&(id, pid)) {
-            return;
-        }
-        if let Some(probes) = self.probes_of(id, path, path) {
-            self.attach(id, pid, path, &probes);
-        }
-    }
-
-    /// The allocator probes of one file, from the cache or found now.
-    fn probes_of(&mut self, id: FileId, open: &Path, shown: &Path) -> Option<Arc<AllocatorProbes>> {
-        if let Some(known) = self.files.get(&id) {
-            return known.clone();
-        }
-        if self.files.len() >= MAX_FILES {
-            self.files.clear();
-        }
-        let found = match find(open) {
-            Ok(found) => found.map(Arc::new),
-            Err(e) => {
-                tracing::debug!("looking for an allocator in {}: {e}", shown.display());
-                None
-            }
-        };
-        if let Some(p) = &found {
-            tracing::info!(
-                "heap probes: allocator in {} ({} entry points{})",
-                shown.display(),
-                p.offsets.len(),
-                if p.single_stepped.is_empty() {
-                    String::new()
-                } else {
-                    let names: Vec<&str> = p
-                        .single_stepped
-                        .iter()
-                        .map(|&f| alloc_fn::NAMES[f as usize])
-                        .collect();
-                    format!("; single-stepped: {}", names.join(", "))
-                }
-            );
-            self.stats.single_stepped += p.single_stepped.len();
-        }
-        self.files.insert(id, found.clone());
-        found
-    }
-
-    fn attach(&mut self, id: FileId, pid: u32, path: &Path, probes: &AllocatorProbes) {
-        if self.links.len() >= MAX_LINKS {
-            self.note_failure(path, "too many links");
-            return;
-        }
-        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
-            return;
-        };
-        match self
-            .program
-            .attach(&c_path, &probes.offsets, &probes.cookies, pid)
-        {
-            Ok(link) => {
-                self.links.insert((id, pid), link);
-            }
-            // The process may have exited meanwhile (ESRCH, ENOENT).
-            Err(e) => self.note_failure(path, &e.to_string()),
-        }
-    }
-
-    /// Takes a link that a child made for itself before exec.
-    pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
-        if let Ok(meta) = fs::metadata(path) {
-            self.links.insert(((meta.dev(), meta.ino()), pid), link);
-        }
-    }
-
-    pub fn note_failure(&mut self, path: &Path, reason: &str) {
-        self.stats.failures += 1;
-        if !self.failure_logged {
-            self.failure_logged = true;
-            tracing::warn!(
-                "attaching heap probes to {} failed: {reason} (further failures are counted)",
-                path.display()
-            );
-        }
-    }
-
-    /// Drops the links of a process that exited.
-    pub fn forget_process(&mut self, pid: u32) {
-        if pid != 0 {
-            self.links.retain(|&(_, owner), _| owner != pid);
-        }
-    }
-
-    /// Detaches everything.
-    pub fn detach_all(&mut self) {
-        self.links.clear();
-    }
-}
-
 /// Allocator files a command will map that can be known before it starts:
 /// its executable, when it has an allocator of its own, and the allocators
 /// this daemon maps (the system's libc). Others are attached once the
 /// process maps them.
-pub fn files_before_exec(program: &Path) -> Vec<(PathBuf, AllocatorProbes)> {
-    let mut out: Vec<(PathBuf, AllocatorProbes)> = Vec::new();
+pub fn files_before_exec(program: &Path) -> Vec<(PathBuf, ProbePoints)> {
+    let mut out: Vec<(PathBuf, ProbePoints)> = Vec::new();
     let mut candidates = vec![program.to_path_buf()];
     if let Ok(me) = Process::myself()
         && let Ok(maps) = me.maps()
@@ -346,13 +145,14 @@ pub fn resolve_program(name: &std::ffi::OsStr) -> Option<PathBuf> {
 /// socket (SCM_RIGHTS).
 pub struct PreExecLinks {
     program_fd: RawFd,
-    files: Vec<(PathBuf, CString, AllocatorProbes)>,
+    attach_type: u32,
+    files: Vec<(PathBuf, CString, ProbePoints)>,
     parent: UnixDatagram,
     child: UnixDatagram,
 }
 
 impl PreExecLinks {
-    pub fn prepare(links: &AllocatorLinks, program: &Path) -> std::io::Result<Self> {
+    pub fn prepare(links: &UprobeLinks, program: &Path) -> std::io::Result<Self> {
         let (parent, child) = UnixDatagram::pair()?;
         parent.set_nonblocking(true)?;
         let files = files_before_exec(program)
@@ -364,6 +164,7 @@ impl PreExecLinks {
             .collect();
         Ok(PreExecLinks {
             program_fd: links.program().fd(),
+            attach_type: links.program().attach_type(),
             files,
             parent,
             child,
@@ -377,8 +178,14 @@ impl PreExecLinks {
         // SAFETY: plain system call.
         let pid = unsafe { libc::getpid() } as u32;
         for (index, (_, path, probes)) in self.files.iter().enumerate() {
-            let Ok(fd) = create_link(self.program_fd, path, &probes.offsets, &probes.cookies, pid)
-            else {
+            let Ok(fd) = create_link(
+                self.program_fd,
+                self.attach_type,
+                path,
+                &probes.offsets,
+                &probes.cookies,
+                pid,
+            ) else {
                 continue;
             };
             send_fd(self.child.as_raw_fd(), index as u8, fd);
@@ -388,7 +195,7 @@ impl PreExecLinks {
     }
 
     /// In the daemon after the spawn: adopts the links the child sent.
-    pub fn collect(self, pid: u32, links: &mut AllocatorLinks) {
+    pub fn collect(self, pid: u32, links: &mut UprobeLinks) {
         let mut adopted = 0;
         while let Some((index, fd)) = recv_fd(self.parent.as_raw_fd()) {
             if let Some((path, _, _)) = self.files.get(index as usize) {

@@ -5,6 +5,7 @@ pub mod allocators;
 pub mod config;
 pub mod drain;
 pub mod frames;
+pub mod go_park;
 pub mod heap;
 pub mod map_syscalls;
 pub mod notify;

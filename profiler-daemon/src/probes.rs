@@ -13,9 +13,8 @@ use aya::programs::{PerfEvent, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{LiveKey, SampleKey, Stack, StackHash, control, counter};
 
-use crate::allocators::AllocatorLinks;
 use crate::map_syscalls::{self, BatchError};
-use crate::uprobe_session::{SessionError, SessionProgram};
+use crate::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
 use thiserror::Error;
 
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
@@ -120,7 +119,9 @@ pub struct Probes {
     wait_events: Option<RingBuf<MapData>>,
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
-    allocators: Option<AllocatorLinks>,
+    allocators: Option<UprobeLinks>,
+    /// The Go park probes' program and links (when block profiles are on).
+    go_parks: Option<UprobeLinks>,
 }
 
 impl Probes {
@@ -133,7 +134,8 @@ impl Probes {
         let filter = u8::from(config.filter_targets);
         let follow = u8::from(config.follow_forks);
         let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
-        let report_execs = u8::from(config.heap_sample_bytes.is_some());
+        // Heap and Go park probes look for files to probe in new programs.
+        let report_execs = u8::from(config.heap_sample_bytes.is_some() || config.block);
         let self_tgid = std::process::id();
         let futex_on = config.block || config.mutex_fraction.is_some();
         let (uaddr_offset, op_offset, ret_offset) = if futex_on {
@@ -182,11 +184,24 @@ impl Probes {
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.
         let allocators = match config.heap_sample_bytes {
-            Some(_) => Some(AllocatorLinks::new(
-                SessionProgram::load(EBPF_OBJECT, &ebpf, "heap_probe")?,
+            Some(_) => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "heap_probe", true)?,
+                "allocator",
+                crate::allocators::find,
+                &profiler_common::alloc_fn::NAMES,
                 config.filter_targets,
             )),
             None => None,
+        };
+        let go_parks = match config.block {
+            true => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "go_park_probe", false)?,
+                "Go runtime",
+                crate::go_park::find,
+                &profiler_common::go_fn::NAMES,
+                config.filter_targets,
+            )),
+            false => None,
         };
 
         let targets = hash(take_map(&mut ebpf, "TARGETS")?, "TARGETS")?;
@@ -236,6 +251,7 @@ impl Probes {
             wait_events: Some(wait_events),
             heap_live,
             allocators,
+            go_parks,
         };
         for name in [
             "sched_process_fork",
@@ -342,8 +358,8 @@ impl Probes {
     /// Stops sampling (detaches the perf events, the heap probes and the
     /// futex tracepoints); the maps stay readable.
     pub fn stop_sampling(&mut self) {
-        if let Some(allocators) = &mut self.allocators {
-            allocators.detach_all();
+        for links in self.uprobe_links() {
+            links.detach_all();
         }
         for name in [
             "futex_enter",
@@ -414,8 +430,14 @@ impl Probes {
     }
 
     /// The heap probes' links, when heap profiles are on.
-    pub fn allocators(&mut self) -> Option<&mut AllocatorLinks> {
+    pub fn allocators(&mut self) -> Option<&mut UprobeLinks> {
         self.allocators.as_mut()
+    }
+
+    /// Every set of uprobe links (heap allocators, Go park points) that is
+    /// on: each looks at new processes and files.
+    pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
+        self.allocators.iter_mut().chain(self.go_parks.iter_mut())
     }
 
     /// Removes a process's sampled addresses from the kernel's live map
@@ -521,12 +543,13 @@ impl Probes {
                 Some((name.to_string(), info.run_count(), info.run_time()))
             })
             .collect();
-        if let Some((runs, time)) = self
-            .allocators
-            .as_ref()
-            .and_then(|a| a.program().run_stats())
-        {
-            stats.push(("heap_probe".to_string(), runs, time));
+        for (name, links) in [
+            ("heap_probe", &self.allocators),
+            ("go_park_probe", &self.go_parks),
+        ] {
+            if let Some((runs, time)) = links.as_ref().and_then(|a| a.program().run_stats()) {
+                stats.push((name.to_string(), runs, time));
+            }
         }
         stats
     }

@@ -85,16 +85,16 @@ pub async fn run(settings: Settings) -> Result<()> {
         probes.add_target(pid)?;
         procs.ensure(pid);
     }
-    if let Some(allocators) = probes.allocators() {
-        if settings.pids.is_empty() && !command_mode {
-            // System-wide: every allocator file mapped now; later ones as
-            // processes exec.
-            for pid in all_pids() {
-                allocators.attach_process(pid);
-            }
-        }
-        for &pid in &settings.pids {
-            allocators.attach_process(pid);
+    let system_wide = settings.pids.is_empty() && !command_mode;
+    let every_pid = match system_wide {
+        true => all_pids(),
+        false => Vec::new(),
+    };
+    for links in probes.uprobe_links() {
+        // System-wide: every file to probe that is mapped now; later ones
+        // as processes exec.
+        for &pid in every_pid.iter().chain(&settings.pids) {
+            links.attach_process(pid);
         }
     }
     let mut events = watch_ring(probes.take_proc_events(), "process events")?;
@@ -170,9 +170,9 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-                if let Some(allocators) = probes.allocators() {
-                    for pid in exec_rescan.drain(..) {
-                        allocators.attach_process(pid);
+                for pid in exec_rescan.drain(..) {
+                    for links in probes.uprobe_links() {
+                        links.attach_process(pid);
                     }
                 }
                 procs.settle();
@@ -304,13 +304,15 @@ fn read_proc_events(
         let event: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
         match event.kind {
             proc_event::NEW | proc_event::EXEC => {
-                if let Some(allocators) = probes.allocators() {
+                if probes.uprobe_links().next().is_some() {
                     // A followed fork reports threads too; they share their
                     // process's probes.
                     if event.kind == proc_event::NEW && !is_process(event.tgid) {
                         continue;
                     }
-                    allocators.attach_process(event.tgid);
+                    for links in probes.uprobe_links() {
+                        links.attach_process(event.tgid);
+                    }
                     if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
                         exec_rescan.push(event.tgid);
                     }
@@ -326,8 +328,8 @@ fn read_proc_events(
                 procs.mark_exited(event.tgid);
                 let gone = heap.forget_process(event.tgid);
                 probes.forget_live(event.tgid, &gone);
-                if let Some(allocators) = probes.allocators() {
-                    allocators.forget_process(event.tgid);
+                for links in probes.uprobe_links() {
+                    links.forget_process(event.tgid);
                 }
                 if unwind == UnwindMode::Auto {
                     probes.unmark_frame_pointer_process(event.tgid);

@@ -8,7 +8,15 @@
 //! system call: it relocates the program's instructions with aya-obj against
 //! the maps aya has already created, and loads them itself.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use procfs::process::{MMPermissions, MMapPath, Process};
 use std::ffi::CStr;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -19,9 +27,16 @@ use aya::maps::Map;
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type};
 use thiserror::Error;
 
+/// Files whose probe points are remembered (found or not).
+const MAX_FILES: usize = 4096;
+/// Links kept at once (files times target processes).
+const MAX_LINKS: usize = 8192;
+
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
 /// bindings of aya-obj 0.3).
 const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+/// `BPF_TRACE_UPROBE_MULTI`: entry probes only.
+const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 
 #[derive(Debug, Error)]
 pub enum SessionError {
@@ -42,16 +57,43 @@ pub enum SessionError {
     },
 }
 
-/// A loaded uprobe-session program.
-pub struct SessionProgram {
+/// A loaded uprobe_multi program: a session (entry, and return when the
+/// entry asks) or entry only.
+pub struct UprobeProgram {
     fd: OwnedFd,
+    attach_type: u32,
 }
 
-impl SessionProgram {
+/// The probe points of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbePoints {
+    /// File offsets of the probed instructions.
+    pub offsets: Vec<u64>,
+    /// The function of each offset (the uprobe cookie).
+    pub cookies: Vec<u64>,
+    /// Cookies of the probes the kernel must single-step (no emulated
+    /// instruction before an argument changes; glibc's reallocarray).
+    pub single_stepped: Vec<u64>,
+}
+
+/// Finds the probe points of an ELF file.
+pub type Finder = fn(&Path) -> Result<Option<ProbePoints>, String>;
+
+impl UprobeProgram {
     /// Loads program `name` of `object` (the same bytes `ebpf` was loaded
     /// from), with its map references pointing at `ebpf`'s maps. Call it
     /// before any map is taken out of `ebpf`.
-    pub fn load(object: &[u8], ebpf: &Ebpf, name: &str) -> Result<Self, SessionError> {
+    pub fn load(
+        object: &[u8],
+        ebpf: &Ebpf,
+        name: &str,
+        session: bool,
+    ) -> Result<Self, SessionError> {
+        let attach_type = if session {
+            BPF_TRACE_UPROBE_SESSION
+        } else {
+            BPF_TRACE_UPROBE_MULTI
+        };
         let mut obj =
             aya_obj::Object::parse(object).map_err(|e| SessionError::Parse(e.to_string()))?;
         let relocate = |reason: String| SessionError::Relocate {
@@ -79,19 +121,23 @@ impl SessionProgram {
             .functions
             .get(&program.function_key())
             .ok_or_else(|| SessionError::MissingProgram(name.to_string()))?;
-        let fd =
-            load_program(name, &function.instructions, &obj.license).map_err(|(source, log)| {
-                SessionError::Load {
-                    name: name.to_string(),
-                    source,
-                    log,
-                }
-            })?;
-        Ok(SessionProgram { fd })
+        let fd = load_program(name, &function.instructions, &obj.license, attach_type).map_err(
+            |(source, log)| SessionError::Load {
+                name: name.to_string(),
+                source,
+                log,
+            },
+        )?;
+        Ok(UprobeProgram { fd, attach_type })
     }
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// The link attach type (session or entry-only).
+    pub fn attach_type(&self) -> u32 {
+        self.attach_type
     }
 
     /// Run count and run time (kernel BPF stats; zero unless
@@ -123,9 +169,209 @@ impl SessionProgram {
         cookies: &[u64],
         pid: u32,
     ) -> io::Result<OwnedFd> {
-        let fd = create_link(self.fd(), path, offsets, cookies, pid)?;
+        let fd = create_link(self.fd(), self.attach_type, path, offsets, cookies, pid)?;
         // SAFETY: a new descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Identity of a file: device and inode.
+type FileId = (u64, u64);
+
+/// Counts of what attaching did, for the exit summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttachStats {
+    pub links: usize,
+    pub failures: u64,
+    pub single_stepped: usize,
+}
+
+/// One uprobe program's links, made as processes and files appear: one per
+/// file for every process (system-wide), or one per file and target
+/// process, so that other processes pay nothing.
+pub struct UprobeLinks {
+    program: UprobeProgram,
+    /// What the probes are for, in logs ("allocator", "Go runtime").
+    what: &'static str,
+    /// Finds the probe points of a file (None: nothing to probe there).
+    find: Finder,
+    /// Function names by cookie, for logs.
+    names: &'static [&'static str],
+    /// Links per target process (true) or per file for every process.
+    per_process: bool,
+    files: HashMap<FileId, Option<Arc<ProbePoints>>>,
+    links: HashMap<(FileId, u32), OwnedFd>,
+    stats: AttachStats,
+    failure_logged: bool,
+}
+
+impl UprobeLinks {
+    pub fn new(
+        program: UprobeProgram,
+        what: &'static str,
+        find: Finder,
+        names: &'static [&'static str],
+        per_process: bool,
+    ) -> Self {
+        UprobeLinks {
+            program,
+            what,
+            find,
+            names,
+            per_process,
+            files: HashMap::new(),
+            links: HashMap::new(),
+            stats: AttachStats::default(),
+            failure_logged: false,
+        }
+    }
+
+    pub fn program(&self) -> &UprobeProgram {
+        &self.program
+    }
+
+    pub fn stats(&self) -> AttachStats {
+        AttachStats {
+            links: self.links.len(),
+            ..self.stats
+        }
+    }
+
+    /// Attaches to every allocator file that process `pid` maps and that is
+    /// not attached yet (for this process, or for everyone). A process that
+    /// has gone is no error.
+    pub fn attach_process(&mut self, pid: u32) {
+        let Ok(process) = Process::new(pid as i32) else {
+            return;
+        };
+        let Ok(maps) = process.maps() else {
+            return;
+        };
+        for map in maps {
+            let MMapPath::Path(path) = &map.pathname else {
+                continue;
+            };
+            if !map.perms.contains(MMPermissions::EXECUTE) {
+                continue;
+            }
+            let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
+            let owner = if self.per_process { pid } else { 0 };
+            if self.links.contains_key(&(id, owner)) {
+                continue;
+            }
+            // The mapping's own file, whichever mount namespace or deleted
+            // state it is in.
+            let via = PathBuf::from(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                map.address.0, map.address.1
+            ));
+            let Some(probes) = self.probes_of(id, &via, path) else {
+                continue;
+            };
+            self.attach(id, owner, &via, &probes);
+        }
+    }
+
+    /// Attaches to a file by path for one process (or all: pid 0), before
+    /// the process maps it.
+    pub fn attach_file(&mut self, path: &Path, pid: u32) {
+        let Ok(meta) = fs::metadata(path) else { return };
+        let id = (meta.dev(), meta.ino());
+        if self.links.contains_key(&(id, pid)) {
+            return;
+        }
+        if let Some(probes) = self.probes_of(id, path, path) {
+            self.attach(id, pid, path, &probes);
+        }
+    }
+
+    /// The allocator probes of one file, from the cache or found now.
+    fn probes_of(&mut self, id: FileId, open: &Path, shown: &Path) -> Option<Arc<ProbePoints>> {
+        if let Some(known) = self.files.get(&id) {
+            return known.clone();
+        }
+        if self.files.len() >= MAX_FILES {
+            self.files.clear();
+        }
+        let found = match (self.find)(open) {
+            Ok(found) => found.map(Arc::new),
+            Err(e) => {
+                tracing::debug!("looking for the {} in {}: {e}", self.what, shown.display());
+                None
+            }
+        };
+        if let Some(p) = &found {
+            tracing::info!(
+                "probes: {} in {} ({} entry points{})",
+                self.what,
+                shown.display(),
+                p.offsets.len(),
+                if p.single_stepped.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = p
+                        .single_stepped
+                        .iter()
+                        .map(|&f| self.names.get(f as usize).copied().unwrap_or("?"))
+                        .collect();
+                    format!("; single-stepped: {}", names.join(", "))
+                }
+            );
+            self.stats.single_stepped += p.single_stepped.len();
+        }
+        self.files.insert(id, found.clone());
+        found
+    }
+
+    fn attach(&mut self, id: FileId, pid: u32, path: &Path, probes: &ProbePoints) {
+        if self.links.len() >= MAX_LINKS {
+            self.note_failure(path, "too many links");
+            return;
+        }
+        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+            return;
+        };
+        match self
+            .program
+            .attach(&c_path, &probes.offsets, &probes.cookies, pid)
+        {
+            Ok(link) => {
+                self.links.insert((id, pid), link);
+            }
+            // The process may have exited meanwhile (ESRCH, ENOENT).
+            Err(e) => self.note_failure(path, &e.to_string()),
+        }
+    }
+
+    /// Takes a link that a child made for itself before exec.
+    pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
+        if let Ok(meta) = fs::metadata(path) {
+            self.links.insert(((meta.dev(), meta.ino()), pid), link);
+        }
+    }
+
+    pub fn note_failure(&mut self, path: &Path, reason: &str) {
+        self.stats.failures += 1;
+        if !self.failure_logged {
+            self.failure_logged = true;
+            tracing::warn!(
+                "attaching {} probes to {} failed: {reason} (further failures are counted)",
+                self.what,
+                path.display()
+            );
+        }
+    }
+
+    /// Drops the links of a process that exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        if pid != 0 {
+            self.links.retain(|&(_, owner), _| owner != pid);
+        }
+    }
+
+    /// Detaches everything.
+    pub fn detach_all(&mut self) {
+        self.links.clear();
     }
 }
 
@@ -149,6 +395,7 @@ fn load_program(
     name: &str,
     insns: &[bpf_insn],
     license: &CStr,
+    attach_type: u32,
 ) -> Result<OwnedFd, (io::Error, String)> {
     let mut log = vec![0u8; 1 << 20];
     let mut attempt = |with_log: bool| {
@@ -161,7 +408,7 @@ fn load_program(
             load.insn_cnt = insns.len() as u32;
             load.insns = insns.as_ptr() as u64;
             load.license = license.as_ptr() as u64;
-            load.expected_attach_type = BPF_TRACE_UPROBE_SESSION;
+            load.expected_attach_type = attach_type;
             for (dst, src) in load.prog_name.iter_mut().zip(name.bytes().take(15)) {
                 *dst = src as libc::c_char;
             }
@@ -187,10 +434,12 @@ fn load_program(
     }
 }
 
-/// `BPF_LINK_CREATE` of a uprobe_multi session link. Allocates nothing and
+/// `BPF_LINK_CREATE` of a uprobe_multi link (`attach_type`: session or
+/// entry-only, as the program was loaded). Allocates nothing and
 /// calls only `syscall`, so it may run in a forked child before exec.
 pub fn create_link(
     prog_fd: RawFd,
+    attach_type: u32,
     path: &CStr,
     offsets: &[u64],
     cookies: &[u64],
@@ -205,7 +454,7 @@ pub fn create_link(
     unsafe {
         let link = &mut attr.link_create;
         link.__bindgen_anon_1.prog_fd = prog_fd as u32;
-        link.attach_type = BPF_TRACE_UPROBE_SESSION;
+        link.attach_type = attach_type;
         let multi = &mut link.__bindgen_anon_3.uprobe_multi;
         multi.path = path.as_ptr() as u64;
         multi.offsets = offsets.as_ptr() as u64;

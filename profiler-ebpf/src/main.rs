@@ -41,14 +41,15 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, COUNTS_ENTRIES, FUTEX_CALLS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
-    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
-    LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
-    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
-    SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
-    SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WaitStack,
-    alloc_fn, control, counter, futex_call, futex_op, heap_event, proc_event,
+    GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
+    HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
+    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
+    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE,
+    STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
+    WAIT_EVENTS_BYTES, WaitStack, alloc_fn, control, counter, futex_call, futex_op, go_fn,
+    heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
-    unwind_mode, wait_event,
+    unwind_mode, wait_event, wait_flags,
 };
 
 /// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
@@ -167,6 +168,9 @@ static OFFCPU_PARKED: HashMap<u32, OffcpuRecord> =
 /// Per-CPU space to build a parked record in (far larger than the BPF stack).
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries(1, 0);
+/// Parked goroutines by (process, g address).
+#[map]
+static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
 #[map]
 static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
 
@@ -998,7 +1002,7 @@ fn send_wait_stack(
         (*out).kind = kind;
         (*out).tgid = tgid;
         (*out).tid = tid;
-        (*out)._pad = 0;
+        (*out).flags = 0;
         (*out).value = value;
         (*out).uaddr = uaddr;
         (*out).ip = ip;
@@ -1206,6 +1210,135 @@ unsafe fn copy_user_stack_small(dst: *mut u8, sp: u64) -> u64 {
         copied += PAGE;
     }
     copied
+}
+
+/// Go's park points for the block profile, attached to runtime.gopark and
+/// runtime.ready of Go executables (the cookie says which). A goroutine
+/// that parks (channel, select, sync) is remembered by its `g` (R14 in
+/// Go's register ABI) with its stack registers; when another goroutine
+/// readies it (`gp` in RAX), the wait is kept by Go's block rule and its
+/// stack walked by frame pointers (Go keeps them) through the parked
+/// goroutine's memory, which lies in the same address space. Entry probes
+/// only: a return probe would move a return address that Go's stack
+/// copying must find.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub fn go_park_probe(ctx: *mut core::ffi::c_void) -> u32 {
+    go_park_run(ProbeContext::new(ctx));
+    0
+}
+
+#[inline(always)]
+fn go_park_run(ctx: ProbeContext) {
+    if global_u8(&BLOCK_ON) == 0 {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+        return;
+    }
+    let regs = ctx.regs;
+    // SAFETY: plain helpers; checked context loads of the user's pt_regs.
+    let (function, now, r14, rax, sp, bp) = unsafe {
+        (
+            bpf_get_attach_cookie(ctx.regs.cast()),
+            bpf_ktime_get_ns(),
+            (*regs).r14,
+            (*regs).rax,
+            (*regs).rsp,
+            (*regs).rbp,
+        )
+    };
+    if function == go_fn::GOPARK {
+        let park = GoPark {
+            start_ns: now,
+            sp,
+            bp,
+            tid: pid_tgid as u32,
+            _pad: 0,
+            comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+        };
+        let key = FutexKey {
+            tgid,
+            _pad: 0,
+            addr: r14,
+        };
+        let _ = GO_PARKED.insert(key, park, 0);
+        return;
+    }
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: rax,
+    };
+    // SAFETY: copied out before the entry is removed.
+    let Some(park) = (unsafe { GO_PARKED.get(key) }).copied() else {
+        return;
+    };
+    let _ = GO_PARKED.remove(key);
+    count(counter::FUTEX_WAITS);
+    let waited = now.saturating_sub(park.start_ns);
+    // SAFETY: plain helper.
+    let random = unsafe { bpf_get_prandom_u32() };
+    if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
+        send_go_block(tgid, &park, waited);
+    }
+}
+
+/// Sends a kept goroutine wait with its frames: the return address at
+/// gopark's entry, then the frame-pointer chain.
+#[inline(always)]
+fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+        count(counter::WAIT_EVENTS_LOST);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; user memory is read
+    // through the checked helper.
+    unsafe {
+        (*out).kind = wait_event::BLOCK;
+        (*out).tgid = tgid;
+        (*out).tid = park.tid;
+        (*out).flags = wait_flags::RETURN_ADDRESS;
+        (*out).value = waited;
+        (*out).uaddr = 0;
+        (*out).ip = 0;
+        (*out).sp = park.sp;
+        (*out).bp = park.bp;
+        (*out).stack_len = 0;
+        (*out).comm = park.comm;
+        let mut len = 0u64;
+        if let Ok(ret) = read_user(park.sp as *const u64) {
+            (*out).frames[0] = ret;
+            len = 1;
+            let mut bp = park.bp;
+            for i in 1..MAX_STACK_DEPTH {
+                if bp == 0 {
+                    break;
+                }
+                let Ok(ret) = read_user((bp + 8) as *const u64) else {
+                    break;
+                };
+                let Ok(next) = read_user(bp as *const u64) else {
+                    break;
+                };
+                if ret == 0 {
+                    break;
+                }
+                (*out).frames[i] = ret;
+                len = i as u64 + 1;
+                // Frames lie at increasing addresses towards the root.
+                if next <= bp {
+                    break;
+                }
+                bp = next;
+            }
+        }
+        (*out).frames_len = len;
+    }
+    entry.submit(0);
 }
 
 #[tracepoint]

@@ -53,37 +53,64 @@ pub fn check_cpu_files(files: &[ProfileFile], hz: u64) {
 pub fn check_heap_files(files: &[ProfileFile], rate: u64) {
     for file in files {
         profiles::check_heap_profile(file, rate);
-        let raw = pprof_tool::check_readable(&file.path, !file.profile.sample.is_empty());
-        let name = file.path.display();
-        let (period_type, period) = pprof_tool::raw_period(&raw);
-        assert_eq!(
-            (period_type.as_deref(), period),
-            (Some("space bytes"), Some(rate as i64)),
-            "{name}: period type and period as `go tool pprof -raw` reads them:\n{raw}"
-        );
-        if file.profile.sample.is_empty() {
-            continue;
-        }
-        let (header, sums) = pprof_tool::raw_totals(&raw);
-        let want_header: Vec<String> = profiles::sample_types(&file.profile)
-            .iter()
-            .map(|(t, u)| format!("{t}/{u}"))
-            .collect();
-        assert_eq!(
-            header, want_header,
-            "{name}: sample types as `go tool pprof -raw` reads them:\n{raw}"
-        );
-        let ours: Vec<i64> = profiles::HEAP_SAMPLE_TYPES
-            .iter()
-            .map(|t| profiles::total_of(&file.profile, t))
-            .collect();
-        assert_eq!(
-            sums,
-            ours,
-            "{name}: totals of {:?} from `go tool pprof -raw` differ from our decoder's",
-            profiles::HEAP_SAMPLE_TYPES
+        check_raw_agrees(
+            file,
+            "space bytes",
+            rate as i64,
+            &profiles::HEAP_SAMPLE_TYPES,
         );
     }
+}
+
+/// Checks every block or mutex profile file of a run: the contract's
+/// structure and rescaling invariants (see
+/// [`profiles::check_wait_profile`]), and that `go tool pprof -raw` reads
+/// it, prints its samples, and shows period type contentions/count with
+/// period 1 and the same totals of contentions and delay as our decoder.
+pub fn check_wait_files(files: &[ProfileFile], kind: profiles::WaitKind) {
+    for file in files {
+        profiles::check_wait_profile(file, kind);
+        check_raw_agrees(file, "contentions count", 1, &profiles::WAIT_SAMPLE_TYPES);
+    }
+}
+
+/// `go tool pprof -raw` reads `file` and, when it holds samples, prints
+/// them; its period type (`"type unit"`) and period are the given ones,
+/// and its sample types and their totals those of our decoder.
+fn check_raw_agrees(
+    file: &ProfileFile,
+    period_type: &str,
+    period: i64,
+    sample_type_names: &[&str],
+) {
+    let raw = pprof_tool::check_readable(&file.path, !file.profile.sample.is_empty());
+    let name = file.path.display();
+    let (raw_period_type, raw_period) = pprof_tool::raw_period(&raw);
+    assert_eq!(
+        (raw_period_type.as_deref(), raw_period),
+        (Some(period_type), Some(period)),
+        "{name}: period type and period as `go tool pprof -raw` reads them:\n{raw}"
+    );
+    if file.profile.sample.is_empty() {
+        return;
+    }
+    let (header, sums) = pprof_tool::raw_totals(&raw);
+    let want_header: Vec<String> = profiles::sample_types(&file.profile)
+        .iter()
+        .map(|(t, u)| format!("{t}/{u}"))
+        .collect();
+    assert_eq!(
+        header, want_header,
+        "{name}: sample types as `go tool pprof -raw` reads them:\n{raw}"
+    );
+    let ours: Vec<i64> = sample_type_names
+        .iter()
+        .map(|t| profiles::total_of(&file.profile, t))
+        .collect();
+    assert_eq!(
+        sums, ours,
+        "{name}: totals of {sample_type_names:?} from `go tool pprof -raw` differ from our decoder's"
+    );
 }
 
 /// `go tool pprof -top` of every heap file by allocated and by in-use
@@ -100,6 +127,22 @@ pub fn pprof_heap_tops(files: &[ProfileFile]) -> String {
         }
     }
     out.join("\n")
+}
+
+/// `go tool pprof -top` of every block or mutex file by delay, for
+/// failure messages.
+pub fn pprof_wait_tops(files: &[ProfileFile]) -> String {
+    files
+        .iter()
+        .map(|f| {
+            format!(
+                "== go tool pprof -top -sample_index=delay {}\n{}",
+                f.path.display(),
+                pprof_tool::top_of_index(&f.path, "delay")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `go tool pprof -top` of every file, for failure messages.

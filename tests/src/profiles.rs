@@ -257,6 +257,68 @@ pub fn check_heap_profile(file: &ProfileFile, rate: u64) {
     }
 }
 
+/// The sample types of the block and mutex profiles, in the contract's
+/// order.
+pub const WAIT_SAMPLE_TYPES: [&str; 2] = ["contentions", "delay"];
+
+/// The two profiles of futex waits, which share their format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitKind {
+    /// Waits, charged to the waiter's stack.
+    Block,
+    /// Wake-ups that ended waits, charged to the waker's stack, one in
+    /// `fraction` kept (--mutex-fraction).
+    Mutex { fraction: u64 },
+}
+
+impl WaitKind {
+    /// The profile type's name, as in file names and `--profiles`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WaitKind::Block => "block",
+            WaitKind::Mutex { .. } => "mutex",
+        }
+    }
+}
+
+/// Checks a block or mutex profile against the contract: sample types
+/// contentions/count and delay/nanoseconds, period type contentions/count
+/// with period 1, a window, the four labels with numeric pid/tid, every id
+/// resolving, and per sample what the rescaling rules allow. A block sample
+/// holds at least one kept wait, which counts at least once (1, or rate/d
+/// for a wait d shorter than the rate) and adds a positive delay (d, or the
+/// rate). A mutex sample's contentions are a multiple of the fraction (each
+/// kept wake-up adds exactly that many); its delay may come without
+/// contentions (waits that ended in the window after their wake-up's) but
+/// not neither. Panics naming the file and the problem.
+pub fn check_wait_profile(file: &ProfileFile, kind: WaitKind) {
+    let p = &file.profile;
+    let name = file.path.display();
+    check_structure(
+        file,
+        kind.name(),
+        &[("contentions", "count"), ("delay", "nanoseconds")],
+        ("contentions", "count"),
+    );
+    assert_eq!(p.period, 1, "{name}: period must be 1 (contention)");
+    for (i, s) in p.sample.iter().enumerate() {
+        let (contentions, delay) = (s.value[0], s.value[1]);
+        match kind {
+            WaitKind::Block => assert!(
+                contentions >= 1 && delay >= 1,
+                "{name}: block sample {i} has {contentions} contentions and {delay} ns of delay; a kept wait adds at least 1 and a positive delay"
+            ),
+            WaitKind::Mutex { fraction } => assert!(
+                contentions >= 0
+                    && delay >= 0
+                    && contentions + delay > 0
+                    && contentions % fraction as i64 == 0,
+                "{name}: mutex sample {i} has {contentions} contentions and {delay} ns of delay; expected non-negative values, not both 0, contentions a multiple of the fraction {fraction}"
+            ),
+        }
+    }
+}
+
 /// What every profile file must satisfy (SPEC.md "Output files"): the
 /// string table, the sample and period types, a window, a name stamped
 /// with the window start, unique ids that resolve, and per sample one value

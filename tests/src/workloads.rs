@@ -37,6 +37,16 @@ pub enum Workload {
     /// `heap_sites.c` linked with `-ljemalloc` (Debian's libjemalloc-dev;
     /// see [`JEMALLOC_LIB`]), so that jemalloc's malloc, free, ... serve it.
     HeapSitesJemalloc,
+    /// `block_sites.c`: futex waits of 1, 2 and 3 ms at three sites, as
+    /// many of each as makes their blocked times equal, timed by the
+    /// program itself; `gcc -O2`, no frame pointers;
+    /// `[--wait-stdin] [--rounds N]`.
+    BlockSites,
+    /// `mutex_hold.c`: a thread holds a mutex for a fixed time over and
+    /// over while another waits for it, timing each lock; `gcc -O2
+    /// -pthread`, no frame pointers;
+    /// `[--wait-stdin] [--iterations N] [--hold-us U]`.
+    MutexHold,
 }
 
 /// The library that [`Workload::HeapSitesJemalloc`] links against.
@@ -50,6 +60,8 @@ impl Workload {
             Workload::Syscalls => "syscalls.c",
             Workload::ShortLived => "short_lived.c",
             Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
+            Workload::BlockSites => "block_sites.c",
+            Workload::MutexHold => "mutex_hold.c",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -83,6 +95,14 @@ impl Workload {
                 if self == Workload::HeapSitesJemalloc {
                     libs = &["-ljemalloc"];
                 }
+                c
+            }
+            Workload::BlockSites | Workload::MutexHold => {
+                // Built like a distribution's C program: the waits' stacks
+                // are unwound through glibc and the workload without frame
+                // pointers.
+                let mut c = Command::new("gcc");
+                c.args(["-O2", "-g", "-Wall", "-Werror", "-pthread"]);
                 c
             }
             _ => {
