@@ -696,3 +696,70 @@ fn mutex_held_one_wakeup_in_five() {
     let (run, truth, comm) = profile_mutex_hold(tmp.path(), "mutex_hold_5", 2000, 5, "1s");
     assert_mutex_hold(&run, truth, 5, &comm);
 }
+
+// ---------------------------------------------------------------------------
+// Go: goroutines parked on a channel.
+
+/// Goroutines blocked receiving from a channel show in the block profile
+/// at their receive (runtime.chanrecv <- main.consumer), as in Go's own
+/// block profile, with the time the consumers measured (the park points
+/// runtime.gopark and runtime.ready; no futex is involved).
+#[test]
+fn go_goroutines_blocked_on_a_channel() {
+    require_root();
+    let tmp = temp_dir();
+    let go = profiler_tests::pprof_tool::go_binary();
+    let mut cmd = std::process::Command::new(go);
+    // A single file outside any module, offline, with a private cache.
+    cmd.arg("build")
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOCACHE", tmp.path().join("gocache"))
+        .env("GOPATH", tmp.path().join("gopath"))
+        .current_dir(tmp.path());
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/chan_block.go");
+    let exe = profiler_tests::workloads::compile(cmd, &src, &tmp.path().join("chan_block"));
+    let out = tmp.path().join("out");
+    let mut workload = Running::start(&exe, &["--wait-stdin"]);
+    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
+    let pid = workload.pid();
+    let mut args = wait_args("10us", 100, "60s", &out);
+    args.extend(["--pid".to_string(), pid.to_string()]);
+    let mut daemon = Daemon::start(&args);
+    daemon.wait_ready();
+    workload.release();
+    let stdout = workload.finish(WORKLOAD_TIMEOUT);
+    workload.kill();
+    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let blocked_ns = field(&parse_report(&stdout, "blocked_ns"), "blocked_ns");
+    let run = WaitRun::read(&out, 100, pid, &stdout, daemon);
+    let at_receive = |s: &FlatSample| {
+        s.position("main.consumer")
+            .zip(s.position("runtime.chanrecv"))
+            .is_some_and(|(consumer, recv)| recv < consumer)
+    };
+    let received: i64 = run
+        .block
+        .iter()
+        .filter(|s| at_receive(s))
+        .map(|s| s.cpu_ns)
+        .sum();
+    let leaves: Vec<String> = run
+        .block
+        .iter()
+        .filter(|s| s.has_function("main.consumer"))
+        .map(|s| s.stack_text())
+        .collect();
+    println!(
+        "go: consumers measured {blocked_ns} ns blocked; block profile at runtime.chanrecv <- \
+         main.consumer: {received} ns ({:.3})",
+        ratio(received, blocked_ns)
+    );
+    assert!(
+        within(received, blocked_ns, 0.2),
+        "goroutines blocked at runtime.chanrecv <- main.consumer: {received} ns in the block \
+         profile, the consumers measured {blocked_ns} ns; consumer stacks:\n{}{}",
+        leaves.join("\n"),
+        run.diag()
+    );
+}
