@@ -1,7 +1,8 @@
 //! Project tasks: `cargo xtask setup|build|run|test|bench`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
-//! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof`, perf for
+//! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
+//! workloads, libjemalloc-dev for the heap tests, perf for
 //! the benchmark), so that one command runs the profiler and one runs every
 //! test.
 
@@ -162,6 +163,10 @@ fn setup(for_tests: bool) -> Result<()> {
         }
         if !have("setpriv") {
             packages.push("util-linux");
+        }
+        // The heap tests profile a program linked against jemalloc.
+        if !Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so").exists() {
+            packages.push("libjemalloc-dev");
         }
     }
     if !packages.is_empty() {
