@@ -10,7 +10,9 @@
 //! from the kernel's BPF statistics (ours and bpftrace's), and the CPU time
 //! of perf record and bpftrace.
 //!
-//! `cargo xtask bench --heap` measures the heap profile instead (bench_heap).
+//! `cargo xtask bench --heap` measures the heap profile instead (bench_heap),
+//! `cargo xtask bench --waits` the block, mutex and off-CPU profiles
+//! (bench_waits).
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -38,6 +40,12 @@ pub struct BenchArgs {
     /// (writes target/bench-heap.md).
     #[arg(long, conflicts_with_all = ["seconds", "interval", "unwind"])]
     heap: bool,
+    /// Measure the block, mutex and off-CPU profiles instead: futex
+    /// wait/wake and context-switch cost against empty bpftrace tracepoints,
+    /// and the daemon under 100k futex calls a second (writes
+    /// target/bench-waits.md).
+    #[arg(long, conflicts_with_all = ["seconds", "interval", "unwind", "heap"])]
+    waits: bool,
 }
 
 /// Kills and reaps a child on drop, so the bench leaves nothing running.
@@ -59,6 +67,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         (
             crate::bench_heap::measure(&bin, &work),
             root.join("target/bench-heap.md"),
+        )
+    } else if args.waits {
+        (
+            crate::bench_waits::measure(&bin, &work),
+            root.join("target/bench-waits.md"),
         )
     } else {
         let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")

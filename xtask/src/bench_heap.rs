@@ -242,7 +242,7 @@ pub fn measure(bin: &Path, work: &Path) -> Result<String> {
     ))
 }
 
-fn set_bpf_stats(on: bool) -> Result<()> {
+pub(crate) fn set_bpf_stats(on: bool) -> Result<()> {
     fs::write(
         "/proc/sys/kernel/bpf_stats_enabled",
         if on { "1" } else { "0" },
@@ -251,26 +251,32 @@ fn set_bpf_stats(on: bool) -> Result<()> {
 }
 
 /// A benchmark process waiting for "go" on its stdin.
-struct Bench {
+pub(crate) struct Bench {
     child: Reaped,
     stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
+    pub(crate) lines: Receiver<String>,
+    /// The program's name, for messages.
+    what: String,
 }
 
 impl Bench {
-    fn spawn(exe: &Path, args: &[String]) -> Result<Bench> {
+    pub(crate) fn spawn(exe: &Path, args: &[String]) -> Result<Bench> {
+        let what = exe
+            .file_name()
+            .map_or("benchmark".into(), |n| n.to_string_lossy().into_owned());
         let mut child = Command::new(exe)
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
-            .context("starting the allocator benchmark")?;
+            .with_context(|| format!("starting the {what} benchmark"))?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().context("benchmark stdout")?;
         let bench = Bench {
             child: Reaped(child),
             stdin,
             lines: line_channel(stdout),
+            what,
         };
         let line = bench.line(READY_TIMEOUT)?;
         if line != "ready" {
@@ -279,29 +285,29 @@ impl Bench {
         Ok(bench)
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.0.id()
     }
 
-    fn go(&mut self) -> Result<()> {
+    pub(crate) fn go(&mut self) -> Result<()> {
         let stdin = self.stdin.as_mut().context("benchmark stdin")?;
         stdin.write_all(b"go\n")?;
         stdin.flush()?;
         Ok(())
     }
 
-    fn line(&self, timeout: Duration) -> Result<String> {
+    pub(crate) fn line(&self, timeout: Duration) -> Result<String> {
         self.lines
             .recv_timeout(timeout)
-            .context("the allocator benchmark stopped answering")
+            .with_context(|| format!("the {} benchmark stopped answering", self.what))
     }
 
     /// Closes its stdin, so it ends, and waits for it.
-    fn finish(mut self) -> Result<()> {
+    pub(crate) fn finish(mut self) -> Result<()> {
         self.stdin = None;
         let status = self.child.0.wait()?;
         if !status.success() {
-            bail!("the allocator benchmark exited with {status}");
+            bail!("the {} benchmark exited with {status}", self.what);
         }
         Ok(())
     }
@@ -309,7 +315,7 @@ impl Bench {
 
 /// Lines of `reader`, read on a thread of their own so that waits can time
 /// out; the channel disconnects at end of file.
-fn line_channel(reader: impl Read + Send + 'static) -> Receiver<String> {
+pub(crate) fn line_channel(reader: impl Read + Send + 'static) -> Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(reader).lines().map_while(Result::ok) {
@@ -322,14 +328,14 @@ fn line_channel(reader: impl Read + Send + 'static) -> Receiver<String> {
 }
 
 /// A profilerd child and its log.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Reaped,
     lines: Receiver<String>,
     log: Vec<String>,
 }
 
 impl Daemon {
-    fn start(bin: &Path, args: &[String]) -> Result<Daemon> {
+    pub(crate) fn start(bin: &Path, args: &[String]) -> Result<Daemon> {
         let mut child = Command::new(bin)
             .args(args)
             .stderr(Stdio::piped())
@@ -343,7 +349,7 @@ impl Daemon {
         })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.0.id()
     }
 
@@ -355,7 +361,7 @@ impl Daemon {
 
     /// Waits until it logs that it is ready; `Some(reason)` if it exited
     /// first (it refuses what it does not support).
-    fn wait_ready(&mut self) -> Result<Option<String>> {
+    pub(crate) fn wait_ready(&mut self) -> Result<Option<String>> {
         let by = Instant::now() + READY_TIMEOUT;
         loop {
             match self
@@ -388,7 +394,7 @@ impl Daemon {
     }
 
     /// Takes the log lines that have arrived, for up to `wait`.
-    fn drain(&mut self, wait: Duration) -> Vec<String> {
+    pub(crate) fn drain(&mut self, wait: Duration) -> Vec<String> {
         let mut new = Vec::new();
         if let Ok(line) = self.lines.recv_timeout(wait) {
             new.push(line);
@@ -403,7 +409,7 @@ impl Daemon {
 
     /// Waits for it to exit (it does once its targets have gone), with
     /// SIGTERM after `grace`; returns its status and whole log.
-    fn finish(mut self, grace: Duration) -> Result<(ExitStatus, Vec<String>)> {
+    pub(crate) fn finish(mut self, grace: Duration) -> Result<(ExitStatus, Vec<String>)> {
         let mut by = Instant::now() + grace;
         let mut termed = false;
         loop {
@@ -448,7 +454,7 @@ fn strip_ansi(line: &str) -> String {
 }
 
 /// The message of a daemon log line, without time, level and target.
-fn message(line: &str) -> String {
+pub(crate) fn message(line: &str) -> String {
     match line.find(" profilerd") {
         Some(at) => line[at..]
             .split_once(": ")
@@ -459,7 +465,7 @@ fn message(line: &str) -> String {
 }
 
 /// "bpf program NAME: N runs, X ns per run" lines of a daemon log.
-fn bpf_program_lines(log: &[String]) -> Vec<String> {
+pub(crate) fn bpf_program_lines(log: &[String]) -> Vec<String> {
     log.iter()
         .filter_map(|l| l.find("bpf program ").map(|at| l[at..].to_string()))
         .collect()
@@ -1033,7 +1039,7 @@ fn pprof_total(file: &Path, index: &str) -> String {
         .unwrap_or_else(|| "no total in go tool pprof -top".into())
 }
 
-fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {
@@ -1043,7 +1049,7 @@ fn median(values: &[f64]) -> f64 {
     }
 }
 
-fn spread(values: &[f64]) -> String {
+pub(crate) fn spread(values: &[f64]) -> String {
     if values.is_empty() {
         return "not available".into();
     }

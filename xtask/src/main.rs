@@ -8,6 +8,7 @@
 
 mod bench;
 mod bench_heap;
+mod bench_waits;
 mod empty_uprobe;
 
 use std::path::{Path, PathBuf};
@@ -43,8 +44,10 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
-    /// Measure the daemon's cost against perf record and bpftrace, or with
-    /// --heap the heap profile's against empty uprobes (writes a report).
+    /// Measure the daemon's cost against perf record and bpftrace, with
+    /// --heap the heap profile's against empty uprobes, or with --waits the
+    /// block, mutex and off-CPU profiles' against empty tracepoints (writes
+    /// a report).
     Bench(bench::BenchArgs),
 }
 
