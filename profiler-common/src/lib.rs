@@ -430,8 +430,9 @@ pub struct WaitStack {
 pub const OFFCPU_STACK_BYTES: usize = 8 * 1024;
 /// Kernel frames kept per off-CPU event.
 pub const OFFCPU_KERNEL_DEPTH: usize = 64;
-/// Blocked threads whose switch-out stacks are parked at once.
-pub const OFFCPU_PARKED_ENTRIES: u32 = 4096;
+/// Threads with a slot for their switch-out stacks at once (a slot lives
+/// until its thread exits; allocated as used).
+pub const OFFCPU_PARKED_ENTRIES: u32 = 8192;
 
 /// A thread that left the CPU blocked: its stacks at the switch-out, parked
 /// in `OFFCPU_PARKED` until it runs again; sent (with `duration_ns`) as a

@@ -165,7 +165,8 @@ static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static OFFCPU_PARKED: HashMap<u32, OffcpuRecord> =
     HashMap::with_max_entries(OFFCPU_PARKED_ENTRIES, BPF_F_NO_PREALLOC);
-/// Per-CPU space to build a parked record in (far larger than the BPF stack).
+/// A zeroed record to create a thread's parked slot from (far larger than
+/// the BPF stack).
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries(1, 0);
 /// Parked goroutines by (process, g address).
@@ -280,6 +281,18 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// Ring buffer wake-up policy: waking the daemon for every record would
+/// cost a context switch each; it reads the rings every second anyway and
+/// is woken early only when a ring is a quarter full.
+#[inline(always)]
+fn wake_flag(ring: &RingBuf, bytes: u32) -> u64 {
+    if ring.query(BPF_RB_AVAIL_DATA as u64) > u64::from(bytes / 4) {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
 #[inline(always)]
 fn use_dwarf(tgid: u32) -> bool {
     match global_u8(&UNWIND_MODE) {
@@ -357,15 +370,7 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
         (*out).kernel_len = kernel_len;
         (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
     }
-    // Waking the daemon for every sample would cost a context switch each;
-    // it reads the ring every second anyway, and is woken early only when
-    // the ring is a quarter full.
-    let wake = if STACK_SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (STACK_SAMPLES_BYTES / 4) as u64 {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
-    entry.submit(wake as u64);
+    entry.submit(wake_flag(&STACK_SAMPLES, STACK_SAMPLES_BYTES));
     count(counter::STACK_SAMPLES);
     true
 }
@@ -714,7 +719,10 @@ fn retire(tgid: u32, addr: u64) {
         tgid,
         addr,
     };
-    if HEAP_EVENTS.output::<HeapFree>(&event, 0).is_err() {
+    if HEAP_EVENTS
+        .output::<HeapFree>(&event, wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES))
+        .is_err()
+    {
         count(counter::HEAP_FREES_LOST);
     }
 }
@@ -767,12 +775,7 @@ fn send_heap_alloc(
             };
         }
     }
-    let wake = if HEAP_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > (HEAP_EVENTS_BYTES / 4) as u64 {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
-    entry.submit(wake as u64);
+    entry.submit(wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES));
     true
 }
 
@@ -915,7 +918,6 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
         return 0;
     };
     let _ = FUTEX_CALLS.remove(tid);
-    let _ = OFFCPU_PARKED.remove(tid);
     // SAFETY: plain helper.
     let now = unsafe { bpf_ktime_get_ns() };
     let key = FutexKey {
@@ -945,7 +947,10 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
                     wake_id: waker.wake_id,
                     delay_ns: waker.time_ns - call.start_ns,
                 };
-                if WAIT_EVENTS.output::<MutexDelay>(&event, 0).is_err() {
+                if WAIT_EVENTS
+                    .output::<MutexDelay>(&event, wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES))
+                    .is_err()
+                {
                     count(counter::WAIT_EVENTS_LOST);
                 }
             }
@@ -1027,12 +1032,7 @@ fn send_wait_stack(
             };
         }
     }
-    let wake = if WAIT_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > (WAIT_EVENTS_BYTES / 4) as u64 {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    };
-    entry.submit(wake as u64);
+    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
 }
 
 /// The current task's user registers as saved on entering the kernel.
@@ -1090,12 +1090,30 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
         return;
     }
     count(counter::OFFCPU_SWITCHES);
-    let Some(record) = OFFCPU_SCRATCH.get_ptr_mut(0) else {
-        return;
+    // The thread's slot stays in the map from one switch to the next (it
+    // goes at the thread's exit), and is written in place: a new ~10 KiB
+    // map element per switch would cost an allocation and a copy each.
+    let record = match OFFCPU_PARKED.get_ptr_mut(tid) {
+        Some(slot) => slot,
+        None => {
+            let Some(blank) = OFFCPU_SCRATCH.get_ptr(0) else {
+                return;
+            };
+            // SAFETY: the per-CPU scratch value, read-only here.
+            #[allow(clippy::needless_borrows_for_generic_args)]
+            if OFFCPU_PARKED.insert(tid, unsafe { &*blank }, 0).is_err() {
+                count(counter::OFFCPU_PARKED_FULL);
+                return;
+            }
+            match OFFCPU_PARKED.get_ptr_mut(tid) {
+                Some(slot) => slot,
+                None => return,
+            }
+        }
     };
     let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
-    // SAFETY: this CPU's scratch record; written in place, then copied
-    // into the map.
+    // SAFETY: the thread's own map value (only this thread's switches and
+    // its exit touch it), written in place.
     unsafe {
         (*record).kind = wait_event::OFFCPU;
         (*record).tgid = tgid;
@@ -1134,20 +1152,20 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
                 (*record).frames_len = (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64);
             }
         }
-        #[allow(clippy::needless_borrows_for_generic_args)]
-        if OFFCPU_PARKED.insert(tid, &*record, 0).is_err() {
-            count(counter::OFFCPU_PARKED_FULL);
-        }
     }
 }
 
 #[inline(always)]
 fn unpark(tid: u32, now: u64) {
-    let Some(parked) = OFFCPU_PARKED.get_ptr(tid) else {
+    let Some(parked) = OFFCPU_PARKED.get_ptr_mut(tid) else {
         return;
     };
     // SAFETY: a map value, valid during this run.
     let start = unsafe { (*parked).start_ns };
+    if start == 0 {
+        // Not parked since it last ran.
+        return;
+    }
     let off = now.saturating_sub(start);
     // SAFETY: plain helper.
     let random = unsafe { bpf_get_prandom_u32() };
@@ -1167,7 +1185,7 @@ fn unpark(tid: u32, now: u64) {
                 if copied == 0 {
                     // SAFETY: as above.
                     unsafe { (*out).duration_ns = off };
-                    entry.submit(0);
+                    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
                 } else {
                     entry.discard(0);
                 }
@@ -1175,7 +1193,8 @@ fn unpark(tid: u32, now: u64) {
             None => count(counter::WAIT_EVENTS_LOST),
         }
     }
-    let _ = OFFCPU_PARKED.remove(tid);
+    // SAFETY: as above; the slot is kept for the thread's next switch.
+    unsafe { (*parked).start_ns = 0 };
 }
 
 /// copy_user_stack for the smaller off-CPU copy.
@@ -1338,7 +1357,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
         }
         (*out).frames_len = len;
     }
-    entry.submit(0);
+    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
 }
 
 #[tracepoint]
