@@ -46,6 +46,8 @@ pub struct Stack {
 /// Bytes of user stack copied per sample for unwinding in the daemon
 /// (from the stack pointer upwards; fewer near the top of the stack).
 pub const STACK_COPY_BYTES: usize = 16 * 1024;
+/// Threads whose stack top is remembered at once (least recently used go).
+pub const STACK_TOPS_ENTRIES: u32 = 65_536;
 /// Bytes in the ring buffer of stack samples (about 470 samples).
 pub const STACK_SAMPLES_BYTES: u32 = 8 * 1024 * 1024;
 

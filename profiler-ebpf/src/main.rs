@@ -45,9 +45,9 @@ use profiler_common::{
     HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
     OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
     PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE,
-    STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
-    WAIT_EVENTS_BYTES, WaitStack, alloc_fn, control, counter, futex_call, futex_op, go_fn,
-    heap_event, proc_event,
+    STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
+    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WaitStack, alloc_fn, control, counter,
+    futex_call, futex_op, go_fn, heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -136,6 +136,10 @@ static SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
 /// e.g. for Go binaries).
 #[map]
 static FP_PROCESSES: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+/// The top of each thread's stack mapping, learned by the first stack copy
+/// that reached it (see copy_stack).
+#[map]
+static STACK_TOPS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(STACK_TOPS_ENTRIES, 0);
 #[map]
 static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTES, 0);
 #[map]
@@ -376,30 +380,56 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
 }
 
 /// Copies user memory from `sp` upwards into `dst` (STACK_COPY_BYTES long),
-/// stopping at the first page that cannot be read (the top of the stack).
-/// Returns the bytes copied.
+/// stopping at the top of the stack. Returns the bytes copied.
 #[inline(always)]
 unsafe fn copy_user_stack(dst: *mut u8, sp: u64) -> u64 {
+    // SAFETY: the caller's buffer is STACK_COPY_BYTES long.
+    unsafe { copy_stack::<STACK_COPY_BYTES>(dst, sp) }
+}
+
+/// Copies up to N bytes of user stack from `sp` into `dst` (N long, a
+/// multiple of the page size), stopping at the top of the thread's stack.
+///
+/// A read that runs past the top of the stack faults, and a faulting read
+/// costs about a microsecond: more than the copy. So the top, found once
+/// per thread by copying page by page, is remembered in STACK_TOPS and
+/// later copies read exactly up to it.
+#[inline(always)]
+unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
     const PAGE: u64 = 4096;
-    // The whole copy at once when it lies inside the stack (deep stacks);
-    // page by page only when the top of the stack is nearer than that.
-    // SAFETY: dst is STACK_COPY_BYTES long.
-    if unsafe { bpf_probe_read_user(dst.cast(), STACK_COPY_BYTES as u32, sp as *const _) } == 0 {
-        return STACK_COPY_BYTES as u64;
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: the value is copied out.
+    let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
+    if top > sp && top - sp < N as u64 {
+        let len = (top - sp) as u32;
+        // The bounds the verifier needs for the length.
+        if len > 0 && len <= N as u32 {
+            // SAFETY: len <= N, the length of dst.
+            if unsafe { bpf_probe_read_user(dst.cast(), len, sp as *const _) } == 0 {
+                return u64::from(len);
+            }
+        }
+    } else {
+        // Deep in the stack (or its top not known yet): all of it at once.
+        // SAFETY: dst is N long.
+        if unsafe { bpf_probe_read_user(dst.cast(), N as u32, sp as *const _) } == 0 {
+            return N as u64;
+        }
     }
-    // Up to the end of sp's page first, then whole pages.
+    // Up to the end of sp's page first, then whole pages, until a page
+    // cannot be read: the top of the stack.
     let first = PAGE - (sp & (PAGE - 1));
-    // SAFETY: first <= PAGE <= STACK_COPY_BYTES.
+    // SAFETY: first <= PAGE <= N.
     if unsafe { bpf_probe_read_user(dst.cast(), first as u32, sp as *const _) } != 0 {
         return 0;
     }
     let mut copied = first;
-    for _ in 0..(STACK_COPY_BYTES as u64 / PAGE - 1) {
+    for _ in 0..(N as u64 / PAGE - 1) {
         // Bounds the offset for the verifier: copied + PAGE must fit.
-        if copied > STACK_COPY_BYTES as u64 - PAGE {
+        if copied > N as u64 - PAGE {
             break;
         }
-        // SAFETY: copied + PAGE <= STACK_COPY_BYTES.
+        // SAFETY: copied + PAGE <= N.
         let ok = unsafe {
             bpf_probe_read_user(
                 dst.add(copied as usize).cast(),
@@ -408,6 +438,7 @@ unsafe fn copy_user_stack(dst: *mut u8, sp: u64) -> u64 {
             )
         };
         if ok != 0 {
+            let _ = STACK_TOPS.insert(tid, sp + copied, 0);
             break;
         }
         copied += PAGE;
@@ -1140,7 +1171,8 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
         if sp == 0 {
             // A kernel thread: no user stack.
         } else if use_dwarf(tgid) {
-            (*record).stack_len = copy_user_stack_small((*record).stack.as_mut_ptr(), sp);
+            (*record).stack_len =
+                copy_stack::<OFFCPU_STACK_BYTES>((*record).stack.as_mut_ptr(), sp);
         } else {
             let bytes = bpf_get_stack(
                 ctx.as_ptr(),
@@ -1195,40 +1227,6 @@ fn unpark(tid: u32, now: u64) {
     }
     // SAFETY: as above; the slot is kept for the thread's next switch.
     unsafe { (*parked).start_ns = 0 };
-}
-
-/// copy_user_stack for the smaller off-CPU copy.
-#[inline(always)]
-unsafe fn copy_user_stack_small(dst: *mut u8, sp: u64) -> u64 {
-    const PAGE: u64 = 4096;
-    // SAFETY: dst is OFFCPU_STACK_BYTES long.
-    if unsafe { bpf_probe_read_user(dst.cast(), OFFCPU_STACK_BYTES as u32, sp as *const _) } == 0 {
-        return OFFCPU_STACK_BYTES as u64;
-    }
-    let first = PAGE - (sp & (PAGE - 1));
-    // SAFETY: first <= PAGE <= OFFCPU_STACK_BYTES.
-    if unsafe { bpf_probe_read_user(dst.cast(), first as u32, sp as *const _) } != 0 {
-        return 0;
-    }
-    let mut copied = first;
-    for _ in 0..(OFFCPU_STACK_BYTES as u64 / PAGE - 1) {
-        if copied > OFFCPU_STACK_BYTES as u64 - PAGE {
-            break;
-        }
-        // SAFETY: copied + PAGE <= OFFCPU_STACK_BYTES.
-        let ok = unsafe {
-            bpf_probe_read_user(
-                dst.add(copied as usize).cast(),
-                PAGE as u32,
-                (sp + copied) as *const _,
-            )
-        };
-        if ok != 0 {
-            break;
-        }
-        copied += PAGE;
-    }
-    copied
 }
 
 /// Go's park points for the block profile, attached to runtime.gopark and
@@ -1411,6 +1409,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let _ = HEAP_THREADS.remove(tid);
     let _ = FUTEX_CALLS.remove(tid);
     let _ = OFFCPU_PARKED.remove(tid);
+    let _ = STACK_TOPS.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
         // unrelated process later.
