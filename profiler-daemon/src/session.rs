@@ -656,38 +656,18 @@ fn write_window(
                 time_nanos,
                 duration.as_nanos() as i64,
             ),
-            ProfileKind::Block => {
-                let rows = waits.block.close();
+            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::Offcpu => {
+                let rows = match kind {
+                    ProfileKind::Block => waits.block.close(),
+                    ProfileKind::Offcpu => waits.offcpu.close(),
+                    _ => waits.mutex.close(),
+                };
                 build_wait_profile(
-                    ProfileKind::Block,
+                    kind,
                     settings,
                     symbolizer,
                     procs,
-                    rows.iter().map(|(id, w)| (id, *w)),
-                    time_nanos,
-                    duration.as_nanos() as i64,
-                )
-            }
-            ProfileKind::Offcpu => {
-                let rows = waits.offcpu.close();
-                build_wait_profile(
-                    ProfileKind::Offcpu,
-                    settings,
-                    symbolizer,
-                    procs,
-                    rows.iter().map(|(id, w)| (id, *w)),
-                    time_nanos,
-                    duration.as_nanos() as i64,
-                )
-            }
-            ProfileKind::Mutex => {
-                let rows = waits.mutex.close();
-                build_wait_profile(
-                    ProfileKind::Mutex,
-                    settings,
-                    symbolizer,
-                    procs,
-                    rows.iter().map(|(id, w)| (id.as_ref(), *w)),
+                    &rows,
                     time_nanos,
                     duration.as_nanos() as i64,
                 )
@@ -775,12 +755,12 @@ fn build_heap_profile(
     builder.build()
 }
 
-fn build_wait_profile<'a>(
+fn build_wait_profile(
     kind: ProfileKind,
     settings: &Settings,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
-    rows: impl Iterator<Item = (&'a SampleId, Weight)>,
+    rows: &[(Arc<SampleId>, Weight)],
     time_nanos: i64,
     duration_nanos: i64,
 ) -> pprof_proto::Profile {

@@ -45,8 +45,11 @@ impl BlockWindow {
             .add(block_event(waited_ns, rate_ns));
     }
 
-    pub fn close(&mut self) -> Vec<(SampleId, Weight)> {
-        self.samples.drain().collect()
+    pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
+        self.samples
+            .drain()
+            .map(|(id, weight)| (Arc::new(id), weight))
+            .collect()
     }
 }
 
@@ -141,7 +144,7 @@ mod tests {
         let rows: HashMap<u64, Weight> = w
             .close()
             .into_iter()
-            .map(|(id, weight)| match id.user {
+            .map(|(id, weight)| match &id.user {
                 Stack::Frames(f) => (f[0], weight),
                 _ => unreachable!(),
             })

@@ -788,23 +788,13 @@ fn send_heap_alloc(
         (*out).sp = (*regs).rsp;
         (*out).bp = (*regs).rbp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        if use_dwarf(tgid) {
-            (*out).frames_len = 0;
-            (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), (*regs).rsp);
-        } else {
-            (*out).stack_len = 0;
-            let bytes = bpf_get_stack(
-                regs.cast(),
-                (*out).frames.as_mut_ptr().cast(),
-                (MAX_STACK_DEPTH * 8) as u32,
-                BPF_F_USER_STACK as u64,
-            );
-            (*out).frames_len = if bytes > 0 {
-                (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
-            } else {
-                0
-            };
-        }
+        ((*out).stack_len, (*out).frames_len) = record_user_stack(
+            regs.cast(),
+            tgid,
+            (*regs).rsp,
+            (*out).stack.as_mut_ptr(),
+            (*out).frames.as_mut_ptr(),
+        );
     }
     entry.submit(wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES));
     true
@@ -1045,25 +1035,48 @@ fn send_wait_stack(
         (*out).sp = sp;
         (*out).bp = bp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        if sp != 0 && use_dwarf(tgid) {
-            (*out).frames_len = 0;
-            (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
-        } else {
-            (*out).stack_len = 0;
-            let bytes = bpf_get_stack(
-                ctx.as_ptr(),
-                (*out).frames.as_mut_ptr().cast(),
-                (MAX_STACK_DEPTH * 8) as u32,
-                BPF_F_USER_STACK as u64,
-            );
-            (*out).frames_len = if bytes > 0 {
-                (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
-            } else {
-                0
-            };
-        }
+        ((*out).stack_len, (*out).frames_len) = record_user_stack(
+            ctx.as_ptr(),
+            tgid,
+            sp,
+            (*out).stack.as_mut_ptr(),
+            (*out).frames.as_mut_ptr(),
+        );
     }
     entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+}
+
+/// Records the current thread's user stack for an event: a copy of
+/// STACK_COPY_BYTES from `sp` (into `stack`) for unwinding in the daemon,
+/// or frame-pointer frames (into `frames`, MAX_STACK_DEPTH long) walked by
+/// the kernel. Returns (bytes copied, frames walked).
+#[inline(always)]
+unsafe fn record_user_stack(
+    ctx: *mut core::ffi::c_void,
+    tgid: u32,
+    sp: u64,
+    stack: *mut u8,
+    frames: *mut u64,
+) -> (u64, u64) {
+    if sp != 0 && use_dwarf(tgid) {
+        // SAFETY: the caller's buffer is STACK_COPY_BYTES long.
+        return (unsafe { copy_user_stack(stack, sp) }, 0);
+    }
+    // SAFETY: the caller's buffer holds MAX_STACK_DEPTH frames.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx,
+            frames.cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    let walked = if bytes > 0 {
+        (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
+    } else {
+        0
+    };
+    (0, walked)
 }
 
 /// The current task's user registers as saved on entering the kernel.
