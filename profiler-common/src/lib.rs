@@ -481,6 +481,16 @@ pub struct MutexDelay {
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: as below.
+    unsafe impl aya::Pod for super::HeapAlloc {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::HeapFree {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::WaitStack {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::MutexDelay {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::OffcpuRecord {}
+    // SAFETY: as below.
     unsafe impl aya::Pod for super::FutexCall {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::FutexWaker {}

@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
+use aya::Pod;
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{
-    COMM_LEN, HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
-    OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, counter,
-    heap_event, proc_event, unwind_mode, wait_event,
+    HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES,
+    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, counter, heap_event,
+    proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -296,12 +297,9 @@ fn read_proc_events(
     unwind: UnwindMode,
 ) {
     while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<ProcEvent>() {
+        let Some(event) = read_record::<ProcEvent>(&item) else {
             continue;
-        }
-        // SAFETY: the kernel wrote a ProcEvent; read_unaligned copes with
-        // any alignment of the ring buffer's payload.
-        let event: ProcEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+        };
         match event.kind {
             proc_event::NEW | proc_event::EXEC => {
                 if probes.uprobe_links().next().is_some() {
@@ -340,6 +338,37 @@ fn read_proc_events(
     }
 }
 
+/// A ring-buffer record as `T`, borrowed in place: None when the record is
+/// too short or misaligned (ring buffer records are 8-byte aligned; check
+/// rather than trust).
+fn record<T: Pod>(item: &[u8]) -> Option<&T> {
+    if item.len() < std::mem::size_of::<T>()
+        || item.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
+    {
+        return None;
+    }
+    // SAFETY: size and alignment checked; T is plain data.
+    Some(unsafe { &*item.as_ptr().cast::<T>() })
+}
+
+/// A small ring-buffer record copied out as `T`, at any alignment; None
+/// when the record is too short.
+fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
+    if item.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: size checked; T is plain data, valid for any bytes.
+    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
+}
+
+/// The kernel frames a record holds, if any.
+fn kernel_stack(frames: &[u64]) -> Stack {
+    match frames {
+        [] => Stack::None,
+        _ => Stack::Frames(Arc::from(frames)),
+    }
+}
+
 /// Unwinds every sample that came with a copy of its user stack and adds it
 /// to the window.
 fn read_stack_samples(
@@ -349,17 +378,9 @@ fn read_stack_samples(
     cpu: &mut CpuWindow,
 ) {
     while let Some(item) = ring.next() {
-        // Ring buffer records are 8-byte aligned; check rather than trust.
-        if item.len() < std::mem::size_of::<StackSample>()
-            || item
-                .as_ptr()
-                .align_offset(std::mem::align_of::<StackSample>())
-                != 0
-        {
+        let Some(sample) = record::<StackSample>(&item) else {
             continue;
-        }
-        // SAFETY: size and alignment checked; StackSample is plain data.
-        let sample: &StackSample = unsafe { &*item.as_ptr().cast::<StackSample>() };
+        };
         procs.ensure(sample.tgid);
         let stack_len = (sample.stack_len as usize).min(STACK_COPY_BYTES);
         let user = match procs.get(sample.tgid) {
@@ -379,17 +400,12 @@ fn read_stack_samples(
             }
             None => Stack::Truncated(Arc::from(vec![sample.ip])),
         };
-        let kernel_len = (sample.kernel_len as usize).min(MAX_STACK_DEPTH);
-        let kernel = match kernel_len {
-            0 => Stack::None,
-            n => Stack::Frames(Arc::from(&sample.kernel[..n])),
-        };
-        let mut thread = [0u8; COMM_LEN];
-        thread.copy_from_slice(&sample.comm);
+        let kernel =
+            kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
         cpu.add(SampleId {
             tgid: sample.tgid,
             tid: sample.tid,
-            thread,
+            thread: sample.comm,
             user,
             kernel,
             object: 0,
@@ -405,29 +421,20 @@ fn read_heap_events(
     heap: &mut HeapTable,
 ) {
     while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<HeapFree>() {
-            continue;
+        // Every heap event starts with its kind.
+        match read_record::<u32>(&item) {
+            Some(heap_event::FREE) => {
+                if let Some(free) = read_record::<HeapFree>(&item) {
+                    heap.freed(free.tgid, free.addr);
+                }
+                continue;
+            }
+            Some(heap_event::ALLOC) => {}
+            _ => continue,
         }
-        // SAFETY: every heap event starts with its kind; read_unaligned
-        // copes with any alignment.
-        let kind: u32 = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-        if kind == heap_event::FREE {
-            // SAFETY: size checked above; plain data.
-            let free: HeapFree = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            heap.freed(free.tgid, free.addr);
+        let Some(alloc) = record::<HeapAlloc>(&item) else {
             continue;
-        }
-        if kind != heap_event::ALLOC
-            || item.len() < std::mem::size_of::<HeapAlloc>()
-            || item
-                .as_ptr()
-                .align_offset(std::mem::align_of::<HeapAlloc>())
-                != 0
-        {
-            continue;
-        }
-        // SAFETY: size and alignment checked; HeapAlloc is plain data.
-        let alloc: &HeapAlloc = unsafe { &*item.as_ptr().cast::<HeapAlloc>() };
+        };
         procs.ensure(alloc.tgid);
         // The registers are those at the allocator's return: the leaf is
         // the call site, one byte back from the return address.
@@ -440,12 +447,10 @@ fn read_heap_events(
             &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
             true,
         );
-        let mut thread = [0u8; COMM_LEN];
-        thread.copy_from_slice(&alloc.comm);
         let id = SampleId {
             tgid: alloc.tgid,
             tid: alloc.tid,
-            thread,
+            thread: alloc.comm,
             user,
             kernel: Stack::None,
             object: 0,
@@ -517,34 +522,32 @@ fn read_wait_events(
     waits: &mut Waits,
 ) {
     while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<MutexDelay>() {
+        // Every wait event starts with its kind.
+        let Some(kind) = read_record::<u32>(&item) else {
             continue;
+        };
+        match kind {
+            wait_event::OFFCPU => {
+                if let Some(event) = record::<OffcpuRecord>(&item) {
+                    read_offcpu_event(event, procs, unwinder, waits);
+                }
+                continue;
+            }
+            wait_event::MUTEX_DELAY => {
+                if let Some(delay) = read_record::<MutexDelay>(&item) {
+                    waits.mutex.delay(delay.wake_id, delay.delay_ns);
+                }
+                continue;
+            }
+            wait_event::BLOCK | wait_event::MUTEX_WAKE => {}
+            _ => continue,
         }
-        // SAFETY: every wait event starts with its kind.
-        let kind: u32 = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-        if kind == wait_event::OFFCPU {
-            read_offcpu_event(&item, procs, unwinder, waits);
+        let Some(event) = record::<WaitStack>(&item) else {
             continue;
-        }
-        if kind == wait_event::MUTEX_DELAY {
-            // SAFETY: size checked above; plain data.
-            let delay: MutexDelay = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            waits.mutex.delay(delay.wake_id, delay.delay_ns);
-            continue;
-        }
-        if (kind != wait_event::BLOCK && kind != wait_event::MUTEX_WAKE)
-            || item.len() < std::mem::size_of::<WaitStack>()
-            || item
-                .as_ptr()
-                .align_offset(std::mem::align_of::<WaitStack>())
-                != 0
-        {
-            continue;
-        }
-        // SAFETY: size and alignment checked; WaitStack is plain data.
-        let event: &WaitStack = unsafe { &*item.as_ptr().cast::<WaitStack>() };
+        };
         procs.ensure(event.tgid);
-        // Registers saved at the system call: an exact instruction pointer.
+        // Registers saved at the system call: an exact instruction pointer;
+        // a goroutine's frames start with the return address it parked at.
         let user = event_user_stack(
             procs,
             unwinder,
@@ -552,14 +555,12 @@ fn read_wait_events(
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
             &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-            false,
+            event.flags & wait_flags::RETURN_ADDRESS != 0,
         );
-        let mut thread = [0u8; COMM_LEN];
-        thread.copy_from_slice(&event.comm);
         let id = SampleId {
             tgid: event.tgid,
             tid: event.tid,
-            thread,
+            thread: event.comm,
             user,
             kernel: Stack::None,
             object: event.uaddr,
@@ -574,21 +575,11 @@ fn read_wait_events(
 
 /// A kept off-CPU interval: the stacks at the thread's switch-out.
 fn read_offcpu_event(
-    item: &[u8],
+    event: &OffcpuRecord,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     waits: &mut Waits,
 ) {
-    if item.len() < std::mem::size_of::<OffcpuRecord>()
-        || item
-            .as_ptr()
-            .align_offset(std::mem::align_of::<OffcpuRecord>())
-            != 0
-    {
-        return;
-    }
-    // SAFETY: size and alignment checked; OffcpuRecord is plain data.
-    let event: &OffcpuRecord = unsafe { &*item.as_ptr().cast::<OffcpuRecord>() };
     procs.ensure(event.tgid);
     let user = match event.sp {
         // A kernel thread.
@@ -603,17 +594,12 @@ fn read_offcpu_event(
             false,
         ),
     };
-    let kernel_len = (event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH);
-    let kernel = match kernel_len {
-        0 => Stack::None,
-        n => Stack::Frames(Arc::from(&event.kernel[..n])),
-    };
-    let mut thread = [0u8; COMM_LEN];
-    thread.copy_from_slice(&event.comm);
+    let kernel =
+        kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
     let id = SampleId {
         tgid: event.tgid,
         tid: event.tid,
-        thread,
+        thread: event.comm,
         user,
         kernel,
         object: 0,

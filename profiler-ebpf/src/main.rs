@@ -788,7 +788,7 @@ fn send_heap_alloc(
         (*out).sp = (*regs).rsp;
         (*out).bp = (*regs).rbp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        ((*out).stack_len, (*out).frames_len) = record_user_stack(
+        ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
             regs.cast(),
             tgid,
             (*regs).rsp,
@@ -1035,7 +1035,7 @@ fn send_wait_stack(
         (*out).sp = sp;
         (*out).bp = bp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        ((*out).stack_len, (*out).frames_len) = record_user_stack(
+        ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
             ctx.as_ptr(),
             tgid,
             sp,
@@ -1046,12 +1046,12 @@ fn send_wait_stack(
     entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
 }
 
-/// Records the current thread's user stack for an event: a copy of
-/// STACK_COPY_BYTES from `sp` (into `stack`) for unwinding in the daemon,
+/// Records the current thread's user stack for an event: a copy of up to
+/// N bytes from `sp` (into `stack`, N long) for unwinding in the daemon,
 /// or frame-pointer frames (into `frames`, MAX_STACK_DEPTH long) walked by
 /// the kernel. Returns (bytes copied, frames walked).
 #[inline(always)]
-unsafe fn record_user_stack(
+unsafe fn record_user_stack<const N: usize>(
     ctx: *mut core::ffi::c_void,
     tgid: u32,
     sp: u64,
@@ -1059,8 +1059,8 @@ unsafe fn record_user_stack(
     frames: *mut u64,
 ) -> (u64, u64) {
     if sp != 0 && use_dwarf(tgid) {
-        // SAFETY: the caller's buffer is STACK_COPY_BYTES long.
-        return (unsafe { copy_user_stack(stack, sp) }, 0);
+        // SAFETY: the caller's buffer is N long.
+        return (unsafe { copy_stack::<N>(stack, sp) }, 0);
     }
     // SAFETY: the caller's buffer holds MAX_STACK_DEPTH frames.
     let bytes = unsafe {
@@ -1179,24 +1179,17 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
         } else {
             0
         };
-        (*record).stack_len = 0;
-        (*record).frames_len = 0;
-        if sp == 0 {
-            // A kernel thread: no user stack.
-        } else if use_dwarf(tgid) {
-            (*record).stack_len =
-                copy_stack::<OFFCPU_STACK_BYTES>((*record).stack.as_mut_ptr(), sp);
-        } else {
-            let bytes = bpf_get_stack(
+        // A kernel thread (sp 0) has no user stack.
+        ((*record).stack_len, (*record).frames_len) = match sp {
+            0 => (0, 0),
+            _ => record_user_stack::<OFFCPU_STACK_BYTES>(
                 ctx.as_ptr(),
-                (*record).frames.as_mut_ptr().cast(),
-                (MAX_STACK_DEPTH * 8) as u32,
-                BPF_F_USER_STACK as u64,
-            );
-            if bytes > 0 {
-                (*record).frames_len = (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64);
-            }
-        }
+                tgid,
+                sp,
+                (*record).stack.as_mut_ptr(),
+                (*record).frames.as_mut_ptr(),
+            ),
+        };
     }
 }
 
