@@ -431,6 +431,32 @@ impl Daemon {
         let status = self.child.0.wait()?;
         Ok((status, std::mem::take(&mut self.log)))
     }
+
+    /// [`Daemon::finish`] for a daemon that must exit successfully, while
+    /// its peak RSS is watched to the end (its last window is built at
+    /// exit, so the peak may still grow); returns its log and the peak in
+    /// KiB, at least `peak_kib`.
+    pub(crate) fn finish_with_peak(
+        self,
+        grace: Duration,
+        peak_kib: u64,
+    ) -> Result<(Vec<String>, u64)> {
+        let pid = self.pid();
+        let watch = std::thread::spawn(move || {
+            let mut peak = 0;
+            while let Ok(kib) = status_field(pid, "VmHWM:") {
+                peak = kib;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        });
+        let (status, log) = self.finish(grace)?;
+        let peak = peak_kib.max(watch.join().unwrap_or(0));
+        if !status.success() {
+            bail!("profilerd exited with {status}");
+        }
+        Ok((log, peak))
+    }
 }
 
 /// `line` without terminal colour sequences (ESC [ ... final byte).
@@ -961,27 +987,14 @@ fn live(exe: &Path, bin: &Path, work: &Path) -> Result<LiveOutcome> {
     }
     let cpu_end = task_cpu_ns(dpid)?;
     let secs = started.elapsed().as_secs_f64();
-    let mut hwm_kib = status_field(dpid, "VmHWM:")?;
+    let hwm_kib = status_field(dpid, "VmHWM:")?;
     let inuse_objects = writes
         .last()
         .and_then(|l| l.split_whitespace().find(|w| w.ends_with(".pb.gz")))
         .map(|file| pprof_total(Path::new(file), "inuse_objects"))
         .unwrap_or_else(|| "no profile written".into());
     bench.finish()?;
-    // The last window and its exit: the peak may still grow.
-    let watch = std::thread::spawn(move || {
-        let mut peak = 0;
-        while let Ok(kib) = status_field(dpid, "VmHWM:") {
-            peak = kib;
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        peak
-    });
-    let (status, log) = daemon.finish(Duration::from_secs(15))?;
-    hwm_kib = hwm_kib.max(watch.join().unwrap_or(0));
-    if !status.success() {
-        bail!("profilerd exited with {status}");
-    }
+    let (log, hwm_kib) = daemon.finish_with_peak(Duration::from_secs(15), hwm_kib)?;
     let warnings = log
         .iter()
         .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))

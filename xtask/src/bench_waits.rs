@@ -728,7 +728,7 @@ fn rate(exe: &Path, bin: &Path, work: &Path, cpu: usize, profiles: &str) -> Resu
     // The workload times itself: the daemon's CPU over the same span.
     let cpu_end = task_cpu_ns(dpid)?;
     let switches_end = task_switches(dpid)?;
-    let mut hwm_kib = status_field(dpid, "VmHWM:")?;
+    let hwm_kib = status_field(dpid, "VmHWM:")?;
     for o in other_tracers(&[dpid]) {
         if !others.contains(&o) {
             others.push(o);
@@ -742,20 +742,7 @@ fn rate(exe: &Path, bin: &Path, work: &Path, cpu: usize, profiles: &str) -> Resu
         bail!("unexpected benchmark output {line:?}");
     };
     bench.finish()?;
-    // The last window is built at exit: the peak may still grow.
-    let watch = std::thread::spawn(move || {
-        let mut peak = 0;
-        while let Ok(kib) = status_field(dpid, "VmHWM:") {
-            peak = kib;
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        peak
-    });
-    let (status, log) = daemon.finish(Duration::from_secs(15))?;
-    hwm_kib = hwm_kib.max(watch.join().unwrap_or(0));
-    if !status.success() {
-        bail!("profilerd exited with {status}");
-    }
+    let (log, hwm_kib) = daemon.finish_with_peak(Duration::from_secs(15), hwm_kib)?;
     let writes: Vec<String> = log
         .iter()
         .filter(|l| l.contains("wrote "))
