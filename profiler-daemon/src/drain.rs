@@ -1,7 +1,7 @@
 //! Turns what the kernel buffers held into one window's CPU samples: counts
 //! keyed by process, thread and resolved stacks, merged across drains.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
@@ -132,7 +132,7 @@ mod tests {
     fn merges_drains_and_resolves_stacks() {
         let mut window = CpuWindow::default();
         for _ in 0..2 {
-            let mut stacks = HashMap::new();
+            let mut stacks = std::collections::HashMap::new();
             stacks.insert(3, vec![0x1000, 0x2000]);
             window.absorb(Drained {
                 counts: vec![

@@ -6,7 +6,7 @@
 //! profile is built, per stack and separately for alloc and inuse, as Go's
 //! pprof does.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::drain::SampleId;
@@ -108,7 +108,7 @@ impl HeapTable {
     /// Closes the window: every stack with allocations in it or live
     /// allocations now, with both tallies. The live set carries over.
     pub fn close_window(&mut self) -> Vec<HeapRow> {
-        let mut rows: HashMap<Arc<SampleId>, (Tally, Tally)> = HashMap::new();
+        let mut rows: HashMap<Arc<SampleId>, (Tally, Tally)> = HashMap::default();
         for (id, tally) in self.window.drain() {
             rows.entry(id).or_default().0 = tally;
         }

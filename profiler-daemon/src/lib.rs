@@ -20,4 +20,5 @@ pub mod symbolize;
 pub mod unwind;
 pub mod uprobe_session;
 pub mod waits;
+pub mod walk_memo;
 pub mod writer;

@@ -224,6 +224,12 @@ impl ProcessInfo {
         &self.mappings
     }
 
+    /// When this snapshot of the mappings was taken: a new snapshot of
+    /// the same process has a later time.
+    pub fn snapshot_at(&self) -> Instant {
+        self.snapshot_at
+    }
+
     /// Whether the process was marked exited.
     pub fn is_exited(&self) -> bool {
         self.exited.is_some()

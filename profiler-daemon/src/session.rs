@@ -393,9 +393,9 @@ fn read_stack_samples(
                     &sample.stack[..stack_len],
                 );
                 if unwound.truncated {
-                    Stack::Truncated(Arc::from(unwound.frames))
+                    Stack::Truncated(unwound.frames)
                 } else {
-                    Stack::Frames(Arc::from(unwound.frames))
+                    Stack::Frames(unwound.frames)
                 }
             }
             None => Stack::Truncated(Arc::from(vec![sample.ip])),
@@ -477,9 +477,9 @@ fn event_user_stack(
             Some(info) => {
                 let unwound = unwinder.unwind(info, ip, sp, bp, stack);
                 if unwound.truncated {
-                    Stack::Truncated(Arc::from(unwound.frames))
+                    Stack::Truncated(unwound.frames)
                 } else {
-                    Stack::Frames(Arc::from(unwound.frames))
+                    Stack::Frames(unwound.frames)
                 }
             }
             None => Stack::Truncated(Arc::from(vec![ip])),
@@ -991,6 +991,7 @@ fn log_summary(
         process_events_lost = c[counter::PROC_EVENTS_LOST as usize],
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
+        unwinds_remembered = u.memo.hits,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
         process_snapshots = p.snapshots,

@@ -15,6 +15,9 @@
 //!   framehop unwinder whose modules are added lazily, the first time a walk
 //!   reaches an address in them, and framehop's rule cache.
 //!
+//! Walks themselves are remembered (walk_memo.rs): a thread that waits at
+//! the same place again is answered by checking the words its last walk read.
+//!
 //! Only x86_64 ELF objects are unwound.
 
 use std::collections::HashMap;
@@ -25,6 +28,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{FrameAddress, Module, ModuleSectionInfo, Unwinder as _};
@@ -34,6 +38,7 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use tracing::{debug, trace};
 
 use crate::process::{MappedObject, ObjectFile, ProcessInfo};
+use crate::walk_memo::{DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word};
 
 /// Most frames in one unwound stack, the limit of the kernel's stacks.
 pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
@@ -104,13 +109,15 @@ pub struct UnwindStats {
     pub cached_bytes: usize,
     /// Process unwinders cached now.
     pub cached_processes: usize,
+    /// Walks answered by the walk memo.
+    pub memo: MemoStats,
 }
 
 /// A stack unwound from a sample.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnwoundStack {
     /// Leaf first: the sampled ip, then return addresses.
-    pub frames: Vec<u64>,
+    pub frames: Arc<[u64]>,
     /// The walk stopped before the outermost frame: no unwind information
     /// for an address, a read outside the copied stack, an unwinding error,
     /// or [`MAX_FRAMES`] reached.
@@ -580,6 +587,11 @@ enum ModuleState {
 
 /// The framehop unwinder of one process (one mapping set).
 struct ProcessUnwinder {
+    /// Tells this unwinder's remembered walks from those of one it replaced.
+    id: u64,
+    /// The process snapshot last found to have these mappings: the same
+    /// snapshot needs no comparison.
+    checked: Instant,
     /// Sorted by start, parallel to the process's mappings and to `modules`.
     keys: Vec<MappingKey>,
     modules: Vec<ModuleState>,
@@ -592,10 +604,12 @@ struct ProcessUnwinder {
 }
 
 impl ProcessUnwinder {
-    fn new(process: &ProcessInfo, tick: u64) -> Self {
+    fn new(process: &ProcessInfo, id: u64, tick: u64) -> Self {
         let keys: Vec<MappingKey> = process.mappings().iter().map(MappingKey::of).collect();
         let modules = keys.iter().map(|_| ModuleState::Pending).collect();
         Self {
+            id,
+            checked: process.snapshot_at(),
             keys,
             modules,
             unwinder: UnwinderX86_64::new(),
@@ -604,13 +618,21 @@ impl ProcessUnwinder {
         }
     }
 
-    fn matches(&self, mappings: &[MappedObject]) -> bool {
-        self.keys.len() == mappings.len()
+    fn matches(&mut self, process: &ProcessInfo) -> bool {
+        if self.checked == process.snapshot_at() {
+            return true;
+        }
+        let mappings = process.mappings();
+        let same = self.keys.len() == mappings.len()
             && self
                 .keys
                 .iter()
                 .zip(mappings)
-                .all(|(key, m)| *key == MappingKey::of(m))
+                .all(|(key, m)| *key == MappingKey::of(m));
+        if same {
+            self.checked = process.snapshot_at();
+        }
+        same
     }
 
     /// Whether framehop has unwind information for `addr`; adds the module
@@ -674,6 +696,9 @@ pub struct Unwinder {
     processes: HashMap<u32, ProcessUnwinder>,
     max_processes: usize,
     objects: ObjectCache,
+    memo: WalkMemo,
+    /// Id of the last process unwinder made.
+    next_id: u64,
     /// Logical clock for LRU order and "used since the last release".
     tick: u64,
     last_release: u64,
@@ -708,6 +733,8 @@ impl Unwinder {
                 max_entries: max_objects.max(1),
                 max_bytes: max_object_bytes,
             },
+            memo: WalkMemo::new(DEFAULT_MAX_WALKS),
+            next_id: 0,
             tick: 0,
             last_release: 0,
             stats: UnwindStats::default(),
@@ -733,12 +760,31 @@ impl Unwinder {
             processes,
             max_processes,
             objects,
+            memo,
             stats,
+            next_id,
             ..
         } = self;
-        let entry = process_unwinder(processes, *max_processes, process, tick, stats);
+        let entry = process_unwinder(processes, *max_processes, process, tick, stats, next_id);
+        let start = WalkStart {
+            unwinder: entry.id,
+            ip,
+            sp,
+            bp,
+        };
+        if let Some((frames, truncated)) = memo.lookup(&start, stack) {
+            if truncated {
+                stats.truncated += 1;
+            }
+            return UnwoundStack { frames, truncated };
+        }
 
-        let mut read_stack = |addr: u64| read_u64(stack, sp, addr);
+        let mut reads: Vec<Read> = Vec::with_capacity(64);
+        let mut read_stack = |addr: u64| {
+            let word = read_word(stack, sp, addr);
+            reads.push((addr, word));
+            word.ok_or(())
+        };
         let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
         let mut frames = Vec::with_capacity(32);
         frames.push(ip);
@@ -777,6 +823,8 @@ impl Unwinder {
         if truncated {
             stats.truncated += 1;
         }
+        let frames: Arc<[u64]> = Arc::from(frames);
+        memo.remember(start, &reads, frames.clone(), truncated);
         UnwoundStack { frames, truncated }
     }
 
@@ -796,6 +844,7 @@ impl Unwinder {
             cached_objects: self.objects.entries.len(),
             cached_bytes: self.objects.bytes,
             cached_processes: self.processes.len(),
+            memo: self.memo.stats(),
             ..self.stats
         }
     }
@@ -808,11 +857,10 @@ fn process_unwinder<'a>(
     process: &ProcessInfo,
     tick: u64,
     stats: &mut UnwindStats,
+    next_id: &mut u64,
 ) -> &'a mut ProcessUnwinder {
     let tgid = process.tgid;
-    let fresh = processes
-        .get(&tgid)
-        .is_some_and(|e| e.matches(process.mappings()));
+    let fresh = processes.get_mut(&tgid).is_some_and(|e| e.matches(process));
     if !fresh {
         if !processes.contains_key(&tgid) && processes.len() >= max_processes {
             let victim = processes
@@ -824,23 +872,15 @@ fn process_unwinder<'a>(
                 stats.evictions += 1;
             }
         }
-        processes.insert(tgid, ProcessUnwinder::new(process, tick));
+        *next_id += 1;
+        processes.insert(tgid, ProcessUnwinder::new(process, *next_id, tick));
     }
-    let entry = processes
-        .entry(tgid)
-        .or_insert_with(|| ProcessUnwinder::new(process, tick));
+    let entry = processes.entry(tgid).or_insert_with(|| {
+        *next_id += 1;
+        ProcessUnwinder::new(process, *next_id, tick)
+    });
     entry.last_used = tick;
     entry
-}
-
-/// framehop's stack reader: only the copied stack is readable.
-fn read_u64(stack: &[u8], sp: u64, addr: u64) -> Result<u64, ()> {
-    let offset = usize::try_from(addr.checked_sub(sp).ok_or(())?).map_err(|_| ())?;
-    let bytes = stack
-        .get(offset..offset.checked_add(8).ok_or(())?)
-        .ok_or(())?;
-    let bytes: [u8; 8] = bytes.try_into().map_err(|_| ())?;
-    Ok(u64::from_le_bytes(bytes))
 }
 
 // The tests capture their own registers with x86_64 assembly.
@@ -997,6 +1037,34 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_walk_is_remembered_and_checked() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let first = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(first.frames.len() >= 5, "{first:#x?}");
+        let again = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert_eq!(again, first);
+        assert_eq!(unwinder.stats().memo.hits, 1);
+
+        // Another caller's return address in the copy: walked again, and
+        // the walk follows the new value.
+        let slot = (sample.sp..sample.sp + sample.stack.len() as u64)
+            .step_by(8)
+            .find(|&a| read_word(&sample.stack, sample.sp, a) == Some(first.frames[1]))
+            .expect("the first return address is in the copy");
+        let mut changed = sample.stack.clone();
+        let at = (slot - sample.sp) as usize;
+        changed[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        let other = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &changed);
+        assert_ne!(other.frames, first.frames);
+        let stats = unwinder.stats();
+        assert_eq!((stats.memo.hits, stats.memo.misses), (1, 2));
+        assert_eq!(stats.unwinds, 3);
+    }
+
+    #[test]
     fn unwinds_test_thread_at_least_to_the_test() {
         // The test harness's thread: deeper, maybe deeper than the copy.
         let sample = unwind_test_outer();
@@ -1041,14 +1109,14 @@ mod tests {
         assert_eq!(
             unwound,
             UnwoundStack {
-                frames: vec![0x1000],
+                frames: Arc::from(vec![0x1000]),
                 truncated: true
             }
         );
         // No stack at all.
         let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &[]);
         assert!(unwound.truncated);
-        assert_eq!(unwound.frames, vec![sample.ip]);
+        assert_eq!(&*unwound.frames, &[sample.ip]);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! they ended (mutex). Rescaling follows Go (`rescale::block_event`,
 //! `rescale::mutex_event`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::drain::SampleId;
@@ -70,10 +72,10 @@ impl MutexTable {
     pub fn new(fraction: u64) -> Self {
         MutexTable {
             fraction: fraction.max(1),
-            wakes: HashMap::new(),
+            wakes: HashMap::default(),
             wake_order: VecDeque::new(),
-            early: HashMap::new(),
-            window: HashMap::new(),
+            early: HashMap::default(),
+            window: HashMap::default(),
             orphan_delays: 0,
         }
     }
