@@ -123,10 +123,13 @@ pub fn parse_cgroup_path(path: &str) -> CgroupFacts {
     facts
 }
 
-/// The facts of a process from all its cgroup lines: the first line that
-/// says anything, trying the v2 hierarchy first, then systemd's v1
-/// hierarchy, then the v1 controllers (a v1-only host, or a runtime using
-/// the cgroupfs driver on a hybrid host, places containers only there).
+/// The facts of a process from all its cgroup lines, trying the v2
+/// hierarchy first, then systemd's v1 hierarchy, then the v1 controllers (a
+/// v1-only host, or a runtime using the cgroupfs driver on a hybrid host,
+/// places containers only there): the first line that names a container or
+/// pod, else the first that names anything. A container's processes can
+/// stay in the runtime's service in one hierarchy while the other names the
+/// container.
 pub fn facts_from_cgroups(cgroups: &[ProcessCGroup]) -> CgroupFacts {
     let rank = |cg: &ProcessCGroup| {
         if cg.hierarchy == 0 && cg.controllers.is_empty() {
@@ -139,10 +142,16 @@ pub fn facts_from_cgroups(cgroups: &[ProcessCGroup]) -> CgroupFacts {
     };
     let mut ordered: Vec<&ProcessCGroup> = cgroups.iter().collect();
     ordered.sort_by_key(|cg| rank(cg));
-    ordered
+    let parsed: Vec<CgroupFacts> = ordered
         .into_iter()
         .map(|cg| parse_cgroup_path(&cg.pathname))
-        .find(|facts| !facts.is_empty())
+        .collect();
+    let names_workload = |f: &&CgroupFacts| f.container_id.is_some() || f.pod_uid.is_some();
+    parsed
+        .iter()
+        .find(names_workload)
+        .or_else(|| parsed.iter().find(|f| !f.is_empty()))
+        .cloned()
         .unwrap_or_default()
 }
 
@@ -664,6 +673,14 @@ mod tests {
             facts_from_cgroups(&lines),
             facts(None, None, Some("c.service"))
         );
+        // Hybrid host, cgroupfs driver: the processes stay in the runtime's
+        // service in v2; v1 names the container.
+        let lines = [
+            cg(0, &[], "/system.slice/containerd.service"),
+            cg(1, &["name=systemd"], "/system.slice/containerd.service"),
+            cg(5, &["pids"], &format!("/kubepods/burstable/pod{UID}/{ID}")),
+        ];
+        assert_eq!(facts_from_cgroups(&lines), facts(Some(ID), Some(UID), None));
         assert_eq!(facts_from_cgroups(&[]), CgroupFacts::default());
     }
 

@@ -14,6 +14,7 @@ use profiler_tests::cgroups::{
 };
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::pprof_tool::check_readable;
+use profiler_tests::process::run_with_timeout;
 use profiler_tests::profiles::{FlatSample, ProfileFile, flatten_all, read_profiles, summary};
 use profiler_tests::workloads::{Running, Workload};
 use profiler_tests::{pause, temp_dir};
@@ -492,5 +493,32 @@ echo $$ > "$1" && exec "$2" 2"#;
             "shell sample with other labels: {:?}",
             s.labels
         );
+    }
+}
+
+/// The environment labels' names are the daemon's: a `--label` with one is
+/// refused with exit status 2 before anything is written.
+#[test]
+fn environment_label_names_are_reserved() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    for name in &ENV_LABELS {
+        let mut cmd = Command::new(profiler_tests::daemon::profilerd_bin());
+        cmd.args(["--label", &format!("{name}=x"), "--output-dir"])
+            .arg(&out);
+        let output = run_with_timeout(cmd, "profilerd --label", Duration::from_secs(10));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "--label {name}=x: {}\n{stderr}",
+            output.status
+        );
+        assert!(
+            stderr.contains(&format!("'{name}'")) && stderr.contains("reserved"),
+            "--label {name}=x: the error must name the label:\n{stderr}"
+        );
+        assert!(!out.exists(), "nothing may be written on bad input");
     }
 }
