@@ -605,6 +605,11 @@ mod tests {
             parse_cgroup_path("/user.slice/user-1000.slice/user@1000.service/init.scope"),
             facts(None, None, Some("user@1000.service"))
         );
+        // Seen from a cgroup namespace inside a pod.
+        assert_eq!(
+            parse_cgroup_path("/../../../../system.slice/kubelet.service"),
+            facts(None, None, Some("kubelet.service"))
+        );
         // Scopes and slices are not services.
         for path in [
             "/",
