@@ -73,8 +73,21 @@ pub const DEFAULT_MUTEX_FRACTION: u64 = 100;
 /// Shortest `--interval`: shorter windows would mostly measure the writer.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Labels that profilerd sets on every sample itself; a `--label` with one of
-/// these names would make two labels with the same key.
-pub const RESERVED_LABELS: [&str; 4] = ["pid", "tid", "comm", "thread"];
+/// these names would make two labels with the same key. The last seven are
+/// `environment::LABELS`.
+pub const RESERVED_LABELS: [&str; 11] = [
+    "pid",
+    "tid",
+    "comm",
+    "thread",
+    "container_id",
+    "container",
+    "pod",
+    "namespace",
+    "pod_uid",
+    "systemd_unit",
+    "node",
+];
 
 const DURATION_EXPECTED: &str = "expected a duration like 30s, 5m or 1h";
 
@@ -812,7 +825,10 @@ fn check_label(key: &str, value: &str, raw: &str, opt: &str) -> Result<(), Confi
         return Err(invalid(
             opt,
             raw,
-            format!("'{key}' is set by profilerd itself (reserved: pid, tid, comm, thread)"),
+            format!(
+                "'{key}' is set by profilerd itself (reserved: {})",
+                RESERVED_LABELS.join(", ")
+            ),
         ));
     }
     // An empty value is almost always an unset shell variable (`env=$ENV`).

@@ -4,6 +4,7 @@
 pub mod allocators;
 pub mod config;
 pub mod drain;
+pub mod environment;
 pub mod frames;
 pub mod go_park;
 pub mod heap;

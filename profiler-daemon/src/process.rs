@@ -3,7 +3,9 @@
 //! file's build ID. It is snapshotted while the process lives, so that a
 //! process that exits (or whose files are deleted) before the profile window
 //! closes can still be symbolized. The table is bounded; handles and build IDs
-//! are shared across processes by (device, inode).
+//! are shared across processes by (device, inode). Each snapshot also keeps
+//! the process's environment labels (container, pod, service; see
+//! `environment`), resolved at first sight and at exec.
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -21,6 +23,7 @@ use procfs::ProcError;
 use procfs::process::{LimitValue, MMPermissions, MMapPath, MemoryMap, Process};
 use tracing::{debug, warn};
 
+use crate::environment::Environment;
 use crate::frames::Mapping;
 
 /// Minimum time between two re-reads of one process's mappings.
@@ -85,6 +88,8 @@ pub struct ProcessStats {
     /// Objects that got no file handle because the handle budget was spent;
     /// they can be symbolized only while their process lives.
     pub handle_limit_hits: u64,
+    /// Label lookup cache entries dropped because the cache was full.
+    pub label_cache_drops: u64,
     /// Processes in the table now.
     pub processes: usize,
     /// File handles held now.
@@ -204,6 +209,8 @@ pub struct ProcessInfo {
     pub comm: String,
     /// Executable mappings sorted by start address.
     mappings: Vec<MappedObject>,
+    /// Environment labels (container, pod, service), only those known.
+    labels: Vec<(&'static str, String)>,
     /// Tick of the exit mark, if the process exited.
     exited: Option<u64>,
     /// Tick of the last lookup; drives LRU eviction and pruning.
@@ -294,6 +301,7 @@ pub struct ProcessTable {
     last_prune: u64,
     /// Snapshots waiting for their re-read, one queue per settle delay.
     settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
+    environment: Environment,
     stats: ProcessStats,
 }
 
@@ -321,6 +329,7 @@ impl ProcessTable {
             tick: Cell::new(0),
             last_prune: 0,
             settling: Default::default(),
+            environment: Environment::from_env(),
             stats: ProcessStats::default(),
         }
     }
@@ -377,8 +386,14 @@ impl ProcessTable {
                     }
                     queue.push_back((now, tgid));
                 }
+                // Labels change only at exec (or pid reuse): not on re-reads.
+                let labels = (settle_stage == 0 || !self.procs.contains_key(&tgid))
+                    .then(|| self.read_labels(tgid));
                 if let Some(info) = self.procs.get_mut(&tgid) {
                     info.comm = comm;
+                    if let Some(labels) = labels {
+                        info.labels = labels;
+                    }
                     info.mappings = mappings;
                     // A live process under a known pid: exec, or pid reuse.
                     info.exited = None;
@@ -394,6 +409,7 @@ impl ProcessTable {
                             tgid,
                             comm,
                             mappings,
+                            labels: labels.unwrap_or_default(),
                             exited: None,
                             last_used: Cell::new(tick),
                             snapshot_at: now,
@@ -478,8 +494,37 @@ impl ProcessTable {
         self.last_prune = self.bump();
     }
 
+    /// The environment labels of `tgid` if known, then the node's; not a use
+    /// for eviction.
+    pub fn environment_labels(&self, tgid: u32) -> impl Iterator<Item = (&'static str, &str)> {
+        let known = self.procs.get(&tgid).map(|info| info.labels.as_slice());
+        known
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(self.environment.node().map(|node| ("node", node)))
+    }
+
+    /// Environment labels of a live process; none if its cgroups cannot be
+    /// read (it may be gone already).
+    fn read_labels(&mut self, tgid: u32) -> Vec<(&'static str, String)> {
+        let cgroups = i32::try_from(tgid)
+            .ok()
+            .and_then(|pid| Process::new(pid).ok())
+            .map(|proc| proc.cgroups());
+        match cgroups {
+            Some(Ok(cgroups)) => self.environment.labels(&cgroups.0),
+            Some(Err(err)) => {
+                debug!(tgid, %err, "cannot read the cgroups");
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
+    }
+
     pub fn stats(&self) -> ProcessStats {
         ProcessStats {
+            label_cache_drops: self.environment.cache_drops(),
             processes: self.procs.len(),
             open_handles: self.objects.open_handles.load(Ordering::Relaxed),
             ..self.stats
@@ -876,6 +921,20 @@ pub(crate) mod tests {
         std::thread::sleep(SETTLE_DELAYS[1]);
         table.settle();
         assert!(table.get(pid).unwrap().is_exited());
+    }
+
+    #[test]
+    fn environment_labels_end_with_the_node() {
+        let mut table = ProcessTable::new(4);
+        let pid = std::process::id();
+        let node = table.environment.node().map(str::to_owned);
+        let want_node: Vec<_> = node.iter().map(|n| ("node", n.as_str())).collect();
+        // Unknown process: the node's label only.
+        assert_eq!(table.environment_labels(pid).collect::<Vec<_>>(), want_node);
+        assert!(table.snapshot(pid));
+        let labels: Vec<_> = table.environment_labels(pid).collect();
+        assert!(labels.ends_with(&want_node), "{labels:?}");
+        assert!(labels.iter().all(|(_, v)| !v.is_empty()), "{labels:?}");
     }
 
     #[test]

@@ -891,6 +891,11 @@ fn sample_labels(
         // address; inside a condition variable).
         labels.push(("lock".to_string(), format!("{:#x}", id.object)));
     }
+    labels.extend(
+        procs
+            .environment_labels(id.tgid)
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
     labels.extend(settings.labels.iter().cloned());
     labels
 }
