@@ -57,10 +57,13 @@ fn unit_list(text: &str, key: &str) -> BTreeSet<String> {
 
 /// The capability set of deploy/profilerd.service. The ambient set must be
 /// the same (it matters only if the unit gets a User=).
-fn unit_capabilities() -> BTreeSet<String> {
+fn unit_text() -> String {
     let path = workspace_root().join("deploy/profilerd.service");
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn unit_capabilities() -> BTreeSet<String> {
+    let text = unit_text();
     let bounding = unit_list(&text, "CapabilityBoundingSet");
     assert_eq!(
         unit_list(&text, "AmbientCapabilities"),
@@ -261,6 +264,84 @@ fn unit_capabilities_suffice_for_pid() {
 #[test]
 fn unit_capabilities_suffice_for_command() {
     profile_with_unit_caps(Mode::Command);
+}
+
+/// The unit's mount sandbox, rebuilt in a private mount namespace from its
+/// settings (systemd is not PID 1 here): ProtectSystem=strict (the root
+/// mount read-only, the state directory writable), PrivateTmp (the
+/// workload's binary, in /tmp, is hidden from the daemon), ProtectHome and
+/// ProtectProc=invisible. Profiles must stay complete: every type, stacks
+/// to main, named kernel frames.
+#[test]
+fn unit_sandbox_keeps_profiles_complete() {
+    require_root();
+    let text = unit_text();
+    let setting = |key: &str| unit_list(&text, key).into_iter().next().unwrap_or_default();
+    let caps = unit_capabilities();
+    let tmp = temp_dir();
+    let exe = Workload::Mixed.build(tmp.path(), "mixed");
+    assert!(
+        exe.starts_with("/tmp"),
+        "the workload must live in /tmp: {}",
+        exe.display()
+    );
+    // The state directory lives outside /tmp, like /var/lib/profilerd.
+    let state = tempfile::Builder::new()
+        .prefix("profilerd-e2e-state-")
+        .tempdir_in("/var/tmp")
+        .expect("creating a state directory");
+    let out = state.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+
+    let mut script = vec![
+        "set -e".to_owned(),
+        format!("mount --bind {0} {0}", out.display()),
+    ];
+    if setting("ProtectSystem") == "strict" {
+        script.push("mount -o remount,bind,ro /".into());
+    }
+    if setting("PrivateTmp") == "yes" {
+        script.push("mount -t tmpfs tmpfs /tmp".into());
+    }
+    if setting("ProtectHome") == "yes" {
+        script.push(
+            "for d in /home /root /run/user; do [ -d $d ] && mount -t tmpfs tmpfs $d; done; true"
+                .into(),
+        );
+    }
+    if setting("ProtectProc") == "invisible" {
+        script.push("mount -t proc -o hidepid=invisible proc /proc".into());
+    }
+    // The sandbox is in place: the daemon can write nowhere else.
+    script.push(
+        "if touch /profilerd-sandbox-check 2>/dev/null; then rm /profilerd-sandbox-check; \
+         echo 'sandbox: / is writable' >&2; exit 1; fi"
+            .into(),
+    );
+    script.push(format!("test ! -e {}", exe.display()));
+    script.push("exec \"$@\"".into());
+
+    let mut work = Running::start(&exe, &["3", "--wait-stdin"]);
+    work.wait_line(Duration::from_secs(10), |l| l.starts_with("ready"));
+    let inner = daemon_with_caps(&caps);
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(script.join("\n"))
+        .arg("sh")
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .args(ALL_KINDS_ARGS)
+        .arg("--output-dir")
+        .arg(&out)
+        .arg("--pid")
+        .arg(work.pid().to_string());
+    let mut daemon = Daemon::start_command(cmd);
+    daemon.wait_ready();
+    assert_exact_caps(&daemon, &caps);
+    work.release();
+    work.finish(Duration::from_secs(20));
+    daemon.wait_success(RUN_BOUND);
+    check_outputs(&out, &comm_of(&exe), &daemon);
 }
 
 #[test]
