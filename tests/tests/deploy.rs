@@ -387,6 +387,37 @@ fn our_name(kind: &str, now: SystemTime, age: Duration, n: u32) -> String {
     }
 }
 
+/// A file made immutable (`chattr +i`: not even root may delete it) for
+/// the guard's life.
+struct Immutable(std::path::PathBuf);
+
+impl Immutable {
+    fn set(path: &Path) -> Immutable {
+        let out = run_with_timeout(
+            {
+                let mut c = Command::new("chattr");
+                c.arg("+i").arg(path);
+                c
+            },
+            "chattr",
+            Duration::from_secs(10),
+        );
+        assert!(
+            out.status.success(),
+            "chattr +i {} failed (the test needs a file system with immutable files, such as ext4): {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Immutable(path.to_owned())
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
 fn write_aged(dir: &Path, name: &str, mtime: SystemTime) {
     let path = dir.join(name);
     std::fs::write(&path, b"not a profile").unwrap();
@@ -453,6 +484,11 @@ fn retention_deletes_exactly_its_own_old_files() {
     let subdir = our_name("block", now, 3 * hour, 0);
     std::fs::create_dir(out.join(&subdir)).unwrap();
     write_aged(&out.join(&subdir), &old_name, old);
+    // Ours and expired, but it cannot be deleted: one warning, counted at
+    // every sweep, and the daemon goes on.
+    let stuck = our_name("heap", now, 2 * hour, 9);
+    write_aged(&out, &stuck, now);
+    let _immutable = Immutable::set(&out.join(&stuck));
 
     let mut daemon = Daemon::start(&[
         "--output-dir",
@@ -494,6 +530,7 @@ fn retention_deletes_exactly_its_own_old_files() {
     want.extend(foreign.iter().cloned());
     want.insert(link.clone());
     want.insert(subdir.clone());
+    want.insert(stuck.clone());
     // Plus the daemon's own new cpu profiles, within the retention.
     let written: BTreeSet<String> = left
         .iter()
@@ -519,10 +556,24 @@ fn retention_deletes_exactly_its_own_old_files() {
         .into_iter()
         .find(|l| l.contains("retention summary"))
         .unwrap_or_default();
+    let failures: u64 = summary
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("failures="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // At least the sweeps at start, after the first window and at exit.
     assert!(
-        summary.contains(&format!("deleted={}", expired.len() + 1))
-            && summary.contains("failures=0"),
+        summary.contains(&format!("deleted={}", expired.len() + 1)) && failures >= 3,
         "retention summary: {summary:?}\n{}",
         daemon.describe()
+    );
+    let warnings: Vec<String> = daemon
+        .stderr_lines()
+        .into_iter()
+        .filter(|l| l.contains("WARN") && l.contains("retention"))
+        .collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains(&stuck),
+        "one warning naming {stuck} expected, got {warnings:?}"
     );
 }
