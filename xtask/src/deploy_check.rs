@@ -46,7 +46,43 @@ pub fn setup(root: &Path) -> Result<()> {
 /// Every check of `deploy/`; `binary` is the built daemon.
 pub fn check(root: &Path, binary: &Path) -> Result<()> {
     verify_unit(root, binary)?;
-    validate_manifests(root)
+    validate_manifests(root)?;
+    same_capabilities(root)
+}
+
+/// The DaemonSet adds exactly the capabilities the unit keeps (both were
+/// measured together; see the unit's comments).
+fn same_capabilities(root: &Path) -> Result<()> {
+    let read = |name: &str| {
+        let path = root.join("deploy").join(name);
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let unit = read("profilerd.service")?;
+    let mut from_unit: Vec<String> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .context("deploy/profilerd.service sets no CapabilityBoundingSet")?
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_").to_owned())
+        .collect();
+    let daemonset = read("daemonset.yaml")?;
+    // The one flow list `add: ["BPF", ...]` under securityContext.capabilities.
+    let mut from_daemonset: Vec<String> = daemonset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .context("deploy/daemonset.yaml: no 'add: [...]' capability list on one line")?
+        .split(',')
+        .map(|c| c.trim().trim_matches('"').to_owned())
+        .collect();
+    from_unit.sort();
+    from_daemonset.sort();
+    if from_unit != from_daemonset {
+        bail!(
+            "deploy/daemonset.yaml adds {from_daemonset:?}, deploy/profilerd.service keeps {from_unit:?}"
+        );
+    }
+    Ok(())
 }
 
 /// `systemd-analyze verify` on a copy of the unit whose ExecStart runs the
