@@ -28,6 +28,7 @@
 //! heap_sample_bytes = 524288
 //! block_rate = "10us"
 //! mutex_fraction = 100
+//! retention = "24h"          # or "off" (also "0"): keep every file
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
 //! env = "prod"
@@ -70,6 +71,8 @@ pub const DEFAULT_HEAP_SAMPLE_BYTES: u64 = 512 * 1024;
 pub const DEFAULT_BLOCK_RATE: Duration = Duration::from_micros(10);
 /// Default for `--mutex-fraction`.
 pub const DEFAULT_MUTEX_FRACTION: u64 = 100;
+/// Default for `--retention`.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 /// Shortest `--interval`: shorter windows would mostly measure the writer.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Labels that profilerd sets on every sample itself; a `--label` with one of
@@ -119,6 +122,9 @@ pub struct Settings {
     pub labels: Vec<(String, String)>,
     /// How user stacks are unwound.
     pub unwind: UnwindMode,
+    /// Delete own profile files older than this (retention.rs); `None`
+    /// (`off` or `0`) keeps every file. Longer than `interval`.
+    pub retention: Option<Duration>,
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -274,6 +280,11 @@ struct Cli {
     #[arg(long, value_name = "MODE")]
     unwind: Option<String>,
 
+    /// Delete own profile files older than DUR; off (or 0) keeps all
+    /// [default: 24h]
+    #[arg(long, value_name = "DUR")]
+    retention: Option<String>,
+
     /// TOML file with the same keys in snake_case; flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -300,6 +311,7 @@ struct FileConfig {
     block_rate: Option<String>,
     mutex_fraction: Option<u64>,
     unwind: Option<String>,
+    retention: Option<String>,
     // `label` is the flag's name (SPEC: "the same keys"), `labels` reads
     // better for a table; accept both.
     #[serde(alias = "label")]
@@ -593,6 +605,14 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         None => UnwindMode::Auto,
     };
 
+    let retention = match pick(cli.retention, fc.retention, "retention", "retention", path) {
+        Some((raw, opt)) => parse_retention(&raw, &opt, interval)?,
+        None if DEFAULT_RETENTION > interval => Some(DEFAULT_RETENTION),
+        // An interval of a day or more with no retention given: keep all
+        // rather than refuse a setting the user did not make.
+        None => None,
+    };
+
     Ok(Settings {
         pids,
         command,
@@ -606,7 +626,36 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         mutex_fraction,
         labels,
         unwind,
+        retention,
     })
+}
+
+/// `off` or a zero duration: keep every file. Otherwise the retention must
+/// be longer than the interval, or every profile would be deleted as soon
+/// as it is written (its window started one interval ago).
+fn parse_retention(
+    raw: &str,
+    opt: &str,
+    interval: Duration,
+) -> Result<Option<Duration>, ConfigError> {
+    if raw.trim() == "off" {
+        return Ok(None);
+    }
+    let d = parse_duration(raw, opt)?;
+    if d.is_zero() {
+        return Ok(None);
+    }
+    if d <= interval {
+        return Err(invalid(
+            opt,
+            raw,
+            format!(
+                "the retention must be longer than the interval ({}), or off",
+                humantime::format_duration(interval)
+            ),
+        ));
+    }
+    Ok(Some(d))
 }
 
 /// The target: `--pid`s or a command. A target named on the command line
@@ -917,8 +966,38 @@ mod tests {
                 mutex_fraction: 100,
                 labels: vec![],
                 unwind: UnwindMode::Auto,
+                retention: Some(Duration::from_secs(24 * 3600)),
             }
         );
+    }
+
+    #[test]
+    fn retention() {
+        let r = |args: &[&str]| parse(args).unwrap().retention;
+        assert_eq!(r(&["--retention", "2h"]), Some(Duration::from_secs(7200)));
+        assert_eq!(r(&["--retention", "off"]), None);
+        assert_eq!(r(&["--retention", "0"]), None);
+        assert_eq!(r(&["--retention", "0s"]), None);
+        // A day-long interval without a retention given keeps every file.
+        assert_eq!(r(&["--interval", "24h"]), None);
+        assert_eq!(r(&["--interval", "1h"]), Some(Duration::from_secs(86_400)));
+        error(&["--retention", "soon"], "--retention");
+        error(
+            &["--retention", "60s"],
+            "the retention must be longer than the interval (1m), or off",
+        );
+        error(
+            &["--interval", "10s", "--retention", "5s"],
+            "longer than the interval (10s)",
+        );
+        let f = config_file("retention = \"3h\"\ninterval = \"10s\"\n");
+        assert_eq!(
+            r(&["--config", path_str(&f)]),
+            Some(Duration::from_secs(3 * 3600))
+        );
+        assert_eq!(r(&["--config", path_str(&f), "--retention", "off"]), None);
+        let f = config_file("retention = \"1s\"\n");
+        error(&["--config", path_str(&f)], "'retention' in config file");
     }
 
     #[test]

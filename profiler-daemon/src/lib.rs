@@ -16,6 +16,7 @@ pub mod probes;
 pub mod process;
 pub mod profile_kind;
 pub mod rescale;
+pub mod retention;
 pub mod session;
 pub mod symbolize;
 pub mod unwind;

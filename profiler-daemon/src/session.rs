@@ -29,6 +29,7 @@ use crate::pprof::ProfileBuilder;
 use crate::probes::{ProbeConfig, Probes};
 use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
+use crate::retention::Retention;
 use crate::symbolize::Symbolizer;
 use crate::unwind::Unwinder;
 use crate::waits::{BlockWindow, MutexTable, Weight};
@@ -57,6 +58,10 @@ enum Stop {
 pub async fn run(settings: Settings) -> Result<()> {
     check_privileges()?;
     let writer = ProfileWriter::open(&settings.output_dir)?;
+    let mut retention = settings
+        .retention
+        .map(|age| Retention::new(writer.dir(), age));
+    retention.as_mut().map(Retention::run);
     let mut symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
     let mut procs = ProcessTable::new(MAX_PROCESSES);
 
@@ -196,6 +201,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
                 let closed = std::mem::replace(&mut window, Window::new());
                 write_window(&settings, &writer, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
+                retention.as_mut().map(Retention::run);
                 unwinder.release_unused();
                 reported.report(&probes);
             }
@@ -236,6 +242,10 @@ pub async fn run(settings: Settings) -> Result<()> {
         &mut waits,
         window,
     );
+    if let Some(r) = retention.as_mut() {
+        r.run();
+        r.log_totals();
+    }
     reported.report(&probes);
     log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap);
     if let Some(mut child) = child {

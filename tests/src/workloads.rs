@@ -47,6 +47,11 @@ pub enum Workload {
     /// -pthread`, no frame pointers;
     /// `[--wait-stdin] [--iterations N] [--hold-us U]`.
     MutexHold,
+    /// `mixed.c`: CPU in mixed_burn, malloc/free in mixed_alloc, and two
+    /// threads taking turns on a mutex in mixed_lock (futex waits, wake-ups,
+    /// blocking switches), so every profile type gets samples;
+    /// `SECONDS [--wait-stdin]`; `gcc -O2`, no frame pointers.
+    Mixed,
 }
 
 /// The library that [`Workload::HeapSitesJemalloc`] links against.
@@ -62,6 +67,7 @@ impl Workload {
             Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
             Workload::BlockSites => "block_sites.c",
             Workload::MutexHold => "mutex_hold.c",
+            Workload::Mixed => "mixed.c",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -97,7 +103,7 @@ impl Workload {
                 }
                 c
             }
-            Workload::BlockSites | Workload::MutexHold => {
+            Workload::BlockSites | Workload::MutexHold | Workload::Mixed => {
                 // Built like a distribution's C program: the waits' stacks
                 // are unwound through glibc and the workload without frame
                 // pointers.

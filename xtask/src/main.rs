@@ -9,6 +9,7 @@
 mod bench;
 mod bench_heap;
 mod bench_waits;
+mod deploy_check;
 mod empty_uprobe;
 
 use std::path::{Path, PathBuf};
@@ -44,6 +45,9 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Check deploy/: systemd-analyze verify on the unit, the Kubernetes
+    /// manifests against the schemas (also part of `test`).
+    CheckDeploy,
     /// Measure the daemon's cost against perf record and bpftrace, with
     /// --heap the heap profile's against empty uprobes, or with --waits the
     /// block, mutex and off-CPU profiles' against empty tracepoints (writes
@@ -72,6 +76,11 @@ fn main() -> Result<()> {
         Task::Test { quick } => {
             setup(true)?;
             test(quick)
+        }
+        Task::CheckDeploy => {
+            setup(true)?;
+            build(true)?;
+            deploy_check::check(&root(), &root().join("target/release/profilerd"))
         }
         Task::Bench(args) => {
             setup(true)?;
@@ -167,6 +176,14 @@ fn setup(for_tests: bool) -> Result<()> {
         if !have("setpriv") {
             packages.push("util-linux");
         }
+        // deploy/: systemd-analyze verify, and a virtualenv for
+        // kubernetes-validate.
+        if !have("systemd-analyze") {
+            packages.push("systemd");
+        }
+        if output(Command::new("python3").args(["-c", "import ensurepip, venv"])).is_none() {
+            packages.extend(["python3", "python3-venv"]);
+        }
         // The heap tests profile a program linked against jemalloc.
         if !Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so").exists() {
             packages.push("libjemalloc-dev");
@@ -178,6 +195,9 @@ fn setup(for_tests: bool) -> Result<()> {
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&packages)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if for_tests {
+        deploy_check::setup(&root())?;
     }
     Ok(())
 }
@@ -227,6 +247,7 @@ fn test(quick: bool) -> Result<()> {
             .args(["--", "-D", "warnings"]))?;
     }
     build(true)?;
+    deploy_check::check(&root(), &root().join("target/release/profilerd"))?;
     // Unit tests in the dev profile: the symbolizer's tests read their own
     // binary's DWARF, which release builds do not carry.
     run(cargo().args([
