@@ -14,6 +14,7 @@ pub mod probe_placement;
 pub mod probes;
 pub mod process;
 pub mod profile_kind;
+pub mod report;
 pub mod rescale;
 pub mod session;
 pub mod symbolize;
