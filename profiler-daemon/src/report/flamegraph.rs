@@ -27,7 +27,7 @@ pub fn folded(stacks: &Stacks) -> Vec<String> {
                 if i > 0 {
                     line.push(';');
                 }
-                line.push_str(names.get(frame as usize).map_or("", String::as_str));
+                line.push_str(names.get(frame.name as usize).map_or("", String::as_str));
             }
             line.push(' ');
             line.push_str(&s.value.to_string());

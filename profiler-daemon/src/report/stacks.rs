@@ -15,11 +15,19 @@ use pprof_proto::Profile;
 use super::ReportError;
 use crate::profile_kind::ProfileKind;
 
-/// A stack of interned function names, leaf first, and its summed value.
+/// A stack of frames, leaf first, and its summed value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stack {
-    pub frames: Vec<u32>,
+    pub frames: Vec<Frame>,
     pub value: i64,
+}
+
+/// One function in a stack: its interned name, and whether it was inlined
+/// into its caller (not the last line of its location).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    pub name: u32,
+    pub inline: bool,
 }
 
 /// The merged samples of one or more files, for one sample type.
@@ -244,7 +252,7 @@ struct Merger {
     stacks: Stacks,
     index: usize,
     name_ids: HashMap<String, u32>,
-    by_stack: HashMap<Vec<u32>, i64>,
+    by_stack: HashMap<Vec<Frame>, i64>,
 }
 
 impl Merger {
@@ -301,7 +309,7 @@ impl Merger {
             mappings.insert(m.id, string(p, m.filename, path)?);
         }
         // Each location's frames, innermost inlined function first.
-        let mut locations: HashMap<u64, Vec<u32>> = HashMap::with_capacity(p.location.len());
+        let mut locations: HashMap<u64, Vec<Frame>> = HashMap::with_capacity(p.location.len());
         for loc in &p.location {
             let frames = if loc.line.is_empty() {
                 // Unsymbolized: pprof names the object file, else nothing.
@@ -309,19 +317,28 @@ impl Merger {
                     Some(file) if !file.is_empty() => format!("[{}]", base_name(file)),
                     _ => "<unknown>".to_owned(),
                 };
-                vec![self.intern(&name)]
+                vec![Frame {
+                    name: self.intern(&name),
+                    inline: false,
+                }]
             } else {
+                let last = loc.line.len() - 1;
                 loc.line
                     .iter()
-                    .map(|l| {
-                        functions.get(&l.function_id).copied().ok_or_else(|| {
+                    .enumerate()
+                    .map(|(i, l)| {
+                        let name = functions.get(&l.function_id).copied().ok_or_else(|| {
                             corrupt(format!(
                                 "location {} names missing function {}",
                                 loc.id, l.function_id
                             ))
+                        })?;
+                        Ok(Frame {
+                            name,
+                            inline: i != last,
                         })
                     })
-                    .collect::<Result<_, _>>()?
+                    .collect::<Result<_, ReportError>>()?
             };
             locations.insert(loc.id, frames);
         }
@@ -471,7 +488,7 @@ pub(crate) mod tests {
     fn names(s: &Stacks) -> Vec<(Vec<&str>, i64)> {
         s.stacks
             .iter()
-            .map(|st| (st.frames.iter().map(|&f| s.name(f)).collect(), st.value))
+            .map(|st| (st.frames.iter().map(|f| s.name(f.name)).collect(), st.value))
             .collect()
     }
 

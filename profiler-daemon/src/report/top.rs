@@ -16,6 +16,9 @@ pub struct Row {
     pub name: String,
     pub flat: i64,
     pub cum: i64,
+    /// pprof's "(inline)" when every call into the function was inlined,
+    /// "(partial-inline)" when some were; "" otherwise.
+    pub inline: &'static str,
 }
 
 /// How rows are ordered.
@@ -31,18 +34,35 @@ pub enum Order {
 pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
     let mut flat: HashMap<u32, i64> = HashMap::new();
     let mut cum: HashMap<u32, i64> = HashMap::new();
+    // Caller → callee: inlined in every stack that has this call?
+    let mut calls: HashMap<(u32, u32), bool> = HashMap::new();
     let mut seen: Vec<u32> = Vec::new();
     for stack in &stacks.stacks {
-        let Some(&leaf) = stack.frames.first() else {
+        let Some(leaf) = stack.frames.first() else {
             continue;
         };
-        *flat.entry(leaf).or_insert(0) += stack.value;
+        *flat.entry(leaf.name).or_insert(0) += stack.value;
         seen.clear();
-        for &frame in &stack.frames {
-            if !seen.contains(&frame) {
-                seen.push(frame);
-                *cum.entry(frame).or_insert(0) += stack.value;
+        let mut caller: Option<u32> = None;
+        for frame in stack.frames.iter().rev() {
+            if !seen.contains(&frame.name) {
+                seen.push(frame.name);
+                *cum.entry(frame.name).or_insert(0) += stack.value;
             }
+            if let Some(c) = caller.filter(|&c| c != frame.name) {
+                let all_inline = calls.entry((c, frame.name)).or_insert(true);
+                *all_inline &= frame.inline;
+            }
+            caller = Some(frame.name);
+        }
+    }
+    let mut inlined: HashMap<u32, (bool, bool)> = HashMap::new();
+    for (&(_, callee), &inline) in &calls {
+        let (some_inline, some_not) = inlined.entry(callee).or_insert((false, false));
+        if inline {
+            *some_inline = true;
+        } else {
+            *some_not = true;
         }
     }
     let mut rows: Vec<Row> = cum
@@ -51,6 +71,11 @@ pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
             name: stacks.name(id).to_owned(),
             flat: flat.get(&id).copied().unwrap_or(0),
             cum,
+            inline: match inlined.get(&id) {
+                Some((true, false)) => "(inline)",
+                Some((true, true)) => "(partial-inline)",
+                _ => "",
+            },
         })
         .collect();
     match order {
@@ -171,13 +196,15 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
         sum += row.flat;
         writeln!(
             out,
-            "{:>10} {} {} {:>10} {}  {}",
+            "{:>10} {} {} {:>10} {}  {}{}{}",
             value(row.flat),
             units::percentage(row.flat, stacks.total),
             units::percentage(sum, stacks.total),
             value(row.cum),
             units::percentage(row.cum, stacks.total),
-            row.name
+            row.name,
+            if row.inline.is_empty() { "" } else { " " },
+            row.inline
         )
         .ok();
     }
@@ -196,11 +223,12 @@ mod tests {
         load(&[f], None).unwrap()
     }
 
-    fn row(name: &str, flat: i64, cum: i64) -> Row {
+    fn row(name: &str, flat: i64, cum: i64, inline: &'static str) -> Row {
         Row {
             name: name.into(),
             flat,
             cum,
+            inline,
         }
     }
 
@@ -212,14 +240,21 @@ mod tests {
             // inlined: hot is inlined into caller; flat to hot.
             (&["hot+caller", "main"], 1, 50_000_000),
             (&["caller", "main"], 1, 20_000_000),
+            // mid is inlined into main, and called by other: pprof marks
+            // a function by its incoming calls.
+            (&["leaf", "mid+main"], 1, 1_000_000),
+            (&["leaf", "mid", "other", "main"], 1, 1_000_000),
         ]);
         assert_eq!(
             rows(&s, Order::Flat),
             vec![
-                row("hot", 50_000_000, 50_000_000),
-                row("rec", 30_000_000, 30_000_000),
-                row("caller", 20_000_000, 70_000_000),
-                row("main", 0, 100_000_000),
+                row("hot", 50_000_000, 50_000_000, "(inline)"),
+                row("rec", 30_000_000, 30_000_000, ""),
+                row("caller", 20_000_000, 70_000_000, ""),
+                row("leaf", 2_000_000, 2_000_000, ""),
+                row("main", 0, 102_000_000, ""),
+                row("mid", 0, 2_000_000, "(partial-inline)"),
+                row("other", 0, 1_000_000, ""),
             ]
         );
         assert_eq!(
@@ -227,7 +262,7 @@ mod tests {
                 .iter()
                 .map(|r| r.name.as_str())
                 .collect::<Vec<_>>(),
-            ["main", "caller", "hot", "rec"]
+            ["main", "caller", "hot", "rec", "leaf", "mid", "other"]
         );
     }
 
