@@ -208,6 +208,18 @@ mod tests {
     }
 
     #[test]
+    fn tooltips_count_in_a_readable_unit() {
+        let (_dir, mut s) = stacks(&[(&["f"], 1, 4_000_000_000)]);
+        assert_eq!(display_unit(&s), ("ms".to_owned(), 1e-6));
+        s.unit = "bytes".into();
+        s.total = 50 << 20;
+        assert_eq!(display_unit(&s), ("kB".to_owned(), 1.0 / 1024.0));
+        s.unit = "count".into();
+        s.sample_type = "samples".into();
+        assert_eq!(display_unit(&s), ("samples".to_owned(), 1.0));
+    }
+
+    #[test]
     fn nothing_to_draw_is_an_error() {
         let (_dir, s) = stacks(&[(&["f"], 1, 0)]);
         let err = render(&s).unwrap_err();

@@ -519,6 +519,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn uncompressed_files_read_too() {
+        use prost::Message;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plain.pb");
+        std::fs::write(&path, profile(&[(&["f"], 1, 10)]).encode_to_vec()).unwrap();
+        assert_eq!(names(&load(&[path], None).unwrap()), vec![(vec!["f"], 10)]);
+    }
+
+    #[test]
     fn sample_type_by_name_index_or_default() {
         let dir = tempfile::tempdir().unwrap();
         let mut p = profile(&[(&["f"], 3, 30)]);

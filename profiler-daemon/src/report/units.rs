@@ -18,7 +18,7 @@ struct Dimension {
     default: usize,
 }
 
-const DIMENSIONS: [Dimension; 2] = [
+static DIMENSIONS: [Dimension; 2] = [
     Dimension {
         units: &[
             Unit {
