@@ -5,7 +5,6 @@
 //! inlining).
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
 use super::stacks::Stacks;
 use super::units::{self, Target};
@@ -123,30 +122,28 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
     let target = unit.map_or(Target::Unit(from), Target::Unit);
     let value = |v: i64| units::label(v, from, target);
 
-    let mut out = String::new();
+    let mut lines: Vec<String> = Vec::new();
     let files: Vec<String> = stacks
         .files
         .iter()
         .map(|f| f.display().to_string())
         .collect();
-    match files.as_slice() {
-        [one] => writeln!(out, "File: {one}"),
-        many if many.len() <= 3 => writeln!(out, "Files: {}", many.join(", ")),
-        many => writeln!(
-            out,
+    lines.push(match files.as_slice() {
+        [one] => format!("File: {one}"),
+        many if many.len() <= 3 => format!("Files: {}", many.join(", ")),
+        many => format!(
             "Files: {}, ... {} ({} files)",
             many[..2].join(", "),
             many[many.len() - 1],
             many.len()
         ),
-    }
-    .ok();
-    writeln!(out, "Profile: {}", stacks.profile_type).ok();
-    writeln!(out, "Type: {}", stacks.sample_type).ok();
+    });
+    lines.push(format!("Profile: {}", stacks.profile_type));
+    lines.push(format!("Type: {}", stacks.sample_type));
     if stacks.time_nanos > 0 {
         let time =
             std::time::UNIX_EPOCH + std::time::Duration::from_nanos(stacks.time_nanos as u64);
-        writeln!(out, "Time: {}", humantime::format_rfc3339_seconds(time)).ok();
+        lines.push(format!("Time: {}", humantime::format_rfc3339_seconds(time)));
     }
     if stacks.duration_nanos != 0 {
         // pprof adds the total's share of the duration when it is a time.
@@ -159,56 +156,50 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
         } else {
             String::new()
         };
-        writeln!(
-            out,
+        lines.push(format!(
             "Duration: {}, Total samples = {}{ratio}",
             units::label(stacks.duration_nanos, "nanoseconds", Target::Auto),
             value(stacks.total)
-        )
-        .ok();
+        ));
     }
     let flat_sum: i64 = shown.iter().map(|r| r.flat).sum();
-    writeln!(
-        out,
+    lines.push(format!(
         "Showing nodes accounting for {}, {} of {} total",
         value(flat_sum),
         units::percentage(flat_sum, stacks.total).trim(),
         value(stacks.total)
-    )
-    .ok();
+    ));
     if shown.len() < all.len() {
-        writeln!(
-            out,
+        lines.push(format!(
             "Showing top {} nodes out of {}",
             shown.len(),
             all.len()
-        )
-        .ok();
+        ));
     }
-    writeln!(
-        out,
+    lines.push(format!(
         "{:>10} {:>5}% {:>5}% {:>10} {:>5}%",
         "flat", "flat", "sum", "cum", "cum"
-    )
-    .ok();
+    ));
     let mut sum = 0i64;
     for row in shown {
         sum += row.flat;
-        writeln!(
-            out,
-            "{:>10} {} {} {:>10} {}  {}{}{}",
+        let inline = if row.inline.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", row.inline)
+        };
+        lines.push(format!(
+            "{:>10} {} {} {:>10} {}  {}{inline}",
             value(row.flat),
             units::percentage(row.flat, stacks.total),
             units::percentage(sum, stacks.total),
             value(row.cum),
             units::percentage(row.cum, stacks.total),
             row.name,
-            if row.inline.is_empty() { "" } else { " " },
-            row.inline
-        )
-        .ok();
+        ));
     }
-    out
+    lines.push(String::new());
+    lines.join("\n")
 }
 
 #[cfg(test)]
