@@ -258,6 +258,88 @@ fn top_and_flamegraph_of_a_real_cpu_profile() {
     assert_eq!(dir_entries(&tmp.path().join("out")), expected);
 }
 
+/// Every sample type of a real heap profile (a command that allocates at
+/// known sites, two files merged) reads as in `go tool pprof -top`: bytes
+/// in pprof's B/kB/MB, counts without unit. The flame graph of allocated
+/// bytes is titled with both types.
+#[test]
+fn top_and_flamegraph_of_a_real_heap_profile() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_report");
+    let out = tmp.path().join("out");
+    let out_arg = out.to_str().unwrap();
+    let mut daemon = Daemon::start(&[
+        "--profiles",
+        "heap",
+        "--heap-sample-bytes",
+        "16384",
+        "--interval",
+        "1s",
+        "--output-dir",
+        out_arg,
+        "--",
+        exe.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    daemon.wait_success(Duration::from_secs(90));
+    let files: Vec<PathBuf> = read_profiles(&out, "heap")
+        .into_iter()
+        .map(|f| f.path)
+        .collect();
+    assert!(!files.is_empty(), "no heap files\n{}", daemon.describe());
+    let names: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+    for sample_type in [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ] {
+        let args: Vec<&str> = ["top", "-n", "0", "--sample-type", sample_type]
+            .into_iter()
+            .chain(names.iter().copied())
+            .collect();
+        let text = success(&args);
+        let index = format!("-sample_index={sample_type}");
+        let reference = go_pprof(&["-top", "-nodefraction=0", &index], &names);
+        assert_eq!(
+            from_duration(&text),
+            from_duration(&reference),
+            "profilerd {} differs from go tool pprof:\n{text}\n---\n{reference}",
+            args.join(" ")
+        );
+        if sample_type == "alloc_space" {
+            println!("{text}");
+            assert!(rows(&text).iter().any(|r| r.name == "site_leak"), "{text}");
+        }
+    }
+    // The default is the last sample type, as in pprof.
+    assert!(success(&[&["top"], &names[..]].concat()).contains("\nType: inuse_space\n"));
+
+    let svg_path = tmp.path().join("heap.svg");
+    let svg_arg = svg_path.to_str().unwrap();
+    success(
+        &[
+            &["flamegraph", "--sample-type", "alloc_space", "-o", svg_arg],
+            &names[..],
+        ]
+        .concat(),
+    );
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(&svg, options)
+        .unwrap_or_else(|e| panic!("{} is not well-formed XML: {e}", svg_path.display()));
+    assert!(
+        doc.descendants()
+            .any(|n| n.text() == Some("heap profile: alloc_space (bytes)")),
+        "title"
+    );
+    assert!(svg.contains("<title>site_leak ("), "no site_leak frame");
+}
+
 fn cum_of(table: &[Row], name: &str) -> f64 {
     table
         .iter()
