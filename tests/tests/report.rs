@@ -4,6 +4,7 @@
 //! truth and against `go tool pprof -top` of the same files; and their bad
 //! input: one line, the contract's exit status, nothing written.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -457,9 +458,44 @@ fn bad_input_is_one_line_and_writes_nothing() {
         1,
         "no/such/dir/f.svg",
     );
-    // The output is a directory: the rename fails, the temp file goes.
+    // Only a regular file is replaced: not a directory, a FIFO (or a
+    // device: as root a rename would put the SVG in place of /dev/null)
+    // nor a symlink, whose target stays as it was.
     let out_dir_arg = out_dir.to_str().unwrap();
-    assert_fails(&["flamegraph", "-o", out_dir_arg, &cpu], 1, "svg");
+    assert_fails(
+        &["flamegraph", "-o", out_dir_arg, &cpu],
+        1,
+        "not a regular file",
+    );
+    let fifo = tmp.path().join("fifo");
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    assert_fails(
+        &["flamegraph", "-o", fifo.to_str().unwrap(), &cpu],
+        1,
+        "not a regular file",
+    );
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    let link = tmp.path().join("link.svg");
+    std::os::unix::fs::symlink(&text, &link).unwrap();
+    assert_fails(
+        &["flamegraph", "-o", link.to_str().unwrap(), &cpu],
+        1,
+        "not a regular file",
+    );
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "not a profile\n");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
 
     // Command-line mistakes: status 2.
     assert_fails(&["top"], 2, "<FILE>");
@@ -490,6 +526,15 @@ fn bad_input_is_one_line_and_writes_nothing() {
     );
     success(&["flamegraph", "-o", svg, &cpu]);
     assert_eq!(dir_entries(&out_dir), ["f.svg"]);
+    let to_stdout = success(&["flamegraph", "-o", "-", &cpu]);
+    let in_file = std::fs::read_to_string(svg).unwrap();
+    // The test's capture of stdout ends each line, the last one included.
+    assert!(
+        to_stdout.trim_end() == in_file.trim_end(),
+        "-o - printed {} bytes, not the {} bytes of the SVG file",
+        to_stdout.len(),
+        in_file.len()
+    );
 
     // The daemon's own help names the subcommands; theirs exit 0.
     let help = success(&["--help"]);

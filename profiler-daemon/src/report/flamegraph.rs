@@ -119,12 +119,20 @@ fn display_unit(stacks: &Stacks) -> (String, f64) {
 
 /// Writes `bytes` to `path` through a hidden temporary file in the same
 /// directory, fsynced and renamed over `path`: readers never see half a
-/// file, and a failure leaves nothing behind.
+/// file, and a failure leaves nothing behind. Only a regular file is
+/// replaced: a rename over a device, a directory or a symlink would
+/// replace the node itself (for root, `/dev/null` with an SVG).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     let err = |source: io::Error| ReportError::Write {
         path: path.to_owned(),
         source,
     };
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_file() => {
+            return Err(err(io::Error::other("it exists and is not a regular file")));
+        }
+        _ => {}
+    }
     let file_name = path.file_name().ok_or_else(|| {
         err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -238,7 +246,14 @@ mod tests {
         let blocked = dir.path().join("sub");
         fs::create_dir(&blocked).unwrap();
         fs::write(blocked.join("x"), b"keep").unwrap();
-        assert!(write_atomically(&blocked, b"svg").is_err());
+        let e = write_atomically(&blocked, b"svg").unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        // Nor is a symlink replaced, nor what it points to.
+        let link = dir.path().join("link.svg");
+        std::os::unix::fs::symlink(&out, &link).unwrap();
+        assert!(write_atomically(&link, b"svg").is_err());
+        assert_eq!(fs::read(&out).unwrap(), b"two");
+        fs::remove_file(&link).unwrap();
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -109,7 +109,8 @@ struct FlamegraphCli {
     #[arg(value_name = "FILE", required = true)]
     files: Vec<PathBuf>,
 
-    /// Where to write the SVG (replaced atomically)
+    /// Where to write the SVG: a new or regular file, replaced atomically,
+    /// or - for standard output
     #[arg(short = 'o', long = "output", value_name = "OUT.svg", required = true)]
     output: PathBuf,
 
@@ -163,7 +164,12 @@ fn run_top(args: &[OsString]) -> Result<(), ReportError> {
         top::Order::Flat
     };
     let text = top::render(&stacks, order, cli.nodecount);
-    match io::stdout().lock().write_all(text.as_bytes()) {
+    to_stdout(text.as_bytes())
+}
+
+fn to_stdout(bytes: &[u8]) -> Result<(), ReportError> {
+    let mut stdout = io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         // `profilerd top ... | head` closing the pipe is not a failure.
         Err(e) if e.kind() != io::ErrorKind::BrokenPipe => Err(ReportError::Write {
             path: "standard output".into(),
@@ -178,6 +184,9 @@ fn run_flamegraph(args: &[OsString]) -> Result<(), ReportError> {
         FlamegraphCli::try_parse_from(sub_args(args)).map_err(|e| from_clap(e, "flamegraph"))?;
     let stacks = stacks::load(&cli.files, cli.sample_type.as_deref())?;
     let svg = flamegraph::render(&stacks)?;
+    if cli.output.as_os_str() == "-" {
+        return to_stdout(&svg);
+    }
     flamegraph::write_atomically(&cli.output, &svg)
 }
 
