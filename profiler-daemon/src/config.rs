@@ -225,7 +225,12 @@ fn line_suffix(line: Option<usize>) -> String {
     name = "profilerd",
     version,
     about = "System-wide continuous profiler: samples stacks with eBPF and writes pprof files",
-    override_usage = "profilerd [OPTIONS] [-- COMMAND [ARGS...]]"
+    override_usage = "profilerd [OPTIONS] [-- COMMAND [ARGS...]]\n       \
+                      profilerd top [OPTIONS] FILE...\n       \
+                      profilerd flamegraph [OPTIONS] -o OUT.svg FILE...",
+    after_help = "Reading profiles: 'profilerd top' prints the heaviest functions (like \
+                  go tool pprof -top), 'profilerd flamegraph' draws an SVG; see \
+                  'profilerd top --help'."
 )]
 struct Cli {
     /// Profile only these processes and their threads (repeatable or

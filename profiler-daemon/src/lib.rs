@@ -15,6 +15,7 @@ pub mod probe_placement;
 pub mod probes;
 pub mod process;
 pub mod profile_kind;
+pub mod report;
 pub mod rescale;
 pub mod retention;
 pub mod session;

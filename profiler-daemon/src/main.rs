@@ -1,5 +1,6 @@
 //! `profilerd`: parses the command line, sets up logging and runs the
-//! session. Every failure ends in one line on stderr and a non-zero exit.
+//! session, or reports on profile files (`top`, `flamegraph`). Every
+//! failure ends in one line on stderr and a non-zero exit.
 
 use std::process::ExitCode;
 
@@ -7,7 +8,12 @@ use profilerd::config::{ConfigError, Settings};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let settings = match Settings::parse_from(std::env::args_os()) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // `profilerd top|flamegraph ...` read profiles; anything else runs the daemon.
+    if let Some(code) = profilerd::report::dispatch(&args) {
+        return code;
+    }
+    let settings = match Settings::parse_from(args) {
         Ok(s) => s,
         Err(ConfigError::Help(text)) => {
             print!("{text}");
