@@ -514,15 +514,16 @@ mod tests {
         assert!(sample_type_config(ProfileKind::Cpu).is_none());
     }
 
-    /// A server that answers 503 then 200, and a closed port: the queue,
-    /// retries, drops and the shutdown grace.
-    #[tokio::test(flavor = "current_thread")]
-    async fn retries_and_drops() {
+    /// A server on a local port that answers each request with the next of
+    /// `statuses` (with a one-line body), then stops listening.
+    async fn answering(
+        statuses: &'static [&'static str],
+    ) -> (std::net::SocketAddr, JoinHandle<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            for status in ["503 Service Unavailable", "200 OK"] {
+            for status in statuses {
                 let (mut s, _) = listener.accept().await.unwrap();
                 let mut buf = vec![0u8; 65536];
                 let mut got = Vec::new();
@@ -545,13 +546,21 @@ mod tests {
                         }
                     }
                 }
-                let reply =
-                    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+                let body = "because\n";
+                let reply = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
                 s.write_all(reply.as_bytes()).await.unwrap();
             }
         });
-        let url = parse_url(&format!("http://{addr}")).unwrap();
-        let pusher = Pusher::start(&url, &[]).unwrap();
+        (addr, server)
+    }
+
+    /// A server that answers 503 then 200, one that answers 400, and a
+    /// closed port: the queue, retries, drops and the shutdown grace.
+    #[tokio::test(flavor = "current_thread")]
+    async fn retries_and_drops() {
         let upload = Upload {
             kind: ProfileKind::Cpu,
             body: Bytes::from_static(b"\x1f\x8bnot really"),
@@ -559,6 +568,20 @@ mod tests {
             until: 2,
             file: "cpu-x.pb.gz".to_owned(),
         };
+        // A 4xx is not retried: dropped at once.
+        let (addr, server) = answering(&["400 Bad Request"]).await;
+        let pusher = Pusher::start(&parse_url(&format!("http://{addr}")).unwrap(), &[]).unwrap();
+        pusher.push(upload.clone());
+        let stats = pusher.finish(Duration::from_secs(5)).await;
+        server.await.unwrap();
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.failed_requests.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.dropped_rejected.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.dropped(), 1);
+
+        let (addr, server) = answering(&["503 Service Unavailable", "200 OK"]).await;
+        let url = parse_url(&format!("http://{addr}")).unwrap();
+        let pusher = Pusher::start(&url, &[]).unwrap();
         pusher.push(upload.clone());
         let stats = pusher.finish(Duration::from_secs(5)).await;
         server.await.unwrap();

@@ -22,6 +22,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 const LABELS: [&str; 2] = ["env=e2e", "team=profiling"];
 const APP_NAME: &str = "profilerd{env=e2e,team=profiling}";
+const KINDS: [&str; 5] = ["cpu", "heap", "block", "mutex", "offcpu"];
 
 /// Every profile file in `dir` of the given kinds.
 fn files_of(dir: &Path, kinds: &[&str]) -> Vec<(String, ProfileFile)> {
@@ -156,9 +157,10 @@ fn summary_count(summary: &str, what: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count before '{what}' in {summary:?}"))
 }
 
-/// A real run (a mutex ping-pong with a CPU-burning holder) with cpu, block
-/// and mutex profiles every 2 s: every file written arrives byte-identical,
-/// once, with the window's from/until and the labels in the name.
+/// A real run (a mutex ping-pong) with all five profile types every 2 s:
+/// every file written arrives byte-identical, once, with the window's
+/// from/until and the labels in the name, and the form that tells
+/// Pyroscope its type.
 #[test]
 fn every_written_profile_is_pushed() {
     require_root();
@@ -166,7 +168,7 @@ fn every_written_profile_is_pushed() {
     let exe = Workload::MutexHold.build(tmp.path(), "push_mutex_hold");
     let out = tmp.path().join("out");
     let receiver = Receiver::start(0);
-    let mut args = base_args(&out, &receiver.url(), "cpu,block,mutex", "2s");
+    let mut args = base_args(&out, &receiver.url(), "cpu,heap,block,mutex,offcpu", "2s");
     args.extend(
         ["--mutex-fraction", "1", "--", exe.to_str().unwrap()]
             .iter()
@@ -176,7 +178,7 @@ fn every_written_profile_is_pushed() {
     args.extend(["--iterations".to_string(), "2500".to_string()]);
     let daemon = run_daemon(&args);
 
-    let files = files_of(&out, &["cpu", "block", "mutex"]);
+    let files = files_of(&out, &KINDS);
     let requests = receiver.requests();
     let diag = format!(
         "\nfiles: {:?}\nrequests: {:?}\nreceiver errors: {:?}\n{}",
@@ -193,7 +195,7 @@ fn every_written_profile_is_pushed() {
         daemon.describe()
     );
     assert!(receiver.errors().is_empty(), "{diag}");
-    for kind in ["cpu", "block", "mutex"] {
+    for kind in KINDS {
         let n = files.iter().filter(|(k, _)| k == kind).count();
         assert!(n >= 2, "expected at least 2 {kind} files, got {n}{diag}");
     }
@@ -208,6 +210,8 @@ fn every_written_profile_is_pushed() {
         let first = sample_types(&pprof_proto::decode(&r.parts["profile"]).unwrap())[0].clone();
         let want = match kind.as_str() {
             "cpu" => "samples",
+            "heap" => "alloc_objects",
+            "offcpu" => "events",
             _ => "contentions",
         };
         assert_eq!(first.0, want, "{}", file.name());
