@@ -29,6 +29,8 @@
 //! block_rate = "10us"
 //! mutex_fraction = 100
 //! retention = "24h"          # or "off" (also "0"): keep every file
+//! push_url = "http://pyroscope:4040"
+//! metrics_addr = "127.0.0.1:9464"
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
 //! env = "prod"
@@ -125,6 +127,11 @@ pub struct Settings {
     /// Delete own profile files older than this (retention.rs); `None`
     /// (`off` or `0`) keeps every file. Longer than `interval`.
     pub retention: Option<Duration>,
+    /// Pyroscope ingest URL every written profile is also sent to
+    /// (checked and completed by `push::parse_url`).
+    pub push_url: Option<String>,
+    /// Where `/metrics` is served.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -294,6 +301,14 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
+    /// Also send every profile to this Pyroscope server (its /ingest API)
+    #[arg(long, value_name = "URL")]
+    push_url: Option<String>,
+
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_addr: Option<String>,
+
     /// Command to start once every probe is attached; profiled with its
     /// descendants until it exits
     #[arg(last = true, value_name = "COMMAND")]
@@ -321,6 +336,8 @@ struct FileConfig {
     // better for a table; accept both.
     #[serde(alias = "label")]
     labels: Option<BTreeMap<String, String>>,
+    push_url: Option<String>,
+    metrics_addr: Option<String>,
 }
 
 /// `pid = 1234` or `pid = [1234, 5678]`. Kept as i64 (TOML's integer) so an
@@ -617,6 +634,28 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         // rather than refuse a setting the user did not make.
         None => None,
     };
+    let push_url = match pick(cli.push_url, fc.push_url, "push-url", "push_url", path) {
+        Some((raw, opt)) => {
+            Some(crate::push::parse_url(&raw).map_err(|why| invalid(&opt, &raw, why))?)
+        }
+        None => None,
+    };
+    let metrics_addr = match pick(
+        cli.metrics_addr,
+        fc.metrics_addr,
+        "metrics-addr",
+        "metrics_addr",
+        path,
+    ) {
+        Some((raw, opt)) => Some(raw.trim().parse().map_err(|_| {
+            invalid(
+                &opt,
+                &raw,
+                "expected ADDRESS:PORT, like 127.0.0.1:9464 or [::]:9464",
+            )
+        })?),
+        None => None,
+    };
 
     Ok(Settings {
         pids,
@@ -632,6 +671,8 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         labels,
         unwind,
         retention,
+        push_url,
+        metrics_addr,
     })
 }
 
@@ -972,6 +1013,8 @@ mod tests {
                 labels: vec![],
                 unwind: UnwindMode::Auto,
                 retention: Some(Duration::from_secs(24 * 3600)),
+                push_url: None,
+                metrics_addr: None,
             }
         );
     }
@@ -1381,6 +1424,37 @@ region = "eu"
             &["--config", dir.path().to_str().expect("UTF-8")],
             "cannot read config file",
         );
+    }
+
+    #[test]
+    fn push_url_and_metrics_addr() {
+        let s = parse(&[]).unwrap();
+        assert_eq!((s.push_url, s.metrics_addr), (None, None));
+        let s = parse(&[
+            "--push-url",
+            "http://localhost:4040",
+            "--metrics-addr",
+            "127.0.0.1:9464",
+        ])
+        .unwrap();
+        assert_eq!(s.push_url.as_deref(), Some("http://localhost:4040/ingest"));
+        assert_eq!(s.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        let f =
+            config_file("push_url = \"https://p.example/x/ingest\"\nmetrics_addr = \"[::]:0\"\n");
+        let s = parse(&["--config", path_str(&f)]).unwrap();
+        assert_eq!(s.push_url.as_deref(), Some("https://p.example/x/ingest"));
+        assert_eq!(s.metrics_addr, Some("[::]:0".parse().unwrap()));
+
+        error(&["--push-url", "ftp://x/"], "'ftp://x/' for --push-url");
+        error(&["--push-url", "localhost:4040"], "--push-url");
+        error(&["--push-url", "http://"], "--push-url");
+        error(
+            &["--metrics-addr", "localhost"],
+            "'localhost' for --metrics-addr",
+        );
+        error(&["--metrics-addr", "127.0.0.1:99999"], "--metrics-addr");
+        let f = config_file("metrics_addr = \"nope\"\n");
+        error(&["--config", path_str(&f)], "'metrics_addr' in config file");
     }
 
     #[test]

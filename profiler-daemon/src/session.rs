@@ -25,10 +25,13 @@ use crate::config::{Settings, UnwindMode};
 use crate::drain::{CpuWindow, SampleId, Stack};
 use crate::frames::{Frame, Line};
 use crate::heap::HeapTable;
+use crate::metrics::{Metrics, Observed};
 use crate::pprof::ProfileBuilder;
 use crate::probes::{ProbeConfig, Probes};
 use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
+use crate::publish::Publisher;
+use crate::push::{Pusher, SHUTDOWN_GRACE};
 use crate::retention::Retention;
 use crate::symbolize::Symbolizer;
 use crate::unwind::Unwinder;
@@ -62,6 +65,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         .retention
         .map(|age| Retention::new(writer.dir(), age));
     retention.as_mut().map(Retention::run);
+    let mut publisher = start_outputs(&settings, writer).await?;
     let mut symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
     let mut procs = ProcessTable::new(MAX_PROCESSES);
 
@@ -182,6 +186,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                     }
                 }
                 procs.settle();
+                observe(&publisher.metrics, &mut probes, &unwinder, &symbolizer, &procs);
                 if !live_targets.is_empty() {
                     live_targets.retain(|&pid| process_alive(pid));
                     for pid in settings.pids.iter().filter(|p| !live_targets.contains(p)) {
@@ -200,7 +205,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
                 let closed = std::mem::replace(&mut window, Window::new());
-                write_window(&settings, &writer, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
+                write_window(&settings, &publisher, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
                 retention.as_mut().map(Retention::run);
                 unwinder.release_unused();
                 reported.report(&probes);
@@ -235,7 +240,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     drain_once(&mut probes, &mut window.cpu).await;
     write_window(
         &settings,
-        &writer,
+        &publisher,
         &mut symbolizer,
         &mut procs,
         &mut heap,
@@ -248,6 +253,16 @@ pub async fn run(settings: Settings) -> Result<()> {
     }
     reported.report(&probes);
     log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap);
+    observe(
+        &publisher.metrics,
+        &mut probes,
+        &unwinder,
+        &symbolizer,
+        &procs,
+    );
+    if let Some(pusher) = publisher.pusher.take() {
+        tracing::info!("{}", pusher.finish(SHUTDOWN_GRACE).await.summary());
+    }
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
         // perf does, but reap it if it already finished.
@@ -620,7 +635,7 @@ fn read_offcpu_event(
 /// Symbolizes, builds and writes every enabled profile of a closed window.
 fn write_window(
     settings: &Settings,
-    writer: &ProfileWriter,
+    publisher: &Publisher,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
     heap: &mut HeapTable,
@@ -670,7 +685,7 @@ fn write_window(
             }
         };
         let built = began.elapsed();
-        match writer.write(kind, window.start, &profile) {
+        match publisher.publish(kind, window.start, duration, &profile) {
             Ok(path) => tracing::info!(
                 "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
@@ -1013,6 +1028,50 @@ fn log_summary(
         process_snapshot_failures = p.failures,
         "summary"
     );
+}
+
+/// The metrics, the `/metrics` server and the push task, as configured.
+/// The server binds here, so that a port in use stops the start.
+async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Publisher> {
+    let metrics = Arc::new(Metrics::new()?);
+    if let Some(addr) = settings.metrics_addr {
+        let (bound, _) = crate::metrics::serve(addr, metrics.clone()).await?;
+        tracing::info!("serving metrics at http://{bound}/metrics");
+    }
+    let pusher = match &settings.push_url {
+        Some(url) => {
+            let pusher = Pusher::start(url, &settings.labels)?;
+            metrics.watch_push(pusher.stats());
+            tracing::info!("pushing every profile to {url}");
+            Some(pusher)
+        }
+        None => None,
+    };
+    Ok(Publisher {
+        writer,
+        metrics,
+        pusher,
+    })
+}
+
+/// Mirrors the session's counters into the metrics.
+fn observe(
+    metrics: &Metrics,
+    probes: &mut Probes,
+    unwinder: &Unwinder,
+    symbolizer: &Symbolizer,
+    procs: &ProcessTable,
+) {
+    let p = procs.stats();
+    metrics.observe(&Observed {
+        kernel: probes.counters(),
+        symbolization_failures: symbolizer.stats().failures,
+        unwinds_truncated: unwinder.stats().truncated,
+        attach_errors: probes.uprobe_links().map(|l| l.stats().failures).sum(),
+        processes: p.processes as u64,
+        process_snapshots: p.snapshots,
+        process_snapshot_failures: p.failures,
+    });
 }
 
 fn log_run_stats(probes: &Probes) {

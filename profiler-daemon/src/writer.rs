@@ -93,7 +93,18 @@ impl ProfileWriter {
         profile: &pprof_proto::Profile,
     ) -> Result<PathBuf, WriteError> {
         let bytes = pprof_proto::encode_gzip(profile);
-        self.write_bytes(&bytes, |n| file_name(kind, window_start, n))
+        self.write_gzipped(kind, window_start, &bytes)
+    }
+
+    /// Like [`ProfileWriter::write`], for a profile already gzipped (so
+    /// that the caller can send the same bytes elsewhere).
+    pub fn write_gzipped(
+        &self,
+        kind: ProfileKind,
+        window_start: SystemTime,
+        bytes: &[u8],
+    ) -> Result<PathBuf, WriteError> {
+        self.write_bytes(bytes, |n| file_name(kind, window_start, n))
     }
 
     fn write_bytes(

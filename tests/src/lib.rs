@@ -13,12 +13,14 @@
 //! - [`profiles`]: reading, validating and analysing the profile files;
 //! - [`pprof_tool`]: checking every file with `go tool pprof -raw`;
 //! - [`cgroups`]: cgroups a test creates and removes, workloads put in them.
+//! - [`http`]: a stand-in Pyroscope server and `/metrics` scrapes.
 //!
 //! Every test needs root (see [`daemon::require_root`]) and the suite is meant
 //! to run serially: `cargo test -p profiler-tests --release -- --test-threads=1`.
 
 pub mod cgroups;
 pub mod daemon;
+pub mod http;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
