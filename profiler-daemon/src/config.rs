@@ -80,7 +80,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Labels that profilerd sets on every sample itself; a `--label` with one of
 /// these names would make two labels with the same key. The last seven are
 /// `environment::LABELS`.
-pub const RESERVED_LABELS: [&str; 11] = [
+pub const RESERVED_LABELS: [&str; 12] = [
     "pid",
     "tid",
     "comm",
@@ -92,6 +92,8 @@ pub const RESERVED_LABELS: [&str; 11] = [
     "pod_uid",
     "systemd_unit",
     "node",
+    // The futex word of block and mutex samples.
+    "lock",
 ];
 
 const DURATION_EXPECTED: &str = "expected a duration like 30s, 5m or 1h";
