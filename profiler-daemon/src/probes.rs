@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
-use aya::programs::{PerfEvent, TracePoint};
+use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
+use aya::{Btf, BtfError};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{LiveKey, SampleKey, Stack, StackHash, control, counter};
 
@@ -31,6 +32,8 @@ pub enum ProbeError {
     MissingProgram(&'static str),
     #[error("eBPF map {0} is missing from the object")]
     MissingMap(&'static str),
+    #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux) for the off-CPU probe: {0}")]
+    KernelBtf(#[source] BtfError),
     #[error("eBPF program {name}: {source}")]
     Program {
         name: &'static str,
@@ -150,15 +153,6 @@ impl Probes {
         let block_on = u8::from(config.block);
         let block_rate = config.wait_rate_ns;
         let offcpu_on = u8::from(config.offcpu);
-        let (prev_pid, prev_state, next_pid) = if config.offcpu {
-            (
-                tracepoint_field_offset("sched", "sched_switch", "prev_pid")?,
-                tracepoint_field_offset("sched", "sched_switch", "prev_state")?,
-                tracepoint_field_offset("sched", "sched_switch", "next_pid")?,
-            )
-        } else {
-            (24, 32, 56)
-        };
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
         let mut ebpf = EbpfLoader::new()
@@ -172,9 +166,6 @@ impl Probes {
             .override_global("BLOCK_ON", &block_on, true)
             .override_global("BLOCK_RATE_NS", &block_rate, true)
             .override_global("OFFCPU_ON", &offcpu_on, true)
-            .override_global("SWITCH_PREV_PID_OFFSET", &prev_pid, true)
-            .override_global("SWITCH_PREV_STATE_OFFSET", &prev_state, true)
-            .override_global("SWITCH_NEXT_PID_OFFSET", &next_pid, true)
             .override_global("MUTEX_ON", &mutex_on, true)
             .override_global("MUTEX_FRACTION", &mutex_fraction, true)
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
@@ -261,7 +252,7 @@ impl Probes {
             probes.attach_tracepoint(name, &[("sched", name)])?;
         }
         if config.offcpu {
-            probes.attach_tracepoint("sched_switch", &[("sched", "sched_switch")])?;
+            probes.attach_btf_tracepoint("sched_switch", "sched_switch")?;
         }
         if futex_on {
             probes.attach_tracepoint("futex_enter", &[("syscalls", "sys_enter_futex")])?;
@@ -293,6 +284,25 @@ impl Probes {
     /// Loads tracepoint program `name` and attaches it to each tracepoint
     /// of `points` that this kernel has (the first must exist; newer
     /// system calls such as futex_waitv may not).
+    /// Loads and attaches a BTF tracepoint program (tp_btf), typed against
+    /// the running kernel's BTF.
+    fn attach_btf_tracepoint(&mut self, name: &'static str, point: &str) -> Result<(), ProbeError> {
+        let btf = Btf::from_sys_fs().map_err(ProbeError::KernelBtf)?;
+        let program: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(ProbeError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .load(point, &btf)
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .attach()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        Ok(())
+    }
+
     fn attach_tracepoint(
         &mut self,
         name: &'static str,

@@ -24,20 +24,20 @@ use aya_ebpf::{
     EbpfContext,
     bindings::{
         BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
-        BPF_RB_NO_WAKEUP, bpf_perf_event_data, pt_regs,
+        BPF_RB_NO_WAKEUP, bpf_perf_event_data, pt_regs, task_struct,
     },
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         bpf_probe_read_user as read_user,
         generated::{
-            bpf_get_attach_cookie, bpf_get_current_task_btf, bpf_get_func_ip, bpf_get_prandom_u32,
-            bpf_get_smp_processor_id, bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user,
-            bpf_task_pt_regs,
+            bpf_get_attach_cookie, bpf_get_current_task, bpf_get_current_task_btf, bpf_get_func_ip,
+            bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_stack, bpf_get_task_stack,
+            bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, tracepoint},
+    macros::{btf_tracepoint, map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{PerfEventContext, ProbeContext, TracePointContext},
+    programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
     COMM_LEN, COUNTS_ENTRIES, FUTEX_CALLS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
@@ -95,13 +95,6 @@ static MUTEX_FRACTION: u64 = 100;
 /// Off-CPU profile on (its rate is BLOCK_RATE_NS).
 #[unsafe(no_mangle)]
 static OFFCPU_ON: u8 = 0;
-/// Offsets in the sched_switch record, from its format file.
-#[unsafe(no_mangle)]
-static SWITCH_PREV_PID_OFFSET: u32 = 24;
-#[unsafe(no_mangle)]
-static SWITCH_PREV_STATE_OFFSET: u32 = 32;
-#[unsafe(no_mangle)]
-static SWITCH_NEXT_PID_OFFSET: u32 = 56;
 /// Offsets in the syscall tracepoint records, from their format files.
 #[unsafe(no_mangle)]
 static FUTEX_UADDR_OFFSET: u32 = 16;
@@ -154,10 +147,11 @@ static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
-/// The futex call each thread is in (waits, and kept wake-ups).
+/// The futex call each thread is in (waits, and kept wake-ups). Preallocated:
+/// an entry is made and removed on every wait, and a preallocated element
+/// comes from a per-CPU free list, not the allocator.
 #[map]
-static FUTEX_CALLS: HashMap<u32, FutexCall> =
-    HashMap::with_max_entries(FUTEX_CALLS_ENTRIES, BPF_F_NO_PREALLOC);
+static FUTEX_CALLS: HashMap<u32, FutexCall> = HashMap::with_max_entries(FUTEX_CALLS_ENTRIES, 0);
 /// The latest kept wake-up per futex word (process, address).
 #[map]
 static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
@@ -165,9 +159,10 @@ static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
 /// Per-CPU sequence numbers that make wake-up ids unique.
 #[map]
 static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-/// Stacks of blocked threads, by thread id, until they run again.
+/// Stacks of blocked threads, by task (the task_struct's address: the
+/// switch-in knows the task, not its id), until they run again.
 #[map]
-static OFFCPU_PARKED: HashMap<u32, OffcpuRecord> =
+static OFFCPU_PARKED: HashMap<u64, OffcpuRecord> =
     HashMap::with_max_entries(OFFCPU_PARKED_ENTRIES, BPF_F_NO_PREALLOC);
 /// A zeroed record to create a thread's parked slot from (far larger than
 /// the BPF stack).
@@ -1095,49 +1090,51 @@ fn task_user_regs() -> Option<(u64, u64, u64)> {
     }
 }
 
-/// sched_switch: parks the stacks of a targeted thread that leaves the CPU
-/// blocked (not one that was preempted: it stays runnable), and when a
-/// parked thread is switched back in, keeps the interval by Go's block rule
-/// (BLOCK_RATE_NS) and sends it. The switch-out runs in the blocked
-/// thread's own context, so its user stack can be copied there.
-#[tracepoint]
-pub fn sched_switch(ctx: TracePointContext) -> u32 {
+/// sched_switch (the BTF tracepoint: it hands over both tasks): parks the
+/// user stack of a targeted thread that leaves the CPU blocked (not one
+/// that was preempted: it stays runnable), and when a parked thread is
+/// switched back in, keeps the interval by Go's block rule (BLOCK_RATE_NS)
+/// and sends it. The switch-out runs in the blocked thread's own context,
+/// so its user stack can be copied there. Its kernel stack is walked only
+/// for a kept interval, at the switch-in: the thread has not run since, so
+/// its kernel stack is still the one it blocked with, and the walk (the
+/// costliest part) is not paid for the intervals the rule drops.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
     if global_u8(&OFFCPU_ON) == 0 {
         return 0;
     }
-    // SAFETY: fields of the tracepoint record, offsets from its format file.
-    let (prev, state, next) = unsafe {
-        (
-            ctx.read_at::<i32>(global(&SWITCH_PREV_PID_OFFSET) as usize)
-                .unwrap_or(0),
-            ctx.read_at::<i64>(global(&SWITCH_PREV_STATE_OFFSET) as usize)
-                .unwrap_or(0),
-            ctx.read_at::<i32>(global(&SWITCH_NEXT_PID_OFFSET) as usize)
-                .unwrap_or(0),
-        )
-    };
-    // SAFETY: plain helper.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if prev > 0 && state != 0 {
-        park(&ctx, prev as u32, now);
+    // sched_switch(bool preempt, struct task_struct *prev,
+    //              struct task_struct *next, unsigned int prev_state)
+    let preempt: u64 = ctx.arg(0);
+    let next: *mut task_struct = ctx.arg(2);
+    let state: u64 = ctx.arg(3);
+    // SAFETY: plain helpers.
+    let (now, prev) = unsafe { (bpf_ktime_get_ns(), bpf_get_current_task()) };
+    // A task's last switch (TASK_DEAD) is no wait: its task_struct is freed
+    // after it and may come back as a new task, which must not find a slot.
+    if preempt & 0xff == 0 && state as u32 != 0 && state as u32 & TASK_DEAD == 0 {
+        park(&ctx, prev, now);
     }
-    if next > 0 {
-        unpark(next as u32, now);
-    }
+    unpark(next, now);
     0
 }
 
+/// `__state` of a task's final switch (include/linux/sched.h).
+const TASK_DEAD: u32 = 0x80;
+
 #[inline(always)]
-fn park(ctx: &TracePointContext, tid: u32, now: u64) {
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if tid == 0 || tgid == global(&SELF_TGID) || !is_target(tgid) {
         return;
     }
     count(counter::OFFCPU_SWITCHES);
     // The thread's slot stays in the map from one switch to the next (it
     // goes at the thread's exit), and is written in place: a new ~10 KiB
     // map element per switch would cost an allocation and a copy each.
-    let record = match OFFCPU_PARKED.get_ptr_mut(tid) {
+    let record = match OFFCPU_PARKED.get_ptr_mut(task) {
         Some(slot) => slot,
         None => {
             let Some(blank) = OFFCPU_SCRATCH.get_ptr(0) else {
@@ -1145,11 +1142,11 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
             };
             // SAFETY: the per-CPU scratch value, read-only here.
             #[allow(clippy::needless_borrows_for_generic_args)]
-            if OFFCPU_PARKED.insert(tid, unsafe { &*blank }, 0).is_err() {
+            if OFFCPU_PARKED.insert(task, unsafe { &*blank }, 0).is_err() {
                 count(counter::OFFCPU_PARKED_FULL);
                 return;
             }
-            match OFFCPU_PARKED.get_ptr_mut(tid) {
+            match OFFCPU_PARKED.get_ptr_mut(task) {
                 Some(slot) => slot,
                 None => return,
             }
@@ -1168,17 +1165,7 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
         (*record).sp = sp;
         (*record).bp = bp;
         (*record).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        let bytes = bpf_get_stack(
-            ctx.as_ptr(),
-            (*record).kernel.as_mut_ptr().cast(),
-            (OFFCPU_KERNEL_DEPTH * 8) as u32,
-            0,
-        );
-        (*record).kernel_len = if bytes > 0 {
-            (bytes as u64 / 8).min(OFFCPU_KERNEL_DEPTH as u64)
-        } else {
-            0
-        };
+        (*record).kernel_len = 0;
         // A kernel thread (sp 0) has no user stack.
         ((*record).stack_len, (*record).frames_len) = match sp {
             0 => (0, 0),
@@ -1194,8 +1181,8 @@ fn park(ctx: &TracePointContext, tid: u32, now: u64) {
 }
 
 #[inline(always)]
-fn unpark(tid: u32, now: u64) {
-    let Some(parked) = OFFCPU_PARKED.get_ptr_mut(tid) else {
+fn unpark(next: *mut task_struct, now: u64) {
+    let Some(parked) = OFFCPU_PARKED.get_ptr_mut(next as u64) else {
         return;
     };
     // SAFETY: a map value, valid during this run.
@@ -1212,17 +1199,28 @@ fn unpark(tid: u32, now: u64) {
             Some(mut entry) => {
                 let out = entry.as_mut_ptr();
                 // SAFETY: copies the parked record (a map value) into the
-                // reserved entry of the same type.
-                let copied = unsafe {
-                    aya_ebpf::helpers::generated::bpf_probe_read_kernel(
-                        out.cast(),
-                        core::mem::size_of::<OffcpuRecord>() as u32,
-                        parked.cast(),
-                    )
-                };
+                // reserved entry of the same type: everything before the
+                // stack copy, then only the bytes of it in use (a whole
+                // record is 9 KiB; most copies are far shorter).
+                let copied = unsafe { copy_parked(out, parked) };
                 if copied == 0 {
-                    // SAFETY: as above.
-                    unsafe { (*out).duration_ns = off };
+                    // SAFETY: the entry is ours until submitted; `next`
+                    // is the task the tracepoint hands over, blocked
+                    // since it was parked.
+                    unsafe {
+                        (*out).duration_ns = off;
+                        let bytes = bpf_get_task_stack(
+                            next,
+                            (*out).kernel.as_mut_ptr().cast(),
+                            (OFFCPU_KERNEL_DEPTH * 8) as u32,
+                            0,
+                        );
+                        (*out).kernel_len = if bytes > 0 {
+                            (bytes as u64 / 8).min(OFFCPU_KERNEL_DEPTH as u64)
+                        } else {
+                            0
+                        };
+                    }
                     entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
                 } else {
                     entry.discard(0);
@@ -1233,6 +1231,34 @@ fn unpark(tid: u32, now: u64) {
     }
     // SAFETY: as above; the slot is kept for the thread's next switch.
     unsafe { (*parked).start_ns = 0 };
+}
+
+/// Copies a parked off-CPU record: its fixed part, then the `stack_len`
+/// bytes of its stack copy. 0 on success.
+#[inline(always)]
+unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i64 {
+    use aya_ebpf::helpers::generated::bpf_probe_read_kernel as read_kernel;
+    const FIXED: usize = core::mem::offset_of!(OffcpuRecord, stack);
+    // SAFETY: both point to whole records; FIXED is inside them.
+    let fixed = unsafe { read_kernel(out.cast(), FIXED as u32, parked.cast()) };
+    if fixed != 0 {
+        return fixed;
+    }
+    // SAFETY: as above.
+    let len = unsafe { (*parked).stack_len };
+    // The bounds the verifier needs for the length, checked on the full
+    // 64-bit value that is passed on.
+    if len == 0 || len > OFFCPU_STACK_BYTES as u64 {
+        return 0;
+    }
+    // SAFETY: len <= the stack arrays' length.
+    unsafe {
+        read_kernel(
+            (*out).stack.as_mut_ptr().cast(),
+            len as u32,
+            (*parked).stack.as_ptr().cast(),
+        )
+    }
 }
 
 /// Go's park points for the block profile, attached to runtime.gopark and
@@ -1414,7 +1440,8 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let tid = pid_tgid as u32;
     let _ = HEAP_THREADS.remove(tid);
     let _ = FUTEX_CALLS.remove(tid);
-    let _ = OFFCPU_PARKED.remove(tid);
+    // SAFETY: plain helper; the address is only a key.
+    let _ = OFFCPU_PARKED.remove(unsafe { bpf_get_current_task() });
     let _ = STACK_TOPS.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
