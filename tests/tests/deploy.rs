@@ -81,6 +81,10 @@ fn unit_capabilities() -> BTreeSet<String> {
 /// so also permitted and effective after exec) and no-new-privs: what
 /// systemd does for CapabilityBoundingSet= and NoNewPrivileges=.
 fn daemon_with_caps(caps: &BTreeSet<String>) -> Command {
+    daemon_at_with_caps(&profilerd_bin(), caps)
+}
+
+fn daemon_at_with_caps(bin: &Path, caps: &BTreeSet<String>) -> Command {
     let list: Vec<String> = caps
         .iter()
         .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
@@ -88,7 +92,7 @@ fn daemon_with_caps(caps: &BTreeSet<String>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.arg(format!("--bounding-set=-all,{}", list.join(",")))
         .args(["--inh-caps=-all", "--no-new-privs", "--"])
-        .arg(profilerd_bin());
+        .arg(bin);
     cmd
 }
 
@@ -292,6 +296,10 @@ fn unit_sandbox_keeps_profiles_complete() {
         .expect("creating a state directory");
     let out = state.path().join("out");
     std::fs::create_dir(&out).unwrap();
+    // The sandbox hides /tmp and home directories, where a checkout (and
+    // so the binary under test) may live; the unit's binary is in /usr.
+    let bin = state.path().join("profilerd");
+    std::fs::copy(profilerd_bin(), &bin).expect("copying the daemon out of the hidden paths");
 
     let mut script = vec![
         "set -e".to_owned(),
@@ -323,7 +331,7 @@ fn unit_sandbox_keeps_profiles_complete() {
 
     let mut work = Running::start(&exe, &["3", "--wait-stdin"]);
     work.wait_line(Duration::from_secs(10), |l| l.starts_with("ready"));
-    let inner = daemon_with_caps(&caps);
+    let inner = daemon_at_with_caps(&bin, &caps);
     let mut cmd = Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
         .arg(script.join("\n"))
