@@ -9,6 +9,10 @@ use std::collections::HashMap;
 use super::stacks::Stacks;
 use super::units::{self, Target};
 
+/// pprof's default `-edgefraction`: calls below this share of the total
+/// are dropped from its graph.
+const EDGE_FRACTION: f64 = 0.001;
+
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
@@ -16,7 +20,9 @@ pub struct Row {
     pub flat: i64,
     pub cum: i64,
     /// pprof's "(inline)" when every call into the function was inlined,
-    /// "(partial-inline)" when some were; "" otherwise.
+    /// "(partial-inline)" when some were; "" otherwise. Calls lighter than
+    /// pprof's default edge fraction of the total are not looked at, as
+    /// pprof drops those edges before it marks inlining.
     pub inline: &'static str,
 }
 
@@ -33,15 +39,20 @@ pub enum Order {
 pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
     let mut flat: HashMap<u32, i64> = HashMap::new();
     let mut cum: HashMap<u32, i64> = HashMap::new();
-    // Caller → callee: inlined in every stack that has this call?
-    let mut calls: HashMap<(u32, u32), bool> = HashMap::new();
+    // Caller → callee: inlined in every stack that has this call, and the
+    // call's weight (each stack counted once).
+    let mut calls: HashMap<(u32, u32), (bool, i64)> = HashMap::new();
     let mut seen: Vec<u32> = Vec::new();
+    let mut seen_calls: Vec<(u32, u32)> = Vec::new();
+    let mut total: i64 = 0;
     for stack in &stacks.stacks {
         let Some(leaf) = stack.frames.first() else {
             continue;
         };
         *flat.entry(leaf.name).or_insert(0) += stack.value;
+        total = total.saturating_add(stack.value.saturating_abs());
         seen.clear();
+        seen_calls.clear();
         let mut caller: Option<u32> = None;
         for frame in stack.frames.iter().rev() {
             if !seen.contains(&frame.name) {
@@ -49,14 +60,22 @@ pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
                 *cum.entry(frame.name).or_insert(0) += stack.value;
             }
             if let Some(c) = caller.filter(|&c| c != frame.name) {
-                let all_inline = calls.entry((c, frame.name)).or_insert(true);
+                let (all_inline, weight) = calls.entry((c, frame.name)).or_insert((true, 0));
                 *all_inline &= frame.inline;
+                if !seen_calls.contains(&(c, frame.name)) {
+                    seen_calls.push((c, frame.name));
+                    *weight = weight.saturating_add(stack.value);
+                }
             }
             caller = Some(frame.name);
         }
     }
+    let cutoff = (total as f64 * EDGE_FRACTION) as i64;
     let mut inlined: HashMap<u32, (bool, bool)> = HashMap::new();
-    for (&(_, callee), &inline) in &calls {
+    for (&(_, callee), &(inline, weight)) in &calls {
+        if weight.saturating_abs() < cutoff {
+            continue;
+        }
         let (some_inline, some_not) = inlined.entry(callee).or_insert((false, false));
         if inline {
             *some_inline = true;
@@ -254,6 +273,28 @@ mod tests {
                 .map(|r| r.name.as_str())
                 .collect::<Vec<_>>(),
             ["main", "caller", "hot", "rec", "leaf", "mid", "other"]
+        );
+    }
+
+    #[test]
+    fn light_calls_do_not_mark_inlining() {
+        // tiny's only call weighs 0.05% of the total, under pprof's 0.1%
+        // edge fraction: pprof drops the edge and shows no mark.
+        let s = stacks(&[
+            (&["tiny+main"], 1, 2_000_000),
+            (&["big+main"], 1, 3_998_000_000),
+        ]);
+        let marks: Vec<(String, &str)> = rows(&s, Order::Flat)
+            .into_iter()
+            .map(|r| (r.name, r.inline))
+            .collect();
+        assert_eq!(
+            marks,
+            [
+                ("big".to_owned(), "(inline)"),
+                ("tiny".to_owned(), ""),
+                ("main".to_owned(), "")
+            ]
         );
     }
 
