@@ -44,7 +44,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -441,24 +441,63 @@ fn from_clap(err: clap::Error) -> ConfigError {
     }
 }
 
+/// Largest config file read: a real one is a few hundred bytes, and a
+/// bound keeps a wrong path (a log, a device) from being read whole.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
 fn read_config_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::ReadConfig {
+    let read_err = |reason: String| ConfigError::ReadConfig {
         path: path.to_owned(),
-        reason: io_reason(&e),
+        reason,
+    };
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| read_err(io_reason(&e)))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(read_err(format!(
+            "larger than {} KiB, not a config file",
+            MAX_CONFIG_BYTES / 1024
+        )));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        read_err(format!(
+            "not UTF-8 text (invalid byte at line {})",
+            line_of(&String::from_utf8_lossy(&e.as_bytes()[..at]), at)
+        ))
     })?;
     toml::from_str(&text).map_err(|e| {
         // toml's Display draws the offending line with a caret over several
-        // lines; keep its message and the line number only.
+        // lines; keep its message, the key and the line number only.
         let line = e.span().map(|span| line_of(&text, span.start));
+        let message = toml_message(e.message());
+        let message = match error_key(&e) {
+            Some(key) if !message.contains(&format!("'{key}'")) => {
+                format!("key '{key}': {message}")
+            }
+            _ => message,
+        };
         ConfigError::ConfigFile {
             path: path.to_owned(),
-            message: toml_message(e.message()),
+            message,
             line,
         }
     })
 }
 
-/// One-line form of a toml/serde message, in TOML's words ("key").
+/// The dotted key a toml error is about, if it says: toml only prints it
+/// (as "in `a.b`") when it has no input to point into.
+fn error_key(error: &toml::de::Error) -> Option<String> {
+    let mut bare = error.clone();
+    bare.set_input(None);
+    bare.to_string()
+        .lines()
+        .find_map(|l| l.strip_prefix("in `")?.strip_suffix('`').map(str::to_owned))
+}
+
+/// One-line form of a toml/serde message, in TOML's words ("key"), with
+/// control characters (from the file's own strings) escaped.
 fn toml_message(message: &str) -> String {
     let one_line = message
         .lines()
@@ -466,6 +505,7 @@ fn toml_message(message: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
+    let one_line = crate::text::escape_controls(&one_line).into_owned();
     // serde says "unknown field `foo`, expected one of `a`, `b`"; a file
     // author thinks in keys and quotes with ''.
     match one_line.strip_prefix("unknown field `") {
@@ -771,7 +811,8 @@ fn parse_pid(raw: &str, opt: &str) -> Result<u32, ConfigError> {
 /// too, tools like `top -H` show them, and the kernel filter works on whole
 /// processes, so a tid can only mean "the process of this thread".
 fn process_tgid(pid: u32, opt: &str) -> Result<u32, ConfigError> {
-    let status = match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+    // Lossy: the Name line holds the process's own name, which need not be UTF-8.
+    let status = match crate::text::read_proc_text(format!("/proc/{pid}/status")) {
         Ok(status) => status,
         // ESRCH: it exited between the open and the read.
         Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH) => {
@@ -1426,6 +1467,31 @@ region = "eu"
             &["--config", dir.path().to_str().expect("UTF-8")],
             "cannot read config file",
         );
+    }
+
+    #[test]
+    fn config_file_errors_name_the_key_and_line() {
+        let f = config_file("interval = \"30s\"\ncpu_frequency = \"fast\"\n");
+        let msg = error(&["--config", path_str(&f)], "key 'cpu_frequency'");
+        assert!(msg.ends_with("(line 2)"), "{msg}");
+        let f = config_file("[labels]\nenv = 3\n");
+        let msg = error(&["--config", path_str(&f)], "key 'labels.env'");
+        assert!(msg.ends_with("(line 2)"), "{msg}");
+        let f = config_file("\n\ninterval = 5\n");
+        let msg = error(&["--config", path_str(&f)], "key 'interval'");
+        assert!(msg.ends_with("(line 3)"), "{msg}");
+        // A string value with a newline escape stays on one line.
+        let f = config_file("cpu_frequency = \"a\\nb\"\n");
+        error(&["--config", path_str(&f)], "cpu_frequency");
+
+        let mut f = config_file("interval = \"30s\"\n# caf");
+        f.write_all(b"\xe9\n").expect("write");
+        let msg = error(&["--config", path_str(&f)], "not UTF-8 text");
+        assert!(msg.contains("line 2"), "{msg}");
+
+        let big = "# padding\n".repeat(120_000);
+        let f = config_file(&big);
+        error(&["--config", path_str(&f)], "larger than 1024 KiB");
     }
 
     #[test]

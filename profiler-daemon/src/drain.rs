@@ -39,10 +39,10 @@ pub struct SampleId {
 }
 
 impl SampleId {
-    /// The thread name as text, up to its NUL.
+    /// The thread name as label text, up to its NUL: lossy, with control
+    /// characters escaped (see `text::display_name`).
     pub fn thread_name(&self) -> String {
-        let end = self.thread.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
-        String::from_utf8_lossy(&self.thread[..end]).into_owned()
+        crate::text::display_name(&self.thread)
     }
 }
 

@@ -23,6 +23,7 @@ pub mod rescale;
 pub mod retention;
 pub mod session;
 pub mod symbolize;
+pub mod text;
 pub mod unwind;
 pub mod uprobe_session;
 pub mod waits;

@@ -167,7 +167,7 @@ impl ObjectFile {
             Ok(Some(bytes)) => Some(hex(&bytes)),
             Ok(None) => None,
             Err(err) => {
-                debug!(path = %path.display(), %err, "no build ID");
+                debug!(path = %crate::text::escape_controls(&path.to_string_lossy()), %err, "no build ID");
                 None
             }
         }
@@ -554,12 +554,15 @@ impl ProcessTable {
     fn read_process(&mut self, tgid: u32) -> Result<(String, Vec<MappedObject>), ProcessError> {
         let pid = i32::try_from(tgid).map_err(|_| ProcessError::Gone(tgid))?;
         let proc = Process::new(pid).map_err(|e| proc_error(tgid, e))?;
-        let mut comm = String::new();
+        // Bytes, not a String: a process may name itself with anything
+        // but NUL (invalid UTF-8, newlines), and must be profiled all the same.
+        let mut comm = Vec::new();
         proc.open_relative("comm")
             .map_err(|e| proc_error(tgid, e))?
-            .read_to_string(&mut comm)
+            .read_to_end(&mut comm)
             .map_err(|e| proc_error(tgid, ProcError::Io(e, None)))?;
-        let comm = comm.trim_end_matches('\n').to_owned();
+        // The kernel ends the file with one newline of its own.
+        let comm = crate::text::display_name(comm.strip_suffix(b"\n").unwrap_or(&comm));
         let maps = proc.maps().map_err(|e| proc_error(tgid, e))?;
         if maps.len() == 0 {
             // Only kernel threads have no mappings; a user process without
@@ -645,11 +648,11 @@ impl ProcessTable {
         let file = match proc.open_relative(format!("map_files/{start:x}-{limit:x}")) {
             Ok(file) => Some(file),
             Err(err) if deleted => {
-                debug!(tgid, path = %path.display(), %err, "cannot open deleted mapped file");
+                debug!(tgid, path = %crate::text::escape_controls(&path.to_string_lossy()), %err, "cannot open deleted mapped file");
                 None
             }
             Err(err) => {
-                debug!(tgid, path = %path.display(), %err, "map_files failed, trying the process root");
+                debug!(tgid, path = %crate::text::escape_controls(&path.to_string_lossy()), %err, "map_files failed, trying the process root");
                 proc.open_relative(Path::new("root").join(relative))
                     .ok()
                     // The path may name a newer file than the one mapped.

@@ -1162,7 +1162,7 @@ fn all_pids() -> Vec<u32> {
 
 /// Whether `id` is a process (thread group leader) rather than a thread.
 fn is_process(id: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{id}/status"))
+    crate::text::read_proc_text(format!("/proc/{id}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -1174,7 +1174,7 @@ fn is_process(id: u32) -> bool {
 
 fn process_alive(pid: u32) -> bool {
     // A zombie has a /proc entry but will never run again.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match crate::text::read_proc_text(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().next())

@@ -236,7 +236,7 @@ impl Symbolizer {
             let mut lines = Arc::clone(&self.empty);
             match object {
                 None => self.stats.failures += 1,
-                Some(object) => match self.cache.get(&(ObjKey::of(&object), offset)) {
+                Some(object) => match self.cached(&object, offset) {
                     Some(cached) => {
                         self.stats.cache_hits += 1;
                         if cached.is_empty() {
@@ -261,6 +261,20 @@ impl Symbolizer {
             self.resolve_in_object(&object, &pending, &mut frames);
         }
         frames
+    }
+
+    /// The cached result for `offset` in `object`: symbols found in any
+    /// file with its build ID, else a miss in this very file.
+    fn cached(&mut self, object: &ObjectFile, offset: u64) -> Option<Arc<[Line]>> {
+        let shared = ObjKey::of(object);
+        let own = ObjKey::Object(object.id());
+        if let Some(lines) = self.cache.get(&(shared.clone(), offset)) {
+            return Some(lines);
+        }
+        if shared == own {
+            return None;
+        }
+        self.cache.get(&(own, offset))
     }
 
     /// Looks up `pending` (frame index, file offset) in one object.
@@ -307,7 +321,15 @@ impl Symbolizer {
             }
         };
         for (&offset, lines) in offsets.iter().zip(&results) {
-            self.cache.insert((key.clone(), offset), Arc::clone(lines));
+            // A miss belongs to this file only: a stripped copy shares the
+            // build ID of its original, and must not hide the original's
+            // symbols by caching its own misses under that ID.
+            let cache_key = if lines.is_empty() {
+                ObjKey::Object(object.id())
+            } else {
+                key.clone()
+            };
+            self.cache.insert((cache_key, offset), Arc::clone(lines));
         }
         for &(idx, offset) in pending {
             let lines = offsets
