@@ -1,14 +1,23 @@
-//! Writes finished profiles into the output directory: file naming
-//! (`<type>-<UTC window start>[-N].pb.gz`) and the atomic publish (hidden
-//! temporary file, fsync, mode 0640, no-replace rename) that keeps readers
-//! from ever seeing a partial or overwritten file.
+//! Writes finished profiles into the output directory: the directory's
+//! safety check, file naming (`<type>-<UTC window start>[-N].pb.gz`) and the
+//! atomic publish (hidden temporary file, fsync, mode 0640, no-replace
+//! rename) that keeps readers from ever seeing a partial or overwritten file.
+//!
+//! The daemon runs as root, so the output path must not let anyone else
+//! steer its writes: every directory on the path (and on the target of each
+//! symlink on it) must be owned by root or the daemon's user and must not be
+//! writable by group or others unless sticky; a symlink is followed only if
+//! it is owned by root or the daemon's user too. Directories it creates are
+//! 0750. Once checked, the directory is opened and every file is created and
+//! renamed through that handle, never through the path again.
 
-use std::ffi::CString;
-use std::fs::{self, File, OpenOptions, Permissions};
+use std::collections::VecDeque;
+use std::ffi::{CStr, CString, OsString};
+use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,6 +26,11 @@ use crate::profile_kind::ProfileKind;
 /// Profiles hold stacks and command names: readable by the owner's group
 /// (for collectors), not by everyone.
 const FILE_MODE: u32 = 0o640;
+/// Mode of the directories the daemon creates on the output path.
+const DIR_MODE: u32 = 0o750;
+/// Symlinks followed while resolving the output path, as the kernel's
+/// own limit (MAXSYMLINKS): more is a loop.
+const MAX_SYMLINKS: u32 = 40;
 
 /// How many `-N` suffixes to try before giving up; only reached if
 /// something keeps creating files with our names.
@@ -29,6 +43,16 @@ pub enum WriteError {
     CreateDir { dir: PathBuf, source: io::Error },
     #[error("output directory {} is not writable: {source}", dir.display())]
     NotWritable { dir: PathBuf, source: io::Error },
+    #[error(
+        "output directory {} is not safe: {} {reason}; it must be owned by root or \
+         the daemon's user and not writable by others",
+        dir.display(), crate::text::escape_controls(&at.to_string_lossy())
+    )]
+    Unsafe {
+        dir: PathBuf,
+        at: PathBuf,
+        reason: String,
+    },
     #[error("cannot write profile {}: {source}", path.display())]
     Write { path: PathBuf, source: io::Error },
     #[error("no free file name for {} after {tries} attempts", path.display())]
@@ -38,47 +62,52 @@ pub enum WriteError {
 /// Publishes profiles into one output directory.
 #[derive(Debug)]
 pub struct ProfileWriter {
+    /// The directory's path with every symlink resolved.
     dir: PathBuf,
+    /// The directory itself: files are created and renamed relative to it.
+    dir_fd: File,
     /// Makes temporary names unique among concurrent writes of this process.
     counter: AtomicU32,
     max_suffix: u32,
 }
 
 impl ProfileWriter {
-    /// Creates `dir` if missing (create_dir_all) and proves it is writable
-    /// by creating and removing a temporary file in it; the error names the
+    /// Resolves `dir` under the safety rule (see the module doc), creating
+    /// missing directories (0750), opens it and proves it is writable by
+    /// creating and removing a temporary file in it; the error names the
     /// directory and the reason.
     pub fn open(dir: &Path) -> Result<Self, WriteError> {
-        fs::create_dir_all(dir).map_err(|source| WriteError::CreateDir {
-            dir: dir.to_owned(),
-            source,
-        })?;
+        let resolved = resolve_safe(dir)?;
+        let dir_fd = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&resolved)
+            .map_err(|source| WriteError::NotWritable {
+                dir: dir.to_owned(),
+                source,
+            })?;
         // Checking permission bits is not enough (read-only mounts, ACLs,
         // root): only an actual file creation proves the directory works.
-        let probe = dir.join(format!(".profilerd-probe-{}", std::process::id()));
-        // A leftover probe (or a planted symlink) is removed, not followed:
-        // the daemon runs as root and must not truncate files elsewhere.
-        let _ = fs::remove_file(&probe);
-        let created = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-            .and_then(|_| fs::remove_file(&probe));
+        let probe = cstring(format!(".profilerd-probe-{}", std::process::id()));
+        // A leftover probe (or a planted symlink) is removed, not followed.
+        let _ = unlink_at(&dir_fd, &probe);
+        let created = create_at(&dir_fd, &probe).and_then(|_| unlink_at(&dir_fd, &probe));
         if let Err(source) = created {
-            let _ = fs::remove_file(&probe);
+            let _ = unlink_at(&dir_fd, &probe);
             return Err(WriteError::NotWritable {
                 dir: dir.to_owned(),
                 source,
             });
         }
         Ok(Self {
-            dir: dir.to_owned(),
+            dir: resolved,
+            dir_fd,
             counter: AtomicU32::new(0),
             max_suffix: MAX_SUFFIX,
         })
     }
 
-    /// The output directory.
+    /// The output directory, symlinks resolved.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -112,22 +141,22 @@ impl ProfileWriter {
         bytes: &[u8],
         name: impl Fn(u32) -> String,
     ) -> Result<PathBuf, WriteError> {
-        let tmp = TempFile(self.dir.join(format!(
+        let tmp_name = format!(
             ".{}.tmp-{}-{}",
             name(0),
             std::process::id(),
             self.counter.fetch_add(1, Ordering::Relaxed)
-        )));
+        );
+        let tmp = TempFile {
+            dir: &self.dir_fd,
+            name: cstring(&tmp_name),
+        };
         let write_err = |source| WriteError::Write {
-            path: tmp.0.clone(),
+            path: self.dir.join(&tmp_name),
             source,
         };
-        // create_new: never write through a stale file or symlink.
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp.0)
-            .map_err(write_err)?;
+        // O_EXCL | O_NOFOLLOW: never write through a stale file or symlink.
+        let mut file = create_at(&self.dir_fd, &tmp.name).map_err(write_err)?;
         // Set the mode explicitly: the umask may have removed bits at open.
         file.set_permissions(Permissions::from_mode(FILE_MODE))
             .and_then(|()| file.write_all(bytes))
@@ -136,8 +165,9 @@ impl ProfileWriter {
         drop(file);
 
         for n in 0..=self.max_suffix {
-            let path = self.dir.join(name(n));
-            match rename_noreplace(&tmp.0, &path) {
+            let final_name = name(n);
+            let path = self.dir.join(&final_name);
+            match rename_noreplace(&self.dir_fd, &tmp.name, &cstring(&final_name)) {
                 Ok(()) => {
                     tmp.disarm();
                     self.sync_dir();
@@ -156,44 +186,200 @@ impl ProfileWriter {
     /// Makes the rename durable. The file is already in place, so a failure
     /// here is only worth a warning.
     fn sync_dir(&self) {
-        if let Err(e) = File::open(&self.dir).and_then(|d| d.sync_all()) {
+        if let Err(e) = self.dir_fd.sync_all() {
             tracing::warn!("fsync of {}: {e}", self.dir.display());
         }
     }
 }
 
 /// Removes the temporary file on drop unless the rename published it.
-struct TempFile(PathBuf);
+struct TempFile<'a> {
+    dir: &'a File,
+    name: CString,
+}
 
-impl TempFile {
+impl TempFile<'_> {
     fn disarm(self) {
         std::mem::forget(self);
     }
 }
 
-impl Drop for TempFile {
+impl Drop for TempFile<'_> {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
+        let _ = unlink_at(self.dir, &self.name);
     }
 }
 
-/// Renames `from` to `to` unless `to` exists (then `AlreadyExists`).
-fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+/// `dir` made absolute with every symlink resolved, each directory on the
+/// way (and on every symlink's target) checked by [`check_dir`] and every
+/// symlink by [`check_owner`]; missing directories are created with
+/// [`DIR_MODE`].
+fn resolve_safe(dir: &Path) -> Result<PathBuf, WriteError> {
+    let absolute = if dir.is_absolute() {
+        dir.to_owned()
+    } else {
+        std::env::current_dir()
+            .map_err(|source| WriteError::CreateDir {
+                dir: dir.to_owned(),
+                source,
+            })?
+            .join(dir)
     };
-    let (cfrom, cto) = (c(from)?, c(to)?);
-    // SAFETY: both pointers are valid NUL-terminated strings for the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            cfrom.as_ptr(),
-            libc::AT_FDCWD,
-            cto.as_ptr(),
-            libc::RENAME_NOREPLACE,
+    let unsafe_at = |at: &Path, reason: String| WriteError::Unsafe {
+        dir: dir.to_owned(),
+        at: at.to_owned(),
+        reason,
+    };
+    let root = PathBuf::from("/");
+    check_dir(&fs::symlink_metadata(&root).map_err(|source| create_err(dir, source))?)
+        .map_err(|r| unsafe_at(&root, r))?;
+    let mut current = root.clone();
+    let mut todo: VecDeque<OsString> = components(&absolute);
+    let mut symlinks = 0;
+    while let Some(name) = todo.pop_front() {
+        if name == ".." {
+            current.pop();
+            continue;
+        }
+        let next = current.join(&name);
+        let meta = match fs::symlink_metadata(&next) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match DirBuilder::new().mode(DIR_MODE).create(&next) {
+                    // Someone else created it meanwhile: checked below.
+                    Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                        return Err(create_err(dir, e));
+                    }
+                    _ => {}
+                }
+                fs::symlink_metadata(&next).map_err(|e| create_err(dir, e))?
+            }
+            Err(e) => return Err(create_err(dir, e)),
+        };
+        if meta.file_type().is_symlink() {
+            check_owner(&meta).map_err(|r| unsafe_at(&next, format!("is a symlink {r}")))?;
+            symlinks += 1;
+            if symlinks > MAX_SYMLINKS {
+                return Err(create_err(dir, io::Error::from_raw_os_error(libc::ELOOP)));
+            }
+            let target = fs::read_link(&next).map_err(|e| create_err(dir, e))?;
+            let mut rest = components(&target);
+            rest.extend(todo);
+            todo = rest;
+            if target.is_absolute() {
+                current = root.clone();
+            }
+            continue;
+        }
+        if !meta.is_dir() {
+            return Err(create_err(
+                dir,
+                io::Error::new(
+                    io::ErrorKind::NotADirectory,
+                    format!(
+                        "{} is not a directory",
+                        crate::text::escape_controls(&next.to_string_lossy())
+                    ),
+                ),
+            ));
+        }
+        check_dir(&meta).map_err(|r| unsafe_at(&next, r))?;
+        current = next;
+    }
+    Ok(current)
+}
+
+fn create_err(dir: &Path, source: io::Error) -> WriteError {
+    WriteError::CreateDir {
+        dir: dir.to_owned(),
+        source,
+    }
+}
+
+/// The names of `path` in order, `.` dropped and `..` kept.
+fn components(path: &Path) -> VecDeque<OsString> {
+    path.components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// Owned by root or the daemon's user: nobody else can replace it.
+fn check_owner(meta: &fs::Metadata) -> Result<(), String> {
+    // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() == 0 || meta.uid() == euid {
+        Ok(())
+    } else {
+        Err(format!(
+            "owned by uid {}, not root or the daemon's user (uid {euid})",
+            meta.uid()
+        ))
+    }
+}
+
+/// A directory nobody but root and the daemon's user can change entries
+/// of: owned by one of them, and not group/other-writable unless sticky
+/// (then others can only remove or rename their own entries).
+fn check_dir(meta: &fs::Metadata) -> Result<(), String> {
+    check_owner(meta).map_err(|r| format!("is {r}"))?;
+    let mode = meta.mode();
+    if mode & 0o022 != 0 && mode & libc::S_ISVTX == 0 {
+        return Err(format!(
+            "is writable by {} (mode {:o}) and not sticky",
+            if mode & 0o002 != 0 {
+                "others"
+            } else {
+                "its group"
+            },
+            mode & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+fn cstring(name: impl AsRef<str>) -> CString {
+    // Our own names never hold a NUL.
+    CString::new(name.as_ref().as_bytes()).unwrap_or_default()
+}
+
+/// Creates `name` in `dir` for writing: never an existing file, never
+/// through a symlink.
+fn create_at(dir: &File, name: &CStr) -> io::Result<File> {
+    // SAFETY: valid directory fd and NUL-terminated name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            FILE_MODE as libc::c_uint,
         )
     };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+fn unlink_at(dir: &File, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid directory fd and NUL-terminated name.
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Renames `from` to `to` within `dir` unless `to` exists (then
+/// `AlreadyExists`).
+fn rename_noreplace(dir: &File, from: &CStr, to: &CStr) -> io::Result<()> {
+    let fd = dir.as_raw_fd();
+    // SAFETY: valid directory fd and NUL-terminated names.
+    let rc = unsafe { libc::renameat2(fd, from.as_ptr(), fd, to.as_ptr(), libc::RENAME_NOREPLACE) };
     if rc == 0 {
         return Ok(());
     }
@@ -202,8 +388,11 @@ fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
         // Filesystems without RENAME_NOREPLACE (and old kernels): a hard
         // link also fails with EEXIST instead of replacing.
         Some(libc::EINVAL | libc::ENOSYS) => {
-            fs::hard_link(from, to)?;
-            fs::remove_file(from)
+            // SAFETY: as above.
+            if unsafe { libc::linkat(fd, from.as_ptr(), fd, to.as_ptr(), 0) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            unlink_at(dir, from)
         }
         _ => Err(err),
     }
@@ -392,6 +581,96 @@ mod tests {
         let w = ProfileWriter::open(&out).expect("open");
         assert_eq!(w.dir(), out);
         assert!(entries(&out).is_empty());
+    }
+
+    fn chown(path: &Path, uid: u32) {
+        std::os::unix::fs::lchown(path, Some(uid), None).expect("lchown");
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid cannot fail.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[test]
+    fn created_dirs_are_0750_and_files_0640() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("a/b");
+        let w = ProfileWriter::open(&out).expect("open");
+        for d in [dir.path().join("a"), out.clone()] {
+            let mode = fs::metadata(&d).expect("metadata").permissions().mode();
+            assert_eq!(mode & 0o777 & !0o750, 0, "{}: {mode:o}", d.display());
+        }
+        let p = w.write(ProfileKind::Cpu, at(0), &profile()).expect("write");
+        let mode = fs::metadata(&p).expect("metadata").permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+    }
+
+    #[test]
+    fn safe_symlinks_are_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = dir.path().join("real");
+        fs::create_dir(&real).expect("mkdir");
+        std::os::unix::fs::symlink("real/../real", dir.path().join("link")).expect("symlink");
+        let w = ProfileWriter::open(&dir.path().join("link/sub")).expect("open");
+        assert_eq!(w.dir(), real.join("sub"));
+        let p = w.write(ProfileKind::Cpu, at(0), &profile()).expect("write");
+        assert!(p.starts_with(&real), "{}", p.display());
+    }
+
+    #[test]
+    fn writable_by_others_is_refused_unless_sticky() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let open = dir.path().join("open");
+        fs::create_dir(&open).expect("mkdir");
+        fs::set_permissions(&open, Permissions::from_mode(0o777)).expect("chmod");
+        let err = ProfileWriter::open(&open.join("out")).expect_err("world-writable parent");
+        let msg = err.to_string();
+        assert!(matches!(err, WriteError::Unsafe { .. }), "{msg}");
+        assert!(msg.contains("writable by others"), "{msg}");
+        assert!(!open.join("out").exists(), "nothing is created under it");
+
+        fs::set_permissions(&open, Permissions::from_mode(0o1777)).expect("chmod");
+        ProfileWriter::open(&open.join("out")).expect("sticky parent");
+
+        let group = dir.path().join("group");
+        fs::create_dir(&group).expect("mkdir");
+        fs::set_permissions(&group, Permissions::from_mode(0o770)).expect("chmod");
+        let err = ProfileWriter::open(&group).expect_err("group-writable");
+        assert!(err.to_string().contains("its group"), "{err}");
+    }
+
+    #[test]
+    fn foreign_owners_are_refused() {
+        if !is_root() {
+            return; // Only root can give a file away.
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let theirs = dir.path().join("theirs");
+        fs::create_dir(&theirs).expect("mkdir");
+        chown(&theirs, 4242);
+        let err = ProfileWriter::open(&theirs).expect_err("foreign directory");
+        assert!(err.to_string().contains("owned by uid 4242"), "{err}");
+
+        // A symlink someone else planted, even to a safe directory.
+        let mine = dir.path().join("mine");
+        fs::create_dir(&mine).expect("mkdir");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&mine, &link).expect("symlink");
+        chown(&link, 4242);
+        let err = ProfileWriter::open(&link).expect_err("foreign symlink");
+        let msg = err.to_string();
+        assert!(msg.contains("is a symlink owned by uid 4242"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+    }
+
+    #[test]
+    fn symlink_loops_end() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink("b", dir.path().join("a")).expect("symlink");
+        std::os::unix::fs::symlink("a", dir.path().join("b")).expect("symlink");
+        let err = ProfileWriter::open(&dir.path().join("a")).expect_err("loop");
+        assert!(matches!(err, WriteError::CreateDir { .. }), "{err}");
     }
 
     #[test]
