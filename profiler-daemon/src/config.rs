@@ -15,7 +15,9 @@
 //! # Config file
 //!
 //! TOML, keys are the long flags in snake_case; unknown keys are errors so a
-//! typo does not silently fall back to a default:
+//! typo does not silently fall back to a default. An unknown key or a value
+//! of the wrong type is named with its line; a file that is not UTF-8 or is
+//! larger than 1 MiB is refused before parsing:
 //!
 //! ```toml
 //! pid = [1234, 5678]          # or a single integer: pid = 1234
