@@ -369,6 +369,45 @@ pub mod wait_flags {
     /// The first frame is a return address (a Go goroutine's park point),
     /// not the thread's instruction pointer.
     pub const RETURN_ADDRESS: u32 = 1;
+    /// The copied stack holds, at every offset of the walk hint
+    /// `hint_id` of the record, the word the hint expects: the daemon's
+    /// remembered walk applies without reading the copy.
+    pub const HINT_MATCHED: u32 = 2;
+}
+
+/// Words a walk hint checks: a remembered walk that read more is not
+/// hinted.
+pub const WALK_HINT_WORDS: usize = 32;
+/// Walk hints the kernel holds (least recently used go first).
+pub const WALK_HINTS_ENTRIES: u32 = 4096;
+
+/// Where a remembered walk starts: the key of the kernel's `WALK_HINTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WalkHintKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// The stack words a remembered walk read, so that the kernel, which has
+/// just copied the stack and holds it in its cache, can tell the daemon
+/// that the walk applies; the daemon then never touches the copy, whose
+/// cache lines sit on the CPU that wrote them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WalkHint {
+    /// The daemon's id of the remembered walk.
+    pub id: u64,
+    /// Words in use.
+    pub len: u32,
+    pub _pad: u32,
+    /// Byte offsets from `sp` (multiples of 8) of the words read.
+    pub offsets: [u16; WALK_HINT_WORDS],
+    /// The word the walk found at each offset.
+    pub words: [u64; WALK_HINT_WORDS],
 }
 
 /// Go runtime park points probed for the block profile (uprobe cookie).
@@ -418,6 +457,8 @@ pub struct WaitStack {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// With `wait_flags::HINT_MATCHED`: the walk hint the copy matched.
+    pub hint_id: u64,
     /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
     pub stack_len: u64,
     /// Frames of `frames` in use (frame-pointer walk).
@@ -446,7 +487,8 @@ pub struct OffcpuRecord {
     pub kind: u32,
     pub tgid: u32,
     pub tid: u32,
-    pub _pad: u32,
+    /// `wait_flags` (only `HINT_MATCHED`).
+    pub flags: u32,
     /// When it left the CPU (ns, CLOCK_MONOTONIC).
     pub start_ns: u64,
     /// How long it was off the CPU (set when it is switched in).
@@ -455,6 +497,8 @@ pub struct OffcpuRecord {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// With `wait_flags::HINT_MATCHED`: the walk hint the copy matched.
+    pub hint_id: u64,
     /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
     pub stack_len: u64,
     /// Frames of `frames` in use (frame-pointer walk).
@@ -498,6 +542,10 @@ mod user {
     unsafe impl aya::Pod for super::HeapThread {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::LiveKey {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::WalkHintKey {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::WalkHint {}
     // SAFETY: plain `repr(C)` data without padding or pointers.
     unsafe impl aya::Pod for super::SampleKey {}
     // SAFETY: as above.

@@ -12,7 +12,9 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use aya::{Btf, BtfError};
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::{LiveKey, SampleKey, Stack, StackHash, control, counter};
+use profiler_common::{
+    LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
+};
 
 use crate::map_syscalls::{self, BatchError};
 use crate::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
@@ -120,6 +122,7 @@ pub struct Probes {
     cpu_attached: bool,
     heap_events: Option<RingBuf<MapData>>,
     wait_events: Option<RingBuf<MapData>>,
+    walk_hints: Option<HashMap<MapData, WalkHintKey, WalkHint>>,
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<UprobeLinks>,
@@ -223,6 +226,7 @@ impl Probes {
         let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
         let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
         let wait_events = typed_map(&mut ebpf, "WAIT_EVENTS")?;
+        let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let mut probes = Probes {
             ebpf,
@@ -240,6 +244,7 @@ impl Probes {
             cpu_attached: false,
             heap_events: Some(heap_events),
             wait_events: Some(wait_events),
+            walk_hints: Some(walk_hints),
             heap_live,
             allocators,
             go_parks,
@@ -437,6 +442,12 @@ impl Probes {
     /// The ring buffer of wait events, taken once by the caller.
     pub fn take_wait_events(&mut self) -> Option<RingBuf<MapData>> {
         self.wait_events.take()
+    }
+
+    /// The kernel's walk hints (see walk_memo.rs), taken once by the caller
+    /// that reads wait events.
+    pub fn take_walk_hints(&mut self) -> Option<HashMap<MapData, WalkHintKey, WalkHint>> {
+        self.walk_hints.take()
     }
 
     /// The heap probes' links, when heap profiles are on.

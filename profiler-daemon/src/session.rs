@@ -11,11 +11,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use aya::Pod;
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
     HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES,
-    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, counter, heap_event,
-    proc_event, unwind_mode, wait_event, wait_flags,
+    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, WalkHint, WalkHintKey,
+    counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -112,7 +112,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut heap_events = watch_ring(probes.take_heap_events(), "heap events")?;
     let mut heap = HeapTable::default();
     let mut wait_events = watch_ring(probes.take_wait_events(), "wait events")?;
-    let mut waits = Waits::new(&settings);
+    let mut waits = Waits::new(&settings, probes.take_walk_hints());
     // Processes that exec'd: their mappings are complete only once the
     // dynamic loader has run, so they are looked at again a tick later.
     let mut exec_rescan: Vec<u32> = Vec::new();
@@ -492,32 +492,51 @@ fn event_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     tgid: u32,
-    (ip, sp, bp): (u64, u64, u64),
+    regs: (u64, u64, u64),
     stack: &[u8],
     frames: &[u64],
     at_return: bool,
 ) -> Stack {
+    hinted_user_stack(procs, unwinder, tgid, regs, stack, frames, at_return, None).0
+}
+
+/// As [`event_user_stack`], for an event whose copy the kernel matched
+/// against walk hint `matched`; also returns the hint of a newly remembered
+/// walk.
+#[allow(clippy::too_many_arguments)]
+fn hinted_user_stack(
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    tgid: u32,
+    (ip, sp, bp): (u64, u64, u64),
+    stack: &[u8],
+    frames: &[u64],
+    at_return: bool,
+    matched: Option<u64>,
+) -> (Stack, Option<WalkHint>) {
     if !stack.is_empty() {
         return match procs.get(tgid) {
             Some(info) => {
-                let unwound = unwinder.unwind(info, ip, sp, bp, stack);
-                if unwound.truncated {
+                let (unwound, hint) = unwinder.unwind_hinted(info, ip, sp, bp, stack, matched);
+                let stack = if unwound.truncated {
                     Stack::Truncated(unwound.frames)
                 } else {
                     Stack::Frames(unwound.frames)
-                }
+                };
+                (stack, hint)
             }
-            None => Stack::Truncated(Arc::from(vec![ip])),
+            None => (Stack::Truncated(Arc::from(vec![ip])), None),
         };
     }
     let mut frames = frames.to_vec();
     if at_return && let Some(first) = frames.first_mut() {
         *first = first.saturating_sub(1);
     }
-    match frames.is_empty() {
+    let stack = match frames.is_empty() {
         true => Stack::Lost,
         false => Stack::FramePointer(Arc::from(frames)),
-    }
+    };
+    (stack, None)
 }
 
 /// What the block and mutex profiles collect.
@@ -526,15 +545,32 @@ struct Waits {
     offcpu: BlockWindow,
     mutex: MutexTable,
     block_rate_ns: u64,
+    /// The kernel's walk hints, given each walk remembered for a wait.
+    walk_hints: Option<AyaHashMap<MapData, WalkHintKey, WalkHint>>,
 }
 
 impl Waits {
-    fn new(settings: &Settings) -> Self {
+    fn new(
+        settings: &Settings,
+        walk_hints: Option<AyaHashMap<MapData, WalkHintKey, WalkHint>>,
+    ) -> Self {
         Waits {
             block: BlockWindow::default(),
             offcpu: BlockWindow::default(),
             mutex: MutexTable::new(settings.mutex_fraction),
             block_rate_ns: settings.block_rate.as_nanos() as u64,
+            walk_hints,
+        }
+    }
+
+    /// Gives the kernel a newly remembered walk's hint. A failed insert
+    /// only means the kernel cannot vouch for that walk: the copy is
+    /// checked here instead.
+    fn hint(&mut self, key: WalkHintKey, hint: WalkHint) {
+        if let Some(map) = &mut self.walk_hints
+            && let Err(e) = map.insert(key, hint, 0)
+        {
+            tracing::debug!("walk hint for process {} not stored: {e}", key.tgid);
         }
     }
 }
@@ -573,7 +609,8 @@ fn read_wait_events(
         procs.ensure(event.tgid);
         // Registers saved at the system call: an exact instruction pointer;
         // a goroutine's frames start with the return address it parked at.
-        let user = event_user_stack(
+        let matched = (event.flags & wait_flags::HINT_MATCHED != 0).then_some(event.hint_id);
+        let (user, hint) = hinted_user_stack(
             procs,
             unwinder,
             event.tgid,
@@ -581,7 +618,11 @@ fn read_wait_events(
             &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
             &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
             event.flags & wait_flags::RETURN_ADDRESS != 0,
+            matched,
         );
+        if let Some(hint) = hint {
+            waits.hint(hint_key(event.tgid, (event.ip, event.sp, event.bp)), hint);
+        }
         let id = SampleId {
             tgid: event.tgid,
             tid: event.tid,
@@ -598,6 +639,17 @@ fn read_wait_events(
     }
 }
 
+/// Where a walk starts, as the kernel's walk hints are keyed.
+fn hint_key(tgid: u32, (ip, sp, bp): (u64, u64, u64)) -> WalkHintKey {
+    WalkHintKey {
+        tgid,
+        _pad: 0,
+        ip,
+        sp,
+        bp,
+    }
+}
+
 /// A kept off-CPU interval: the stacks at the thread's switch-out.
 fn read_offcpu_event(
     event: &OffcpuRecord,
@@ -609,15 +661,23 @@ fn read_offcpu_event(
     let user = match event.sp {
         // A kernel thread.
         0 => Stack::None,
-        _ => event_user_stack(
-            procs,
-            unwinder,
-            event.tgid,
-            (event.ip, event.sp, event.bp),
-            &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
-            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-            false,
-        ),
+        _ => {
+            let matched = (event.flags & wait_flags::HINT_MATCHED != 0).then_some(event.hint_id);
+            let (user, hint) = hinted_user_stack(
+                procs,
+                unwinder,
+                event.tgid,
+                (event.ip, event.sp, event.bp),
+                &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
+                &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+                false,
+                matched,
+            );
+            if let Some(hint) = hint {
+                waits.hint(hint_key(event.tgid, (event.ip, event.sp, event.bp)), hint);
+            }
+            user
+        }
     };
     let kernel =
         kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
@@ -1022,6 +1082,7 @@ fn log_summary(
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
         unwinds_remembered = u.memo.hits,
+        unwinds_matched_in_kernel = u.memo.matched_in_kernel,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
         process_snapshots = p.snapshots,

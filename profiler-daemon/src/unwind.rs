@@ -35,10 +35,13 @@ use framehop::{FrameAddress, Module, ModuleSectionInfo, Unwinder as _};
 use object::LittleEndian;
 use object::elf::{FileHeader64, ProgramHeader64, SectionHeader64};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
+use profiler_common::WalkHint;
 use tracing::{debug, trace};
 
 use crate::process::{MappedObject, ObjectFile, ProcessInfo};
-use crate::walk_memo::{DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word};
+use crate::walk_memo::{
+    DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word, walk_hint,
+};
 
 /// Most frames in one unwound stack, the limit of the kernel's stacks.
 pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
@@ -753,6 +756,21 @@ impl Unwinder {
         bp: u64,
         stack: &[u8],
     ) -> UnwoundStack {
+        self.unwind_hinted(process, ip, sp, bp, stack, None).0
+    }
+
+    /// As [`Self::unwind`], for an event whose copy the kernel found to
+    /// match remembered walk `matched` (its walk hint), if any; also returns
+    /// the hint of a walk newly remembered, for the kernel.
+    pub fn unwind_hinted(
+        &mut self,
+        process: &ProcessInfo,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+        matched: Option<u64>,
+    ) -> (UnwoundStack, Option<WalkHint>) {
         self.tick += 1;
         self.stats.unwinds += 1;
         let tick = self.tick;
@@ -772,11 +790,17 @@ impl Unwinder {
             sp,
             bp,
         };
-        if let Some((frames, truncated)) = memo.lookup(&start, stack) {
+        let remembered = match matched {
+            Some(id) => memo
+                .lookup_matched(&start, id)
+                .or_else(|| memo.lookup(&start, stack)),
+            None => memo.lookup(&start, stack),
+        };
+        if let Some((frames, truncated)) = remembered {
             if truncated {
                 stats.truncated += 1;
             }
-            return UnwoundStack { frames, truncated };
+            return (UnwoundStack { frames, truncated }, None);
         }
 
         let mut reads: Vec<Read> = Vec::with_capacity(64);
@@ -824,8 +848,10 @@ impl Unwinder {
             stats.truncated += 1;
         }
         let frames: Arc<[u64]> = Arc::from(frames);
-        memo.remember(start, &reads, frames.clone(), truncated);
-        UnwoundStack { frames, truncated }
+        let hint = memo
+            .remember(start, &reads, frames.clone(), truncated)
+            .and_then(|id| walk_hint(id, sp, &reads));
+        (UnwoundStack { frames, truncated }, hint)
     }
 
     /// Drops process unwinders unused since the last call and objects that

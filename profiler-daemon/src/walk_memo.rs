@@ -13,10 +13,18 @@
 //! Entries belong to one process unwinder (one mapping set); a rebuilt
 //! unwinder has a new id, so stale entries never match. The table is
 //! bounded and emptied when full.
+//!
+//! Checking the words means reading the copy, whose cache lines the kernel
+//! wrote on another CPU: most of the daemon's cost per wait event. So each
+//! remembered walk also has an id and a [`WalkHint`] (its read offsets and
+//! words) that the daemon gives the kernel; the kernel checks the words
+//! while the copy is in its cache and flags the event, and
+//! [`WalkMemo::lookup_matched`] then answers from the id alone.
 
 use std::sync::Arc;
 
 use foldhash::HashMap;
+use profiler_common::{STACK_COPY_BYTES, WALK_HINT_WORDS, WalkHint};
 
 /// Default bound of remembered walks.
 pub const DEFAULT_MAX_WALKS: usize = 4096;
@@ -39,6 +47,7 @@ pub struct WalkStart {
 pub type Read = (u64, Option<u64>);
 
 struct Walk {
+    id: u64,
     reads: Box<[Read]>,
     frames: Arc<[u64]>,
     truncated: bool,
@@ -53,12 +62,15 @@ pub struct MemoStats {
     pub misses: u64,
     /// Times the table was emptied because it was full.
     pub clears: u64,
+    /// Of the hits, those the kernel had checked (the copy was not read).
+    pub matched_in_kernel: u64,
 }
 
 /// Bounded table of remembered walks.
 pub struct WalkMemo {
     walks: HashMap<WalkStart, Walk>,
     max_walks: usize,
+    next_id: u64,
     stats: MemoStats,
 }
 
@@ -68,6 +80,7 @@ impl WalkMemo {
         Self {
             walks: HashMap::default(),
             max_walks,
+            next_id: 0,
             stats: MemoStats::default(),
         }
     }
@@ -93,29 +106,45 @@ impl WalkMemo {
         }
     }
 
-    /// Remembers a walk from `start` that read `reads` and gave `frames`.
+    /// The remembered walk from `start` with id `id`, whose words the
+    /// kernel found in the copy (a walk hint it matched): no word is read.
+    /// `None` if that walk is gone (the table was emptied, the process's
+    /// unwinder rebuilt); the caller then looks up with the copy.
+    pub fn lookup_matched(&mut self, start: &WalkStart, id: u64) -> Option<(Arc<[u64]>, bool)> {
+        let walk = self.walks.get(start).filter(|walk| walk.id == id)?;
+        self.stats.hits += 1;
+        self.stats.matched_in_kernel += 1;
+        Some((walk.frames.clone(), walk.truncated))
+    }
+
+    /// Remembers a walk from `start` that read `reads` and gave `frames`;
+    /// returns its id, or `None` if it is not remembered.
     pub fn remember(
         &mut self,
         start: WalkStart,
         reads: &[Read],
         frames: Arc<[u64]>,
         truncated: bool,
-    ) {
+    ) -> Option<u64> {
         if self.max_walks == 0 || reads.len() > MAX_READS {
-            return;
+            return None;
         }
         if self.walks.len() >= self.max_walks && !self.walks.contains_key(&start) {
             self.walks.clear();
             self.stats.clears += 1;
         }
+        self.next_id += 1;
+        let id = self.next_id;
         self.walks.insert(
             start,
             Walk {
+                id,
                 reads: reads.into(),
                 frames,
                 truncated,
             },
         );
+        Some(id)
     }
 
     /// Counters so far.
@@ -132,6 +161,31 @@ impl WalkMemo {
     pub fn is_empty(&self) -> bool {
         self.walks.is_empty()
     }
+}
+
+/// The kernel's form of remembered walk `id` from `sp` that read `reads`:
+/// `None` when the kernel could not check it (a read outside the copy,
+/// unaligned or beyond the largest copy, or too many reads).
+pub fn walk_hint(id: u64, sp: u64, reads: &[Read]) -> Option<WalkHint> {
+    if reads.len() > WALK_HINT_WORDS {
+        return None;
+    }
+    let mut hint = WalkHint {
+        id,
+        len: reads.len() as u32,
+        _pad: 0,
+        offsets: [0; WALK_HINT_WORDS],
+        words: [0; WALK_HINT_WORDS],
+    };
+    for (i, &(addr, word)) in reads.iter().enumerate() {
+        let offset = addr.checked_sub(sp)?;
+        if offset % 8 != 0 || offset + 8 > STACK_COPY_BYTES as u64 {
+            return None;
+        }
+        hint.offsets[i] = u16::try_from(offset).ok()?;
+        hint.words[i] = word?;
+    }
+    Some(hint)
 }
 
 /// The little-endian word at `addr` of a stack copied from `sp`, if the copy
@@ -198,9 +252,50 @@ mod tests {
             MemoStats {
                 hits: 2,
                 misses: 4,
-                clears: 0
+                clears: 0,
+                matched_in_kernel: 0,
             }
         );
+    }
+
+    #[test]
+    fn a_walk_the_kernel_matched_is_answered_by_its_id() {
+        let mut memo = WalkMemo::new(8);
+        let reads = [(0x7008, Some(0x2000)), (0x7018, Some(0x3000))];
+        let id = memo
+            .remember(START, &reads, Arc::from(vec![0x1000, 0x2000]), false)
+            .expect("remembered");
+        let (frames, truncated) = memo.lookup_matched(&START, id).expect("hit");
+        assert_eq!((&*frames, truncated), (&[0x1000, 0x2000][..], false));
+        // A stale id (the walk was replaced) or another start is no answer.
+        let newer = memo
+            .remember(START, &reads, Arc::from(vec![0x1000]), false)
+            .expect("remembered");
+        assert_ne!(newer, id);
+        assert!(memo.lookup_matched(&START, id).is_none());
+        let moved = WalkStart {
+            sp: 0x7010,
+            ..START
+        };
+        assert!(memo.lookup_matched(&moved, newer).is_none());
+        assert_eq!(memo.stats().matched_in_kernel, 1);
+
+        let hint = walk_hint(id, START.sp, &reads).expect("hintable");
+        assert_eq!((hint.id, hint.len), (id, 2));
+        assert_eq!(&hint.offsets[..2], &[8, 0x18]);
+        assert_eq!(&hint.words[..2], &[0x2000, 0x3000]);
+        // What the kernel cannot check is not hinted: a word outside the
+        // copy, an unaligned or out-of-reach offset, too many words.
+        assert!(walk_hint(id, START.sp, &[(0x7008, None)]).is_none());
+        assert!(walk_hint(id, START.sp, &[(0x7004, Some(1))]).is_none());
+        assert!(walk_hint(id, START.sp, &[(0x6ff8, Some(1))]).is_none());
+        let far = START.sp + STACK_COPY_BYTES as u64;
+        assert!(walk_hint(id, START.sp, &[(far, Some(1))]).is_none());
+        let many: Vec<Read> = (0..=WALK_HINT_WORDS as u64)
+            .map(|i| (START.sp + 8 * i, Some(i)))
+            .collect();
+        assert!(walk_hint(id, START.sp, &many).is_none());
+        assert!(walk_hint(id, START.sp, &many[..WALK_HINT_WORDS]).is_some());
     }
 
     #[test]

@@ -46,8 +46,9 @@ use profiler_common::{
     OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
     PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE,
     STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
-    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WaitStack, alloc_fn, control, counter,
-    futex_call, futex_op, go_fn, heap_event, proc_event,
+    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES,
+    WaitStack, WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn,
+    heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -173,6 +174,11 @@ static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
 #[map]
 static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
+/// The stack words of the daemon's remembered walks, by where they start
+/// (written by the daemon).
+#[map]
+static WALK_HINTS: LruHashMap<WalkHintKey, WalkHint> =
+    LruHashMap::with_max_entries(WALK_HINTS_ENTRIES, 0);
 
 #[inline(always)]
 fn global<T: Copy>(v: &T) -> T {
@@ -1029,6 +1035,7 @@ fn send_wait_stack(
         (*out).ip = ip;
         (*out).sp = sp;
         (*out).bp = bp;
+        (*out).hint_id = 0;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
             ctx.as_ptr(),
@@ -1037,8 +1044,56 @@ fn send_wait_stack(
             (*out).stack.as_mut_ptr(),
             (*out).frames.as_mut_ptr(),
         );
+        if (*out).stack_len != 0
+            && let Some(id) = matching_walk_hint::<STACK_COPY_BYTES>(
+                WalkHintKey {
+                    tgid,
+                    _pad: 0,
+                    ip,
+                    sp,
+                    bp,
+                },
+                (*out).stack.as_ptr(),
+                (*out).stack_len,
+            )
+        {
+            (*out).flags |= wait_flags::HINT_MATCHED;
+            (*out).hint_id = id;
+        }
     }
     entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+}
+
+/// The id of the daemon's remembered walk from these registers if the
+/// stack just copied (`len` bytes at `stack`, still in this CPU's cache)
+/// holds every word that walk read.
+#[inline(always)]
+unsafe fn matching_walk_hint<const N: usize>(
+    key: WalkHintKey,
+    stack: *const u8,
+    len: u64,
+) -> Option<u64> {
+    // SAFETY: a map value, read during this run only.
+    let hint = unsafe { WALK_HINTS.get(key) }?;
+    let used = hint.len as usize;
+    for i in 0..WALK_HINT_WORDS {
+        if i >= used {
+            break;
+        }
+        let offset = u64::from(*hint.offsets.get(i)?);
+        if offset + 8 > len {
+            return None;
+        }
+        // The daemon sends 8-aligned offsets; the mask keeps the read
+        // inside the N-byte buffer (N a power of two) for the verifier.
+        let offset = offset as usize & (N - 8);
+        // SAFETY: within the copy's buffer, as masked above.
+        let word = unsafe { core::ptr::read_unaligned(stack.add(offset).cast::<u64>()) };
+        if word != *hint.words.get(i)? {
+            return None;
+        }
+    }
+    Some(hint.id)
 }
 
 /// Records the current thread's user stack for an event: a copy of up to
@@ -1209,6 +1264,24 @@ fn unpark(next: *mut task_struct, now: u64) {
                     // since it was parked.
                     unsafe {
                         (*out).duration_ns = off;
+                        (*out).flags = 0;
+                        (*out).hint_id = 0;
+                        if (*out).stack_len != 0
+                            && let Some(id) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
+                                WalkHintKey {
+                                    tgid: (*out).tgid,
+                                    _pad: 0,
+                                    ip: (*out).ip,
+                                    sp: (*out).sp,
+                                    bp: (*out).bp,
+                                },
+                                (*out).stack.as_ptr(),
+                                (*out).stack_len,
+                            )
+                        {
+                            (*out).flags = wait_flags::HINT_MATCHED;
+                            (*out).hint_id = id;
+                        }
                         let bytes = bpf_get_task_stack(
                             next,
                             (*out).kernel.as_mut_ptr().cast(),

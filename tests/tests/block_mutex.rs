@@ -624,6 +624,22 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
         run.diag()
     );
 
+    // The same two sites wait and wake again and again, so walks are
+    // remembered (those whose stack words did not change: -O2 code keeps
+    // changing data in saved registers), and for most of them the kernel
+    // vouches, by a walk hint, so that the daemon does not read the copy;
+    // the rest were sent before their hint reached the kernel. The stack
+    // checks below cover those events too.
+    let (remembered, matched) = (
+        summary_field(&run.daemon, "unwinds_remembered"),
+        summary_field(&run.daemon, "unwinds_matched_in_kernel"),
+    );
+    assert!(
+        remembered > 0 && matched as f64 >= 0.5 * remembered as f64,
+        "{matched} of {remembered} remembered walks were answered from a walk hint the kernel matched (expected ≥ 50%){}",
+        run.diag()
+    );
+
     // Each profile charges its own side only: a lock wakes nobody and an
     // unlock never waits.
     let woken_at_lock = site_wait(&run.mutex, LOCK_SITE);
@@ -670,6 +686,18 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
             );
         }
     }
+}
+
+/// A counter of the daemon's summary line at exit (`name=value`).
+fn summary_field(daemon: &Daemon, name: &str) -> u64 {
+    let key = format!("{name}=");
+    daemon
+        .stderr_lines()
+        .iter()
+        .filter(|l| l.contains("summary"))
+        .flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+        .find_map(|field| field.strip_prefix(&key).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no {name}= in the daemon's summary:\n{}", daemon.describe()))
 }
 
 /// --mutex-fraction 1: every contended wake-up is kept, so the mutex
