@@ -89,6 +89,8 @@ pub struct ProbeConfig {
     pub wait_rate_ns: u64,
     /// Mutex profile keeping 1 in this many contended wake-ups, if enabled.
     pub mutex_fraction: Option<u64>,
+    /// Sizes of the maps and rings (`[limits]`).
+    pub limits: crate::limits::MapLimits,
 }
 
 /// One buffer's worth of drained data.
@@ -155,7 +157,11 @@ impl Probes {
         let offcpu_on = u8::from(config.offcpu);
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        for (name, size) in config.limits.map_sizes() {
+            loader.map_max_entries(name, size);
+        }
+        let mut ebpf = loader
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)

@@ -61,6 +61,10 @@ enum Stop {
 pub async fn run(settings: Settings) -> Result<()> {
     check_privileges()?;
     let writer = ProfileWriter::open(&settings.output_dir)?;
+    let stale = writer.remove_stale_temp_files();
+    if stale > 0 {
+        tracing::info!("removed {stale} temporary file(s) of a writer that died mid-write");
+    }
     let mut retention = settings
         .retention
         .map(|age| Retention::new(writer.dir(), age));
@@ -89,6 +93,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             .profiles
             .contains(&ProfileKind::Mutex)
             .then_some(settings.mutex_fraction),
+        limits: settings.limits,
     })?;
     let mut unwinder = Unwinder::new();
     for &pid in &settings.pids {
@@ -685,15 +690,15 @@ fn write_window(
             }
         };
         let built = began.elapsed();
-        match publisher.publish(kind, window.start, duration, &profile) {
-            Ok(path) => tracing::info!(
+        // A failure is logged by the publisher, once per window.
+        if let Ok(path) = publisher.publish(kind, window.start, duration, &profile) {
+            tracing::info!(
                 "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
                 profile.sample.len(),
                 built.as_secs_f64() * 1e3,
                 (began.elapsed() - built).as_secs_f64() * 1e3,
-            ),
-            Err(e) => tracing::error!("writing the {kind} profile failed: {e}"),
+            );
         }
     }
     procs.prune();
@@ -925,59 +930,82 @@ fn sample_labels(
     labels
 }
 
-/// Kernel-side losses already logged, so that each kind is logged once per
-/// window in which it grew.
+/// Kernel-side losses already logged. Each kind is logged once, when it
+/// first happens: a full map stays full under the same load, and a line per
+/// window would flood the log. Later losses are counted in `/metrics` and in
+/// the exit summary.
 #[derive(Default)]
 struct Losses {
-    last: [u64; counter::COUNT as usize],
+    logged: [bool; counter::COUNT as usize],
 }
+
+/// Every kernel loss counter and what its loss means, for the log.
+const LOSSES: [(u32, &str); 13] = [
+    (counter::COUNTS_FULL, "samples dropped: count map full"),
+    (
+        counter::USER_STACK_LOST,
+        "user stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::KERNEL_STACK_LOST,
+        "kernel stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::PROC_EVENTS_LOST,
+        "process events dropped: ring buffer full",
+    ),
+    (
+        counter::TARGETS_FULL,
+        "descendants not followed: target map full",
+    ),
+    (
+        counter::STACK_SAMPLES_FULL,
+        "stack copies dropped (frame-pointer stacks used instead): stack sample ring full",
+    ),
+    (
+        counter::HEAP_ALLOCS_LOST,
+        "sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_FREES_LOST,
+        "frees of sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_LIVE_FULL,
+        "sampled allocations not tracked as live: live map full",
+    ),
+    (
+        counter::HEAP_THREADS_FULL,
+        "heap sampling state lost: thread map full",
+    ),
+    (
+        counter::WAIT_EVENTS_LOST,
+        "wait events dropped: wait event ring full",
+    ),
+    (
+        counter::FUTEX_CALLS_FULL,
+        "futex calls not tracked: futex call map full",
+    ),
+    (
+        counter::OFFCPU_PARKED_FULL,
+        "blocked threads not tracked: off-CPU map full",
+    ),
+];
 
 impl Losses {
     fn report(&mut self, probes: &Probes) {
         let now = probes.counters();
-        let names = [
-            (counter::COUNTS_FULL, "samples dropped: count map full"),
-            (
-                counter::USER_STACK_LOST,
-                "user stacks lost: stack map full or walk failed",
-            ),
-            (
-                counter::KERNEL_STACK_LOST,
-                "kernel stacks lost: stack map full or walk failed",
-            ),
-            (
-                counter::PROC_EVENTS_LOST,
-                "process events dropped: ring buffer full",
-            ),
-            (
-                counter::TARGETS_FULL,
-                "descendants not followed: target map full",
-            ),
-            (
-                counter::HEAP_ALLOCS_LOST,
-                "sampled allocations dropped: heap event ring full",
-            ),
-            (
-                counter::HEAP_FREES_LOST,
-                "frees of sampled allocations dropped: heap event ring full",
-            ),
-            (
-                counter::HEAP_LIVE_FULL,
-                "sampled allocations not tracked as live: live map full",
-            ),
-            (
-                counter::HEAP_THREADS_FULL,
-                "heap sampling state lost: thread map full",
-            ),
-        ];
-        for (index, what) in names {
+        for (index, what) in LOSSES {
             let i = index as usize;
-            if now[i] > self.last[i] {
-                tracing::warn!("{what}: {} (total {})", now[i] - self.last[i], now[i]);
+            if now[i] > 0 && !self.logged[i] {
+                self.logged[i] = true;
+                tracing::warn!(
+                    "{what}: {} so far (logged once; see the exit summary and /metrics)",
+                    now[i]
+                );
             }
         }
         tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
-        self.last = now;
     }
 }
 
@@ -1019,6 +1047,9 @@ fn log_summary(
         user_stacks_lost = c[counter::USER_STACK_LOST as usize],
         kernel_stacks_lost = c[counter::KERNEL_STACK_LOST as usize],
         process_events_lost = c[counter::PROC_EVENTS_LOST as usize],
+        wait_events_lost = c[counter::WAIT_EVENTS_LOST as usize],
+        futex_calls_full = c[counter::FUTEX_CALLS_FULL as usize],
+        offcpu_parked_full = c[counter::OFFCPU_PARKED_FULL as usize],
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
         unwinds_remembered = u.memo.hits,
@@ -1047,11 +1078,7 @@ async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Pub
         }
         None => None,
     };
-    Ok(Publisher {
-        writer,
-        metrics,
-        pusher,
-    })
+    Ok(Publisher::new(writer, metrics, pusher))
 }
 
 /// Mirrors the session's counters into the metrics.
