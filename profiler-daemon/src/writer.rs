@@ -168,7 +168,7 @@ impl ProfileWriter {
 impl ProfileWriter {
     /// Removes the temporary files (`.<name>.pb.gz.tmp-<pid>-<n>`) left by
     /// writers that died mid-write (SIGKILL, power loss): their pid is no
-    /// longer running, or is our own (a dead instance's pid reused by us).
+    /// longer running (or a zombie), or is our own (a dead instance's pid reused by us).
     /// Temporary files of a live writer sharing the directory are kept.
     /// Returns how many were removed.
     pub fn remove_stale_temp_files(&self) -> usize {
@@ -182,7 +182,7 @@ impl ProfileWriter {
             let Some(pid) = temp_file_pid(&name.to_string_lossy()) else {
                 continue;
             };
-            let stale = pid == own || !Path::new(&format!("/proc/{pid}")).exists();
+            let stale = pid == own || !writer_alive(pid);
             // file_type does not follow symlinks: a planted link is removed,
             // its target left alone; directories are not ours.
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
@@ -198,6 +198,16 @@ impl ProfileWriter {
         }
         removed
     }
+}
+
+/// Whether `pid` is a running process. A zombie counts as dead: it never
+/// writes again, and its parent may take long to reap it.
+fn writer_alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// The writer's pid in a temporary file name `.<name>.pb.gz.tmp-<pid>-<n>`.
