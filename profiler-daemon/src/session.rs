@@ -3,7 +3,7 @@
 //! exit) by symbolizing, building and writing its profiles, and decides when
 //! to stop.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -141,7 +141,13 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut drain_tick =
         tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_PERIOD, DRAIN_PERIOD);
     let mut window_end = tokio::time::Instant::now() + settings.interval;
-    let mut live_targets: HashSet<u32> = settings.pids.iter().copied().collect();
+    // Each target with its start time: a new process that reuses the pid of
+    // an exited target is not that target.
+    let mut live_targets: HashMap<u32, Option<u64>> = settings
+        .pids
+        .iter()
+        .map(|&pid| (pid, process_start(pid)))
+        .collect();
     let mut reported = Losses::default();
 
     let stop = loop {
@@ -193,8 +199,8 @@ pub async fn run(settings: Settings) -> Result<()> {
                 procs.settle();
                 observe(&publisher.metrics, &mut probes, &unwinder, &symbolizer, &procs);
                 if !live_targets.is_empty() {
-                    live_targets.retain(|&pid| process_alive(pid));
-                    for pid in settings.pids.iter().filter(|p| !live_targets.contains(p)) {
+                    live_targets.retain(|&pid, start| start.is_some() && process_start(pid) == *start);
+                    for pid in settings.pids.iter().filter(|p| !live_targets.contains_key(p)) {
                         probes.remove_target(*pid);
                     }
                     if live_targets.is_empty() {
@@ -1199,15 +1205,18 @@ fn is_process(id: u32) -> bool {
         .is_some_and(|tgid| tgid == id)
 }
 
-fn process_alive(pid: u32) -> bool {
-    // A zombie has a /proc entry but will never run again.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
+/// The start time (clock ticks after boot) of `pid` if it is running; a
+/// zombie has a /proc entry but will never run again.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, from the state (field 3) on;
+    // the start time is field 22.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
     }
+    fields.nth(18)?.parse().ok()
 }
 
 async fn sleep_opt(d: Option<Duration>) {

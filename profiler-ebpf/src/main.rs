@@ -1451,6 +1451,9 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
         }
         return 0;
     }
+    // The process is gone: a new process that gets its pid is someone else,
+    // not a target (the daemon's own clean-up comes up to a second later).
+    let _ = TARGETS.remove(tgid);
     if SEEN.remove(tgid).is_ok() {
         send_proc_event(proc_event::EXIT, tgid);
     }

@@ -676,3 +676,63 @@ fn reused_pid_is_symbolized_with_the_new_process() {
         d()
     );
 }
+
+/// A `--pid` target exits and a new process takes its pid at once: the new
+/// process is not profiled, and the run ends as for any exited target
+/// instead of following the newcomer.
+#[test]
+fn reused_pid_of_a_target_is_not_a_target() {
+    require_root();
+    let tmp = temp_dir();
+    let old_exe = Workload::ShortLived.build(tmp.path(), "old_target");
+    let new_exe = build_c("pid_reuse.c", tmp.path(), "pid_taker");
+    let out = tmp.path().join("out");
+    let mut old = Running::start(&old_exe, &["0.5", "--wait-stdin"]);
+    let pid = old.pid();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid.to_string(),
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    old.release();
+    old.finish(Duration::from_secs(10));
+    old.kill(); // reaped: the pid is free
+    let exited = Instant::now();
+    let mut cmd = Command::new(&new_exe);
+    cmd.args([&pid.to_string(), "6"]);
+    let mut taker = Guarded::spawn(cmd, "pid_reuse");
+    let status = daemon.wait_exit(Duration::from_secs(10));
+    let took = exited.elapsed();
+    let taker_status = taker.try_wait();
+    taker.kill();
+    assert!(status.success(), "{}", daemon.describe());
+    assert!(
+        took <= Duration::from_secs(4),
+        "the run ended {took:?} after its target exited (the new owner of pid {pid} runs 6 s)\n{}",
+        daemon.describe()
+    );
+    assert!(
+        taker_status.is_none(),
+        "the new process ended early ({taker_status:?}): was pid {pid} free?"
+    );
+
+    let files = read_profiles(&out, "cpu");
+    check_cpu_files(&files, 99);
+    let samples = of_pid(&flatten_all(&files), pid);
+    let d = || diag(&samples, &files, &daemon);
+    assert_eq!(
+        share_with(&samples, "reuse_burn"),
+        0.0,
+        "the new owner of the pid was profiled{}",
+        d()
+    );
+    assert!(
+        total_count(&samples) >= 10 && share_with(&samples, "short_lived_burn") >= 0.8,
+        "the old target's samples{}",
+        d()
+    );
+}
