@@ -177,6 +177,7 @@ fn full_disk_logs_one_error_per_window_and_recovers() {
     );
 
     fs::remove_file(&filler).expect("freeing space");
+    let freed = Instant::now();
     let recovered = wait_until(Duration::from_secs(10), || {
         !lines_with(&daemon, RECOVERED).is_empty()
     });
@@ -184,6 +185,10 @@ fn full_disk_logs_one_error_per_window_and_recovers() {
         recovered,
         "no recovery line after space returned\n{}",
         daemon.describe()
+    );
+    eprintln!(
+        "figure: writing recovered {:?} after space returned",
+        freed.elapsed()
     );
     pause(Duration::from_millis(1500));
     daemon.signal(libc::SIGTERM);
@@ -320,6 +325,7 @@ fn sigkill_mid_write_leaves_no_final_file_and_restart_works() {
         left.iter().any(|n| n.contains(".pb.gz.tmp-")),
         "the killed write's temporary file: {left:?}"
     );
+    let killed = Instant::now();
     let released = wait_until(Duration::from_secs(10), || {
         let loaded = loaded_bpf_prog_ids();
         progs.iter().all(|id| !loaded.contains(id))
@@ -328,6 +334,11 @@ fn sigkill_mid_write_leaves_no_final_file_and_restart_works() {
     assert!(
         released,
         "programs {progs:?} of the killed daemon are still loaded: {loaded:?}"
+    );
+    eprintln!(
+        "figure: {} BPF programs of the killed daemon released within {:?}",
+        progs.len(),
+        killed.elapsed()
     );
 
     let mut restarted = Daemon::start(&[
@@ -434,10 +445,19 @@ fn tiny_maps_count_drops_and_profiles_are_still_written() {
         daemon.describe()
     );
     daemon.wait_success(Duration::from_secs(15));
+    eprintln!(
+        "figure: tiny maps: {}",
+        lines_with(&daemon, "session: summary ")
+            .iter()
+            .chain(&lines_with(&daemon, "heap summary"))
+            .map(|l| l.split_once("summary").map_or(l.as_str(), |(_, r)| r))
+            .collect::<Vec<_>>()
+            .join(" |")
+    );
 
     for key in ["count_map_full", "stack_copies_dropped"] {
         assert!(
-            logged_field(&daemon, " summary ", key) > 0,
+            logged_field(&daemon, "session: summary ", key) > 0,
             "{key} in the exit summary\n{}",
             daemon.describe()
         );
