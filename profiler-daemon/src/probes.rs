@@ -177,6 +177,13 @@ impl Probes {
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
             .override_global("FUTEX_OP_OFFSET", &op_offset, true)
             .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
+            .override_global(
+                "STACK_SAMPLES_RING",
+                &config.limits.stack_samples_bytes,
+                true,
+            )
+            .override_global("HEAP_EVENTS_RING", &config.limits.heap_events_bytes, true)
+            .override_global("WAIT_EVENTS_RING", &config.limits.wait_events_bytes, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.

@@ -102,6 +102,14 @@ static FUTEX_UADDR_OFFSET: u32 = 16;
 static FUTEX_OP_OFFSET: u32 = 24;
 #[unsafe(no_mangle)]
 static SYSCALL_RET_OFFSET: u32 = 16;
+/// Byte sizes of the rings as loaded (`[limits]` may change them), for the
+/// wake-up threshold.
+#[unsafe(no_mangle)]
+static STACK_SAMPLES_RING: u32 = STACK_SAMPLES_BYTES;
+#[unsafe(no_mangle)]
+static HEAP_EVENTS_RING: u32 = HEAP_EVENTS_BYTES;
+#[unsafe(no_mangle)]
+static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -284,7 +292,9 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 /// cost a context switch each; it reads the rings every second anyway and
 /// is woken early only when a ring is a quarter full.
 #[inline(always)]
-fn wake_flag(ring: &RingBuf, bytes: u32) -> u64 {
+fn wake_flag(ring: &RingBuf, bytes: &u32) -> u64 {
+    // SAFETY: as global_u8: a read-only global patched before loading.
+    let bytes = unsafe { core::ptr::read_volatile(bytes) };
     if ring.query(BPF_RB_AVAIL_DATA as u64) > u64::from(bytes / 4) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
@@ -369,7 +379,7 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
         (*out).kernel_len = kernel_len;
         (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
     }
-    entry.submit(wake_flag(&STACK_SAMPLES, STACK_SAMPLES_BYTES));
+    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
     count(counter::STACK_SAMPLES);
     true
 }
@@ -746,7 +756,7 @@ fn retire(tgid: u32, addr: u64) {
         addr,
     };
     if HEAP_EVENTS
-        .output::<HeapFree>(&event, wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES))
+        .output::<HeapFree>(&event, wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING))
         .is_err()
     {
         count(counter::HEAP_FREES_LOST);
@@ -791,7 +801,7 @@ fn send_heap_alloc(
             (*out).frames.as_mut_ptr(),
         );
     }
-    entry.submit(wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES));
+    entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
     true
 }
 
@@ -964,7 +974,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
                     delay_ns: waker.time_ns - call.start_ns,
                 };
                 if WAIT_EVENTS
-                    .output::<MutexDelay>(&event, wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES))
+                    .output::<MutexDelay>(&event, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
                     .is_err()
                 {
                     count(counter::WAIT_EVENTS_LOST);
@@ -1038,7 +1048,7 @@ fn send_wait_stack(
             (*out).frames.as_mut_ptr(),
         );
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
 /// Records the current thread's user stack for an event: a copy of up to
@@ -1221,7 +1231,7 @@ fn unpark(next: *mut task_struct, now: u64) {
                             0
                         };
                     }
-                    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+                    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
                 } else {
                     entry.discard(0);
                 }
@@ -1387,7 +1397,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
         }
         (*out).frames_len = len;
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
 #[tracepoint]
