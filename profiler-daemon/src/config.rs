@@ -36,6 +36,9 @@
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
 //! env = "prod"
+//!
+//! [limits]                    # sizes of the kernel maps (limits.rs); file only
+//! stack_samples_bytes = 8388608
 //! ```
 //!
 //! The target (`pid` or `command`) is one setting: if the command line names
@@ -55,6 +58,7 @@ use clap::error::ErrorKind;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
+use crate::limits::{LimitsTable, MapLimits};
 use crate::profile_kind::ProfileKind;
 
 /// Default for `--interval`.
@@ -136,6 +140,8 @@ pub struct Settings {
     pub push_url: Option<String>,
     /// Where `/metrics` is served.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Sizes of the kernel maps (`[limits]` in the config file).
+    pub limits: MapLimits,
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -342,6 +348,7 @@ struct FileConfig {
     labels: Option<BTreeMap<String, String>>,
     push_url: Option<String>,
     metrics_addr: Option<String>,
+    limits: Option<LimitsTable>,
 }
 
 /// `pid = 1234` or `pid = [1234, 5678]`. Kept as i64 (TOML's integer) so an
@@ -701,6 +708,17 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         None => None,
     };
 
+    let limits = match &fc.limits {
+        Some(table) => table.validate().map_err(|e| {
+            invalid(
+                &origin("", &format!("limits.{}", e.key), path),
+                e.value,
+                e.expected,
+            )
+        })?,
+        None => MapLimits::default(),
+    };
+
     Ok(Settings {
         pids,
         command,
@@ -717,6 +735,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         retention,
         push_url,
         metrics_addr,
+        limits,
     })
 }
 
@@ -1060,6 +1079,7 @@ mod tests {
                 retention: Some(Duration::from_secs(24 * 3600)),
                 push_url: None,
                 metrics_addr: None,
+                limits: MapLimits::default(),
             }
         );
     }
@@ -1424,6 +1444,32 @@ region = "eu"
 
         let s = parse(&["--config", path_str(&f), "--", "true"]).unwrap();
         assert_eq!(s.command, vec![OsString::from("true")]);
+    }
+
+    #[test]
+    fn limits_table() {
+        let f = config_file("[limits]\nstack_samples_bytes = 4096\ncounts_entries = 8\n");
+        let limits = parse(&["--config", path_str(&f)]).unwrap().limits;
+        assert_eq!(limits.stack_samples_bytes, 4096);
+        assert_eq!(limits.counts_entries, 8);
+        assert_eq!(
+            limits.heap_live_entries,
+            MapLimits::default().heap_live_entries
+        );
+
+        let f = config_file("[limits]\nwait_events_bytes = 5000\n");
+        let msg = error(
+            &["--config", path_str(&f)],
+            "'limits.wait_events_bytes' in config file",
+        );
+        assert!(
+            msg.contains("'5000'") && msg.contains("power of two"),
+            "{msg}"
+        );
+        let f = config_file("[limits]\ncounts_entries = 0\n");
+        error(&["--config", path_str(&f)], "'limits.counts_entries'");
+        let f = config_file("[limits]\nring = 4096\n");
+        error(&["--config", path_str(&f)], "unknown key 'ring'");
     }
 
     #[test]

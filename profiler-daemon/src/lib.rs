@@ -8,6 +8,7 @@ pub mod environment;
 pub mod frames;
 pub mod go_park;
 pub mod heap;
+pub mod limits;
 pub mod map_syscalls;
 pub mod metrics;
 pub mod notify;

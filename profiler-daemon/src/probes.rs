@@ -91,6 +91,8 @@ pub struct ProbeConfig {
     pub wait_rate_ns: u64,
     /// Mutex profile keeping 1 in this many contended wake-ups, if enabled.
     pub mutex_fraction: Option<u64>,
+    /// Sizes of the maps and rings (`[limits]`).
+    pub limits: crate::limits::MapLimits,
 }
 
 /// One buffer's worth of drained data.
@@ -158,7 +160,11 @@ impl Probes {
         let offcpu_on = u8::from(config.offcpu);
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
-        let mut ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        for (name, size) in config.limits.map_sizes() {
+            loader.map_max_entries(name, size);
+        }
+        let mut ebpf = loader
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
             .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
@@ -174,6 +180,13 @@ impl Probes {
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
             .override_global("FUTEX_OP_OFFSET", &op_offset, true)
             .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
+            .override_global(
+                "STACK_SAMPLES_RING",
+                &config.limits.stack_samples_bytes,
+                true,
+            )
+            .override_global("HEAP_EVENTS_RING", &config.limits.heap_events_bytes, true)
+            .override_global("WAIT_EVENTS_RING", &config.limits.wait_events_bytes, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.

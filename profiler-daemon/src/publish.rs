@@ -1,9 +1,14 @@
 //! Where a finished profile goes: gzipped once, written to its file (always),
 //! counted in the metrics, and queued for the push endpoint when one is
 //! set. The push gets the file's exact bytes.
+//!
+//! A failed write (full disk, vanished directory) is logged once per window,
+//! not once per profile type, and the first successful write after failures
+//! says how many windows were lost: a full disk must not flood the log that
+//! may live on the same disk.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,11 +23,31 @@ pub struct Publisher {
     pub writer: ProfileWriter,
     pub metrics: Arc<Metrics>,
     pub pusher: Option<Pusher>,
+    failures: Mutex<Failures>,
+}
+
+/// Windows whose profiles could not be written, since the last success.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Start of the last window that had a failed write.
+    last_window: Option<SystemTime>,
+    /// Windows with a failed write since the last successful one.
+    windows: u32,
 }
 
 impl Publisher {
+    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, pusher: Option<Pusher>) -> Self {
+        Publisher {
+            writer,
+            metrics,
+            pusher,
+            failures: Mutex::default(),
+        }
+    }
+
     /// Writes `profile` of the window that started at `start` and lasted
-    /// `duration`, then queues it for the push (never waits for it).
+    /// `duration`, then queues it for the push (never waits for it). Logs
+    /// the failure (once per window) or a recovery.
     pub fn publish(
         &self,
         kind: ProfileKind,
@@ -35,9 +60,11 @@ impl Publisher {
             Ok(path) => path,
             Err(e) => {
                 self.metrics.write_failed(kind);
+                self.failed(kind, start, &e);
                 return Err(e);
             }
         };
+        self.succeeded();
         self.metrics
             .profile_written(kind, profile.sample.len(), bytes.len());
         if let Some(pusher) = &self.pusher {
@@ -54,5 +81,36 @@ impl Publisher {
             });
         }
         Ok(path)
+    }
+}
+
+impl Publisher {
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
+        // The counts stay meaningful even if a writer panicked holding them.
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failed(&self, kind: ProfileKind, start: SystemTime, e: &WriteError) {
+        let mut f = self.failures();
+        if f.last_window == Some(start) {
+            return;
+        }
+        f.last_window = Some(start);
+        f.windows += 1;
+        tracing::error!(
+            "writing the profiles of this window failed (first: {kind}): {e}; \
+             the window is lost, writing is retried next window"
+        );
+    }
+
+    fn succeeded(&self) {
+        let mut f = self.failures();
+        if f.windows > 0 {
+            tracing::info!(
+                "writing profiles recovered after {} failed window(s)",
+                f.windows
+            );
+            *f = Failures::default();
+        }
     }
 }

@@ -3,7 +3,7 @@
 //! exit) by symbolizing, building and writing its profiles, and decides when
 //! to stop.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -61,6 +61,10 @@ enum Stop {
 pub async fn run(settings: Settings) -> Result<()> {
     check_privileges()?;
     let writer = ProfileWriter::open(&settings.output_dir)?;
+    let stale = writer.remove_stale_temp_files();
+    if stale > 0 {
+        tracing::info!("removed {stale} temporary file(s) of a writer that died mid-write");
+    }
     let mut retention = settings
         .retention
         .map(|age| Retention::new(writer.dir(), age));
@@ -89,6 +93,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             .profiles
             .contains(&ProfileKind::Mutex)
             .then_some(settings.mutex_fraction),
+        limits: settings.limits,
     })?;
     let mut unwinder = Unwinder::new();
     for &pid in &settings.pids {
@@ -136,7 +141,13 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut drain_tick =
         tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_PERIOD, DRAIN_PERIOD);
     let mut window_end = tokio::time::Instant::now() + settings.interval;
-    let mut live_targets: HashSet<u32> = settings.pids.iter().copied().collect();
+    // Each target with its start time: a new process that reuses the pid of
+    // an exited target is not that target.
+    let mut live_targets: HashMap<u32, Option<u64>> = settings
+        .pids
+        .iter()
+        .map(|&pid| (pid, process_start(pid)))
+        .collect();
     let mut reported = Losses::default();
 
     let stop = loop {
@@ -188,8 +199,8 @@ pub async fn run(settings: Settings) -> Result<()> {
                 procs.settle();
                 observe(&publisher.metrics, &mut probes, &unwinder, &symbolizer, &procs);
                 if !live_targets.is_empty() {
-                    live_targets.retain(|&pid| process_alive(pid));
-                    for pid in settings.pids.iter().filter(|p| !live_targets.contains(p)) {
+                    live_targets.retain(|&pid, start| start.is_some() && process_start(pid) == *start);
+                    for pid in settings.pids.iter().filter(|p| !live_targets.contains_key(p)) {
                         probes.remove_target(*pid);
                     }
                     if live_targets.is_empty() {
@@ -745,15 +756,15 @@ fn write_window(
             }
         };
         let built = began.elapsed();
-        match publisher.publish(kind, window.start, duration, &profile) {
-            Ok(path) => tracing::info!(
+        // A failure is logged by the publisher, once per window.
+        if let Ok(path) = publisher.publish(kind, window.start, duration, &profile) {
+            tracing::info!(
                 "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
                 profile.sample.len(),
                 built.as_secs_f64() * 1e3,
                 (began.elapsed() - built).as_secs_f64() * 1e3,
-            ),
-            Err(e) => tracing::error!("writing the {kind} profile failed: {e}"),
+            );
         }
     }
     procs.prune();
@@ -985,59 +996,82 @@ fn sample_labels(
     labels
 }
 
-/// Kernel-side losses already logged, so that each kind is logged once per
-/// window in which it grew.
+/// Kernel-side losses already logged. Each kind is logged once, when it
+/// first happens: a full map stays full under the same load, and a line per
+/// window would flood the log. Later losses are counted in `/metrics` and in
+/// the exit summary.
 #[derive(Default)]
 struct Losses {
-    last: [u64; counter::COUNT as usize],
+    logged: [bool; counter::COUNT as usize],
 }
+
+/// Every kernel loss counter and what its loss means, for the log.
+const LOSSES: [(u32, &str); 13] = [
+    (counter::COUNTS_FULL, "samples dropped: count map full"),
+    (
+        counter::USER_STACK_LOST,
+        "user stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::KERNEL_STACK_LOST,
+        "kernel stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::PROC_EVENTS_LOST,
+        "process events dropped: ring buffer full",
+    ),
+    (
+        counter::TARGETS_FULL,
+        "descendants not followed: target map full",
+    ),
+    (
+        counter::STACK_SAMPLES_FULL,
+        "stack copies dropped (frame-pointer stacks used instead): stack sample ring full",
+    ),
+    (
+        counter::HEAP_ALLOCS_LOST,
+        "sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_FREES_LOST,
+        "frees of sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_LIVE_FULL,
+        "sampled allocations not tracked as live: live map full",
+    ),
+    (
+        counter::HEAP_THREADS_FULL,
+        "heap sampling state lost: thread map full",
+    ),
+    (
+        counter::WAIT_EVENTS_LOST,
+        "wait events dropped: wait event ring full",
+    ),
+    (
+        counter::FUTEX_CALLS_FULL,
+        "futex calls not tracked: futex call map full",
+    ),
+    (
+        counter::OFFCPU_PARKED_FULL,
+        "blocked threads not tracked: off-CPU map full",
+    ),
+];
 
 impl Losses {
     fn report(&mut self, probes: &Probes) {
         let now = probes.counters();
-        let names = [
-            (counter::COUNTS_FULL, "samples dropped: count map full"),
-            (
-                counter::USER_STACK_LOST,
-                "user stacks lost: stack map full or walk failed",
-            ),
-            (
-                counter::KERNEL_STACK_LOST,
-                "kernel stacks lost: stack map full or walk failed",
-            ),
-            (
-                counter::PROC_EVENTS_LOST,
-                "process events dropped: ring buffer full",
-            ),
-            (
-                counter::TARGETS_FULL,
-                "descendants not followed: target map full",
-            ),
-            (
-                counter::HEAP_ALLOCS_LOST,
-                "sampled allocations dropped: heap event ring full",
-            ),
-            (
-                counter::HEAP_FREES_LOST,
-                "frees of sampled allocations dropped: heap event ring full",
-            ),
-            (
-                counter::HEAP_LIVE_FULL,
-                "sampled allocations not tracked as live: live map full",
-            ),
-            (
-                counter::HEAP_THREADS_FULL,
-                "heap sampling state lost: thread map full",
-            ),
-        ];
-        for (index, what) in names {
+        for (index, what) in LOSSES {
             let i = index as usize;
-            if now[i] > self.last[i] {
-                tracing::warn!("{what}: {} (total {})", now[i] - self.last[i], now[i]);
+            if now[i] > 0 && !self.logged[i] {
+                self.logged[i] = true;
+                tracing::warn!(
+                    "{what}: {} so far (logged once; see the exit summary and /metrics)",
+                    now[i]
+                );
             }
         }
         tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
-        self.last = now;
     }
 }
 
@@ -1079,6 +1113,9 @@ fn log_summary(
         user_stacks_lost = c[counter::USER_STACK_LOST as usize],
         kernel_stacks_lost = c[counter::KERNEL_STACK_LOST as usize],
         process_events_lost = c[counter::PROC_EVENTS_LOST as usize],
+        wait_events_lost = c[counter::WAIT_EVENTS_LOST as usize],
+        futex_calls_full = c[counter::FUTEX_CALLS_FULL as usize],
+        offcpu_parked_full = c[counter::OFFCPU_PARKED_FULL as usize],
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
         unwinds_remembered = u.memo.hits,
@@ -1108,11 +1145,7 @@ async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Pub
         }
         None => None,
     };
-    Ok(Publisher {
-        writer,
-        metrics,
-        pusher,
-    })
+    Ok(Publisher::new(writer, metrics, pusher))
 }
 
 /// Mirrors the session's counters into the metrics.
@@ -1233,15 +1266,19 @@ fn is_process(id: u32) -> bool {
         .is_some_and(|tgid| tgid == id)
 }
 
-fn process_alive(pid: u32) -> bool {
-    // A zombie has a /proc entry but will never run again.
-    match crate::text::read_proc_text(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
+/// The start time (clock ticks after boot) of `pid` if it is running; a
+/// zombie has a /proc entry but will never run again.
+fn process_start(pid: u32) -> Option<u64> {
+    // Read lossily: a command name need not be UTF-8.
+    let stat = crate::text::read_proc_text(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, from the state (field 3) on;
+    // the start time is field 22.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
     }
+    fields.nth(18)?.parse().ok()
 }
 
 async fn sleep_opt(d: Option<Duration>) {

@@ -163,6 +163,9 @@ impl ProfileWriter {
             .and_then(|()| file.sync_all())
             .map_err(write_err)?;
         drop(file);
+        if let Some(delay) = test_rename_delay() {
+            std::thread::sleep(delay);
+        }
 
         for n in 0..=self.max_suffix {
             let final_name = name(n);
@@ -190,6 +193,81 @@ impl ProfileWriter {
             tracing::warn!("fsync of {}: {e}", self.dir.display());
         }
     }
+}
+
+impl ProfileWriter {
+    /// Removes the temporary files (`.<name>.pb.gz.tmp-<pid>-<n>`) left by
+    /// writers that died mid-write (SIGKILL, power loss): their pid is no
+    /// longer running (or a zombie), or is our own (a dead instance's pid reused by us).
+    /// Temporary files of a live writer sharing the directory are kept.
+    /// Returns how many were removed.
+    pub fn remove_stale_temp_files(&self) -> usize {
+        // Listed and removed through the directory's handle, like every
+        // other file operation here.
+        let listing = PathBuf::from(format!("/proc/self/fd/{}", self.dir_fd.as_raw_fd()));
+        let Ok(entries) = fs::read_dir(&listing) else {
+            return 0;
+        };
+        let own = std::process::id();
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = temp_file_pid(&name.to_string_lossy()) else {
+                continue;
+            };
+            let stale = pid == own || !writer_alive(pid);
+            // file_type does not follow symlinks: a planted link is removed,
+            // its target left alone; directories are not ours.
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if stale && !is_dir {
+                // The name parsed as ours, so it is plain ASCII.
+                let Ok(cname) = CString::new(name.as_encoded_bytes()) else {
+                    continue;
+                };
+                match unlink_at(&self.dir_fd, &cname) {
+                    Ok(()) => removed += 1,
+                    Err(e) => tracing::warn!(
+                        "cannot remove stale temporary file {}: {e}",
+                        self.dir.join(&name).display()
+                    ),
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// Whether `pid` is a running process. A zombie counts as dead: it never
+/// writes again, and its parent may take long to reap it.
+fn writer_alive(pid: u32) -> bool {
+    // Read lossily: a command name need not be UTF-8.
+    crate::text::read_proc_text(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// The writer's pid in a temporary file name `.<name>.pb.gz.tmp-<pid>-<n>`.
+fn temp_file_pid(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix('.')?;
+    let (_, suffix) = rest.rsplit_once(".pb.gz.tmp-")?;
+    let (pid, n) = suffix.split_once('-')?;
+    n.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
+/// Test hook: `PROFILERD_TEST_RENAME_DELAY_MS` holds every finished
+/// temporary file this long before its rename, so that a test can kill the
+/// daemon mid-write. Unset (always, outside tests): no delay.
+fn test_rename_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        std::env::var("PROFILERD_TEST_RENAME_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(std::time::Duration::from_millis)
+    })
 }
 
 /// Removes the temporary file on drop unless the rename published it.
@@ -572,6 +650,28 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains(&*out.to_string_lossy()), "{msg}");
         assert_eq!(entries(dir.path()), ["out"]);
+    }
+
+    #[test]
+    fn stale_temp_files_of_dead_writers_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = ProfileWriter::open(dir.path()).expect("open");
+        // pid 1 is always running; no process has a pid above pid_max (4M).
+        let live = ".cpu-20261122T021541Z.pb.gz.tmp-1-0";
+        let dead = ".cpu-20261122T021541Z.pb.gz.tmp-99999999-3";
+        let own = format!(".heap-20261122T021541Z.pb.gz.tmp-{}-0", std::process::id());
+        let other = ".notes.tmp-99999999-1";
+        for name in [live, dead, &own, other, "cpu-20261122T021541Z.pb.gz"] {
+            fs::write(dir.path().join(name), b"x").expect("write");
+        }
+        assert_eq!(w.remove_stale_temp_files(), 2);
+        assert_eq!(
+            entries(dir.path()),
+            [live, other, "cpu-20261122T021541Z.pb.gz"]
+        );
+        assert_eq!(temp_file_pid(dead), Some(99_999_999));
+        assert_eq!(temp_file_pid("cpu.pb.gz.tmp-1-0"), None);
+        assert_eq!(temp_file_pid(".cpu.pb.gz.tmp-1-x"), None);
     }
 
     #[test]

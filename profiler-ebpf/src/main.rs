@@ -103,6 +103,14 @@ static FUTEX_UADDR_OFFSET: u32 = 16;
 static FUTEX_OP_OFFSET: u32 = 24;
 #[unsafe(no_mangle)]
 static SYSCALL_RET_OFFSET: u32 = 16;
+/// Byte sizes of the rings as loaded (`[limits]` may change them), for the
+/// wake-up threshold.
+#[unsafe(no_mangle)]
+static STACK_SAMPLES_RING: u32 = STACK_SAMPLES_BYTES;
+#[unsafe(no_mangle)]
+static HEAP_EVENTS_RING: u32 = HEAP_EVENTS_BYTES;
+#[unsafe(no_mangle)]
+static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -290,7 +298,9 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
 /// cost a context switch each; it reads the rings every second anyway and
 /// is woken early only when a ring is a quarter full.
 #[inline(always)]
-fn wake_flag(ring: &RingBuf, bytes: u32) -> u64 {
+fn wake_flag(ring: &RingBuf, bytes: &u32) -> u64 {
+    // SAFETY: as global_u8: a read-only global patched before loading.
+    let bytes = unsafe { core::ptr::read_volatile(bytes) };
     if ring.query(BPF_RB_AVAIL_DATA as u64) > u64::from(bytes / 4) {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
@@ -375,7 +385,7 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
         (*out).kernel_len = kernel_len;
         (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
     }
-    entry.submit(wake_flag(&STACK_SAMPLES, STACK_SAMPLES_BYTES));
+    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
     count(counter::STACK_SAMPLES);
     true
 }
@@ -752,7 +762,7 @@ fn retire(tgid: u32, addr: u64) {
         addr,
     };
     if HEAP_EVENTS
-        .output::<HeapFree>(&event, wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES))
+        .output::<HeapFree>(&event, wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING))
         .is_err()
     {
         count(counter::HEAP_FREES_LOST);
@@ -797,7 +807,7 @@ fn send_heap_alloc(
             (*out).frames.as_mut_ptr(),
         );
     }
-    entry.submit(wake_flag(&HEAP_EVENTS, HEAP_EVENTS_BYTES));
+    entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
     true
 }
 
@@ -970,7 +980,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
                     delay_ns: waker.time_ns - call.start_ns,
                 };
                 if WAIT_EVENTS
-                    .output::<MutexDelay>(&event, wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES))
+                    .output::<MutexDelay>(&event, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
                     .is_err()
                 {
                     count(counter::WAIT_EVENTS_LOST);
@@ -1061,7 +1071,7 @@ fn send_wait_stack(
             (*out).hint_id = id;
         }
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
 /// The id of the daemon's remembered walk from these registers if the
@@ -1294,7 +1304,7 @@ fn unpark(next: *mut task_struct, now: u64) {
                             0
                         };
                     }
-                    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+                    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
                 } else {
                     entry.discard(0);
                 }
@@ -1460,7 +1470,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
         }
         (*out).frames_len = len;
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, WAIT_EVENTS_BYTES));
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
 #[tracepoint]
@@ -1524,6 +1534,9 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
         }
         return 0;
     }
+    // The process is gone: a new process that gets its pid is someone else,
+    // not a target (the daemon's own clean-up comes up to a second later).
+    let _ = TARGETS.remove(tgid);
     if SEEN.remove(tgid).is_ok() {
         send_proc_event(proc_event::EXIT, tgid);
     }

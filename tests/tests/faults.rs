@@ -1,0 +1,758 @@
+//! Faults: a full disk, SIGKILL in the middle of a write, maps too small for
+//! the load, and targets that die, exec another binary, or whose pid is
+//! reused by a new process.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use profiler_tests::daemon::{Daemon, profilerd_bin, require_root};
+use profiler_tests::http::{Exposition, get, parse_exposition};
+use profiler_tests::process::{Guarded, process_alive, run_with_timeout, wait_until};
+use profiler_tests::profiles::{
+    FlatSample, ProfileFile, dir_entries, flatten_all, of_pid, parse_file_name, read_profiles,
+    share_with, summary, total_count,
+};
+use profiler_tests::workloads::{Running, Workload, comm_of, compile};
+use profiler_tests::{check_cpu_files, check_heap_files, pause, pprof_tops, temp_dir};
+
+/// Name of the log line of a window whose profiles could not be written.
+const WRITE_FAILED: &str = "writing the profiles of this window failed";
+/// Name of the log line of the first written window after failures.
+const RECOVERED: &str = "writing profiles recovered after";
+
+fn diag(samples: &[FlatSample], files: &[ProfileFile], daemon: &Daemon) -> String {
+    format!(
+        "\n{}\n{}\n{}",
+        summary(samples),
+        pprof_tops(files, None),
+        daemon.describe()
+    )
+}
+
+/// Compiles `tests/workloads/<source>` with frame pointers into `dir/exe`.
+fn build_c(source: &str, dir: &Path, exe: &str) -> PathBuf {
+    let mut cmd = Command::new("gcc");
+    cmd.args(["-O2", "-fno-omit-frame-pointer", "-g", "-Wall", "-Werror"]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("workloads")
+        .join(source);
+    compile(cmd, &src, &dir.join(exe))
+}
+
+/// A process that does nothing for a minute, to keep a `--pid` run alive.
+fn idle_process() -> Guarded {
+    let mut cmd = Command::new("sleep");
+    cmd.arg("60");
+    Guarded::spawn(cmd, "sleep")
+}
+
+/// The lines the daemon logged so far that contain `needle`.
+fn lines_with(daemon: &Daemon, needle: &str) -> Vec<String> {
+    daemon
+        .stderr_lines()
+        .into_iter()
+        .filter(|l| l.contains(needle))
+        .collect()
+}
+
+/// The value of `key=N` in the last logged line containing `line_has`.
+fn logged_field(daemon: &Daemon, line_has: &str, key: &str) -> u64 {
+    let line = lines_with(daemon, line_has)
+        .pop()
+        .unwrap_or_else(|| panic!("no line with {line_has:?}\n{}", daemon.describe()));
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}=N in {line:?}"))
+}
+
+// ---------------------------------------------------------------- disk full
+
+/// A tmpfs mounted for one test, unmounted (lazily if still busy) on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(at).expect("creating the mount point");
+        let mut cmd = Command::new("mount");
+        cmd.args([
+            "-t",
+            "tmpfs",
+            "-o",
+            &format!("size={size},mode=0755"),
+            "tmpfs",
+        ])
+        .arg(at);
+        let out = run_with_timeout(cmd, "mount", Duration::from_secs(10));
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs at {}: {}",
+            at.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let mut cmd = Command::new("umount");
+        cmd.arg("-l").arg(&self.0);
+        let _ = run_with_timeout(cmd, "umount", Duration::from_secs(10));
+    }
+}
+
+/// Writes `path` until the filesystem is full; returns the bytes written.
+fn fill(path: &Path) -> u64 {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .expect("creating the filler file");
+    let block = [0u8; 4096];
+    let mut written = 0u64;
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    written
+}
+
+/// A full output disk: every window fails with one error line (although
+/// two profile types fail in it), no partial file is ever visible, and when
+/// space returns writing resumes by itself with one recovery line whose
+/// count matches the error lines.
+#[test]
+fn full_disk_logs_one_error_per_window_and_recovers() {
+    require_root();
+    let tmp = temp_dir();
+    let mnt = tmp.path().join("disk");
+    let disk = Tmpfs::mount(&mnt, "256k");
+    let out = mnt.join("out");
+    fs::create_dir(&out).expect("creating the output directory");
+    let filler = mnt.join("filler");
+    assert!(fill(&filler) > 0, "the tmpfs took no bytes");
+    let target = idle_process();
+    let pid = target.pid().to_string();
+
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid,
+        "--profiles",
+        "cpu,block",
+        "--interval",
+        "1s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    // Whatever is in the directory while the disk is full: never a profile
+    // under a final name, not even for a moment.
+    let mut seen_while_full = Vec::new();
+    let three_failed = wait_until(Duration::from_secs(15), || {
+        seen_while_full.extend(dir_entries(&out));
+        lines_with(&daemon, WRITE_FAILED).len() >= 3
+    });
+    assert!(
+        three_failed,
+        "no three failed windows on a full disk\n{}",
+        daemon.describe()
+    );
+    seen_while_full.sort();
+    seen_while_full.dedup();
+    assert!(
+        seen_while_full.iter().all(|n| n.starts_with('.')),
+        "visible entries while the disk was full: {seen_while_full:?}"
+    );
+
+    fs::remove_file(&filler).expect("freeing space");
+    let freed = Instant::now();
+    let recovered = wait_until(Duration::from_secs(10), || {
+        !lines_with(&daemon, RECOVERED).is_empty()
+    });
+    assert!(
+        recovered,
+        "no recovery line after space returned\n{}",
+        daemon.describe()
+    );
+    eprintln!(
+        "figure: writing recovered {:?} after space returned",
+        freed.elapsed()
+    );
+    pause(Duration::from_millis(1500));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_success(Duration::from_secs(10));
+
+    let errors = lines_with(&daemon, WRITE_FAILED);
+    let recovery = lines_with(&daemon, RECOVERED);
+    assert_eq!(recovery.len(), 1, "{recovery:?}\n{}", daemon.describe());
+    let failed_windows: usize = recovery[0]
+        .split(RECOVERED)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {:?}", recovery[0]));
+    assert_eq!(
+        errors.len(),
+        failed_windows,
+        "one error line per failed window (two profile types each)\n{}",
+        daemon.describe()
+    );
+    assert!(
+        errors.iter().all(|l| l.contains("No space left on device")),
+        "{errors:?}"
+    );
+
+    let entries = dir_entries(&out);
+    let stray: Vec<&String> = entries
+        .iter()
+        .filter(|n| parse_file_name(n, "cpu").is_none() && parse_file_name(n, "block").is_none())
+        .collect();
+    assert!(stray.is_empty(), "left in the output directory: {stray:?}");
+    let cpu = read_profiles(&out, "cpu");
+    let block = read_profiles(&out, "block");
+    assert!(
+        !cpu.is_empty() && !block.is_empty(),
+        "no profiles after recovery: {entries:?}\n{}",
+        daemon.describe()
+    );
+    check_cpu_files(&cpu, 99);
+    drop(target);
+    drop(disk);
+}
+
+// ---------------------------------------------------------- SIGKILL mid-write
+
+/// IDs of the BPF programs a process holds open (its fdinfo `prog_id`).
+fn bpf_prog_ids_of(pid: u32) -> Vec<u32> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<u32> = fds
+        .flatten()
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .flat_map(|info| {
+            info.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|v| v.trim().parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// IDs of every BPF program loaded in the kernel (BPF_PROG_GET_NEXT_ID).
+fn loaded_bpf_prog_ids() -> Vec<u32> {
+    const BPF_PROG_GET_NEXT_ID: libc::c_long = 11;
+    let mut ids = Vec::new();
+    let mut attr = [0u32; 3]; // start_id, next_id, open_flags
+    loop {
+        // SAFETY: attr is a valid bpf_attr prefix of the size passed.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_GET_NEXT_ID,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        if rc != 0 {
+            break; // ENOENT: no more programs
+        }
+        ids.push(attr[1]);
+        attr = [attr[1], 0, 0];
+    }
+    ids
+}
+
+/// SIGKILL while a profile is being written (the write is held open by a
+/// test hook): no file appears under a final name, the dead instance's BPF
+/// programs are released by the kernel, and a restart on the same
+/// directory removes the dead writer's temporary file and works.
+#[test]
+fn sigkill_mid_write_leaves_no_final_file_and_restart_works() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let target = idle_process();
+    let pid = target.pid().to_string();
+
+    let mut cmd = Command::new(profilerd_bin());
+    cmd.args(["--pid", &pid, "--interval", "1s", "--output-dir"])
+        .arg(&out)
+        .env("PROFILERD_TEST_RENAME_DELAY_MS", "20000");
+    let mut daemon = Daemon::start_command(cmd);
+    daemon.wait_ready();
+    let progs = bpf_prog_ids_of(daemon.pid());
+    assert!(
+        !progs.is_empty(),
+        "the daemon holds no BPF programs\n{}",
+        daemon.describe()
+    );
+    let mid_write = wait_until(Duration::from_secs(10), || {
+        dir_entries(&out).iter().any(|n| n.contains(".pb.gz.tmp-"))
+    });
+    assert!(
+        mid_write,
+        "no temporary file appeared\n{}",
+        daemon.describe()
+    );
+    daemon.signal(libc::SIGKILL);
+    let status = daemon.wait_exit(Duration::from_secs(5));
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    let left = dir_entries(&out);
+    assert!(
+        left.iter().all(|n| n.starts_with('.')),
+        "a file under a final name after SIGKILL mid-write: {left:?}"
+    );
+    assert!(
+        left.iter().any(|n| n.contains(".pb.gz.tmp-")),
+        "the killed write's temporary file: {left:?}"
+    );
+    let killed = Instant::now();
+    let released = wait_until(Duration::from_secs(10), || {
+        let loaded = loaded_bpf_prog_ids();
+        progs.iter().all(|id| !loaded.contains(id))
+    });
+    let loaded = loaded_bpf_prog_ids();
+    assert!(
+        released,
+        "programs {progs:?} of the killed daemon are still loaded: {loaded:?}"
+    );
+    eprintln!(
+        "figure: {} BPF programs of the killed daemon released within {:?}",
+        progs.len(),
+        killed.elapsed()
+    );
+
+    let mut restarted = Daemon::start(&[
+        "--pid",
+        &pid,
+        "--interval",
+        "1s",
+        "--duration",
+        "2s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    restarted.wait_ready();
+    restarted.wait_success(Duration::from_secs(15));
+    assert_eq!(
+        lines_with(&restarted, "removed 1 temporary file").len(),
+        1,
+        "{}",
+        restarted.describe()
+    );
+    profiler_tests::profiles::assert_only_profiles(&out, "cpu");
+    let files = read_profiles(&out, "cpu");
+    assert!(!files.is_empty(), "{}", restarted.describe());
+    check_cpu_files(&files, 99);
+    drop(target);
+}
+
+// ------------------------------------------------------------------ full maps
+
+fn scrape(addr: SocketAddr) -> Exposition {
+    let (status, _, body) = get(addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    parse_exposition(&body)
+}
+
+fn served_addr(daemon: &Daemon) -> SocketAddr {
+    let line = lines_with(daemon, "serving metrics at http://")
+        .pop()
+        .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
+    let rest = line.split("http://").nth(1).expect("an address");
+    rest.trim_end_matches("/metrics")
+        .parse()
+        .unwrap_or_else(|e| panic!("address in {line:?}: {e}"))
+}
+
+/// Maps and rings far too small for the load (`[limits]`): the drops are
+/// counted in /metrics and in the exit summary, each kind is logged once
+/// over several windows, and every window's profiles are still written and
+/// readable.
+#[test]
+fn tiny_maps_count_drops_and_profiles_are_still_written() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::Mixed.build(tmp.path(), "tiny_maps_mixed");
+    let out = tmp.path().join("out");
+    let config = tmp.path().join("profilerd.toml");
+    // A ring of one page cannot hold one stack copy (16 KiB) or one heap
+    // event; one count entry and one stack entry overflow at once.
+    fs::write(
+        &config,
+        "[limits]\nstack_samples_bytes = 4096\nheap_events_bytes = 4096\n\
+         counts_entries = 1\nstacks_entries = 1\nheap_live_entries = 1\n",
+    )
+    .expect("writing the config file");
+    let mut daemon = Daemon::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--profiles",
+        "cpu,heap",
+        "--heap-sample-bytes",
+        "1",
+        "--interval",
+        "1s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--",
+        exe.to_str().unwrap(),
+        "4",
+    ]);
+    daemon.wait_ready();
+    let addr = served_addr(&daemon);
+    let dropped = |m: &Exposition, map: &str, lost: &str| {
+        m.value(
+            "profilerd_bpf_dropped_total",
+            &[("map", map), ("lost", lost)],
+        )
+    };
+    let mut last = Exposition::default();
+    let counted = wait_until(Duration::from_secs(8), || {
+        last = scrape(addr);
+        dropped(&last, "counts", "cpu_samples") > 0.0
+            && dropped(&last, "stack_samples", "stack_copies") > 0.0
+            && dropped(&last, "heap_events", "allocations") > 0.0
+    });
+    assert!(
+        counted,
+        "drops not counted in /metrics: {:?}\n{}",
+        last.samples
+            .iter()
+            .filter(|s| s.name == "profilerd_bpf_dropped_total")
+            .collect::<Vec<_>>(),
+        daemon.describe()
+    );
+    daemon.wait_success(Duration::from_secs(15));
+    eprintln!(
+        "figure: tiny maps: {}",
+        lines_with(&daemon, "session: summary ")
+            .iter()
+            .chain(&lines_with(&daemon, "heap summary"))
+            .map(|l| l.split_once("summary").map_or(l.as_str(), |(_, r)| r))
+            .collect::<Vec<_>>()
+            .join(" |")
+    );
+
+    for key in ["count_map_full", "stack_copies_dropped"] {
+        assert!(
+            logged_field(&daemon, "session: summary ", key) > 0,
+            "{key} in the exit summary\n{}",
+            daemon.describe()
+        );
+    }
+    assert!(
+        logged_field(&daemon, "heap summary", "heap_allocs_lost") > 0,
+        "{}",
+        daemon.describe()
+    );
+    for what in [
+        "samples dropped: count map full",
+        "stack copies dropped",
+        "sampled allocations dropped: heap event ring full",
+    ] {
+        assert_eq!(
+            lines_with(&daemon, what).len(),
+            1,
+            "{what:?} is logged once over the run\n{}",
+            daemon.describe()
+        );
+    }
+    let cpu = read_profiles(&out, "cpu");
+    let heap = read_profiles(&out, "heap");
+    assert!(
+        cpu.len() >= 3 && cpu.len() == heap.len(),
+        "a cpu and a heap file per window: {:?}\n{}",
+        dir_entries(&out),
+        daemon.describe()
+    );
+    check_cpu_files(&cpu, 99);
+    check_heap_files(&heap, 1);
+    assert!(
+        cpu.iter().any(|f| !f.profile.sample.is_empty()),
+        "the kept samples are written\n{}",
+        daemon.describe()
+    );
+}
+
+// ------------------------------------------------------------- dying targets
+
+/// One of two `--pid` targets is SIGKILLed mid-window: the daemon carries
+/// on, and the last file holds the dead target's samples, symbolized; when
+/// the other target exits too, the run ends with status 0.
+#[test]
+fn target_killed_mid_window_keeps_its_samples() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::ShortLived.build(tmp.path(), "killed_target");
+    let out = tmp.path().join("out");
+    let mut victim = Running::start(&exe, &["30"]);
+    let victim_pid = victim.pid();
+    let mut other = idle_process();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &format!("{victim_pid},{}", other.pid()),
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    pause(Duration::from_secs(2));
+    victim.kill();
+    pause(Duration::from_secs(2));
+    assert!(
+        process_alive(daemon.pid()),
+        "the daemon stopped although a target lives\n{}",
+        daemon.describe()
+    );
+    other.kill();
+    let killed = Instant::now();
+    daemon.wait_success(Duration::from_secs(10));
+    assert!(
+        killed.elapsed() <= Duration::from_secs(5),
+        "the run took {:?} to end after the last target died",
+        killed.elapsed()
+    );
+
+    let files = read_profiles(&out, "cpu");
+    assert_eq!(files.len(), 1, "{}", daemon.describe());
+    check_cpu_files(&files, 99);
+    let samples = of_pid(&flatten_all(&files), victim_pid);
+    let d = || diag(&samples, &files, &daemon);
+    assert!(
+        total_count(&samples) >= 30,
+        "about 2 s at 99 Hz before the kill (less on a busy machine), got {}{}",
+        total_count(&samples),
+        d()
+    );
+    let burn = share_with(&samples, "short_lived_burn");
+    assert!(
+        burn >= 0.8,
+        "short_lived_burn in {burn:.3} of the dead target's cpu{}",
+        d()
+    );
+}
+
+/// A `--pid` target that execs another binary: the samples taken after the
+/// exec are symbolized with the new binary's functions and carry its name,
+/// those before it with the old one's. The exec falls in a later window
+/// than the old binary's samples (see RELIABILITY.md for why).
+#[test]
+fn target_that_execs_is_symbolized_with_the_new_binary() {
+    require_root();
+    let tmp = temp_dir();
+    let first = build_c("exec_burn.c", tmp.path(), "exec_burn_first");
+    let second = Workload::ShortLived.build(tmp.path(), "exec_second");
+    let out = tmp.path().join("out");
+    let mut target = Running::start(
+        &first,
+        &[
+            "1",
+            "2.5",
+            "--wait-stdin",
+            "--",
+            second.to_str().unwrap(),
+            "1.5",
+        ],
+    );
+    let pid = target.pid();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid.to_string(),
+        "--interval",
+        "1s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    target.release();
+    let stdout = target.finish(Duration::from_secs(20));
+    assert!(
+        stdout.lines().all(|l| l == format!("pid={pid}")),
+        "the exec kept the pid: {stdout}"
+    );
+    daemon.wait_success(Duration::from_secs(10));
+
+    let files = read_profiles(&out, "cpu");
+    check_cpu_files(&files, 99);
+    let samples = of_pid(&flatten_all(&files), pid);
+    let d = || diag(&samples, &files, &daemon);
+    let by_comm = |comm: &str| -> Vec<FlatSample> {
+        samples
+            .iter()
+            .filter(|s| s.label("comm") == Some(comm))
+            .cloned()
+            .collect()
+    };
+    let before = by_comm(&comm_of(&first));
+    let after = by_comm(&comm_of(&second));
+    assert!(
+        total_count(&after) >= 20,
+        "1.5 s at 99 Hz after the exec (less on a busy machine), got {}{}",
+        total_count(&after),
+        d()
+    );
+    let new_burn = share_with(&after, "short_lived_burn");
+    assert!(
+        new_burn >= 0.8,
+        "short_lived_burn in {new_burn:.3} of the cpu after the exec{}",
+        d()
+    );
+    assert!(
+        total_count(&before) >= 10 && share_with(&before, "before_exec_burn") >= 0.8,
+        "before the exec: {} samples, before_exec_burn in {:.3}{}",
+        total_count(&before),
+        share_with(&before, "before_exec_burn"),
+        d()
+    );
+    assert_eq!(
+        total_count(&before) + total_count(&after),
+        total_count(&samples),
+        "every sample of the pid names one of the two binaries{}",
+        d()
+    );
+}
+
+/// A new process that gets the pid of one that exited (forced with clone3's
+/// set_tid) is symbolized with its own mappings, not the old process's.
+#[test]
+fn reused_pid_is_symbolized_with_the_new_process() {
+    require_root();
+    let tmp = temp_dir();
+    let old_exe = Workload::ShortLived.build(tmp.path(), "old_owner");
+    let new_exe = build_c("pid_reuse.c", tmp.path(), "pid_reuser");
+    let out = tmp.path().join("out");
+    let mut daemon = Daemon::start(&["--interval", "1s", "--output-dir", out.to_str().unwrap()]);
+    daemon.wait_ready();
+    let mut old = Running::start(&old_exe, &["1", "--wait-stdin"]);
+    let pid = old.pid();
+    old.release();
+    old.finish(Duration::from_secs(10));
+    old.kill(); // reaped: the pid is free
+    // Let the old process's windows close first (see the exec test).
+    pause(Duration::from_millis(2500));
+    let mut cmd = Command::new(&new_exe);
+    cmd.args([&pid.to_string(), "1.5"]);
+    let reuse = run_with_timeout(cmd, "pid_reuse", Duration::from_secs(15));
+    assert!(
+        reuse.status.success(),
+        "starting a process with pid {pid}: {} {}",
+        reuse.status,
+        String::from_utf8_lossy(&reuse.stderr)
+    );
+    pause(Duration::from_millis(1500));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_success(Duration::from_secs(10));
+
+    let files = read_profiles(&out, "cpu");
+    let samples = of_pid(&flatten_all(&files), pid);
+    let d = || diag(&samples, &files, &daemon);
+    let with_comm = |exe: &Path| -> Vec<FlatSample> {
+        let comm = comm_of(exe);
+        samples
+            .iter()
+            .filter(|s| s.label("comm") == Some(comm.as_str()))
+            .cloned()
+            .collect()
+    };
+    let (old_samples, new_samples) = (with_comm(&old_exe), with_comm(&new_exe));
+    assert!(
+        total_count(&new_samples) >= 20,
+        "1.5 s at 99 Hz under the reused pid (less on a busy machine), got {}{}",
+        total_count(&new_samples),
+        d()
+    );
+    let reuse_burn = share_with(&new_samples, "reuse_burn");
+    assert!(
+        reuse_burn >= 0.8 && share_with(&new_samples, "short_lived_burn") == 0.0,
+        "the new process's cpu is in reuse_burn for {reuse_burn:.3}{}",
+        d()
+    );
+    assert!(
+        share_with(&old_samples, "short_lived_burn") >= 0.8,
+        "the old process's samples{}",
+        d()
+    );
+}
+
+/// A `--pid` target exits and a new process takes its pid at once: the new
+/// process is not profiled, and the run ends as for any exited target
+/// instead of following the newcomer.
+#[test]
+fn reused_pid_of_a_target_is_not_a_target() {
+    require_root();
+    let tmp = temp_dir();
+    let old_exe = Workload::ShortLived.build(tmp.path(), "old_target");
+    let new_exe = build_c("pid_reuse.c", tmp.path(), "pid_taker");
+    let out = tmp.path().join("out");
+    let mut old = Running::start(&old_exe, &["0.5", "--wait-stdin"]);
+    let pid = old.pid();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid.to_string(),
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    old.release();
+    old.finish(Duration::from_secs(10));
+    old.kill(); // reaped: the pid is free
+    let exited = Instant::now();
+    let mut cmd = Command::new(&new_exe);
+    cmd.args([&pid.to_string(), "6"]);
+    let mut taker = Guarded::spawn(cmd, "pid_reuse");
+    let status = daemon.wait_exit(Duration::from_secs(10));
+    let took = exited.elapsed();
+    let taker_status = taker.try_wait();
+    taker.kill();
+    assert!(status.success(), "{}", daemon.describe());
+    assert!(
+        took <= Duration::from_secs(4),
+        "the run ended {took:?} after its target exited (the new owner of pid {pid} runs 6 s)\n{}",
+        daemon.describe()
+    );
+    assert!(
+        taker_status.is_none(),
+        "the new process ended early ({taker_status:?}): was pid {pid} free?"
+    );
+
+    let files = read_profiles(&out, "cpu");
+    check_cpu_files(&files, 99);
+    let samples = of_pid(&flatten_all(&files), pid);
+    let d = || diag(&samples, &files, &daemon);
+    assert_eq!(
+        share_with(&samples, "reuse_burn"),
+        0.0,
+        "the new owner of the pid was profiled{}",
+        d()
+    );
+    assert!(
+        total_count(&samples) >= 10 && share_with(&samples, "short_lived_burn") >= 0.8,
+        "the old target's samples{}",
+        d()
+    );
+}
