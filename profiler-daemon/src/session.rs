@@ -574,6 +574,32 @@ impl Waits {
         }
     }
 
+    /// The user stack of a wait or off-CPU event (`flags`, `hint_id`: its
+    /// `wait_flags` and the walk hint the kernel matched); a walk newly
+    /// remembered is handed to the kernel as a hint.
+    #[allow(clippy::too_many_arguments)]
+    fn user_stack(
+        &mut self,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+        tgid: u32,
+        regs: (u64, u64, u64),
+        stack: &[u8],
+        frames: &[u64],
+        (flags, hint_id): (u32, u64),
+    ) -> Stack {
+        let matched = (flags & wait_flags::HINT_MATCHED != 0).then_some(hint_id);
+        // A goroutine's frames start with the return address it parked at.
+        let at_return = flags & wait_flags::RETURN_ADDRESS != 0;
+        let (user, hint) = hinted_user_stack(
+            procs, unwinder, tgid, regs, stack, frames, at_return, matched,
+        );
+        if let Some(hint) = hint {
+            self.hint(hint_key(tgid, regs), hint);
+        }
+        user
+    }
+
     /// Gives the kernel a newly remembered walk's hint. A failed insert
     /// only means the kernel cannot vouch for that walk: the copy is
     /// checked here instead.
@@ -620,20 +646,15 @@ fn read_wait_events(
         procs.ensure(event.tgid);
         // Registers saved at the system call: an exact instruction pointer;
         // a goroutine's frames start with the return address it parked at.
-        let matched = (event.flags & wait_flags::HINT_MATCHED != 0).then_some(event.hint_id);
-        let (user, hint) = hinted_user_stack(
+        let user = waits.user_stack(
             procs,
             unwinder,
             event.tgid,
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
             &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-            event.flags & wait_flags::RETURN_ADDRESS != 0,
-            matched,
+            (event.flags, event.hint_id),
         );
-        if let Some(hint) = hint {
-            waits.hint(hint_key(event.tgid, (event.ip, event.sp, event.bp)), hint);
-        }
         let id = SampleId {
             tgid: event.tgid,
             tid: event.tid,
@@ -672,23 +693,15 @@ fn read_offcpu_event(
     let user = match event.sp {
         // A kernel thread.
         0 => Stack::None,
-        _ => {
-            let matched = (event.flags & wait_flags::HINT_MATCHED != 0).then_some(event.hint_id);
-            let (user, hint) = hinted_user_stack(
-                procs,
-                unwinder,
-                event.tgid,
-                (event.ip, event.sp, event.bp),
-                &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
-                &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-                false,
-                matched,
-            );
-            if let Some(hint) = hint {
-                waits.hint(hint_key(event.tgid, (event.ip, event.sp, event.bp)), hint);
-            }
-            user
-        }
+        _ => waits.user_stack(
+            procs,
+            unwinder,
+            event.tgid,
+            (event.ip, event.sp, event.bp),
+            &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
+            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+            (event.flags, event.hint_id),
+        ),
     };
     let kernel =
         kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
