@@ -98,12 +98,12 @@ fn code_at<'d>(
 
 /// [`code_at`] over `(address, file offset, file size)` of each segment.
 /// Checked arithmetic throughout: a corrupt file's numbers may be anything.
-fn code_in<'d>(
+fn code_in(
     mut segments: impl Iterator<Item = (u64, u64, u64)>,
-    data: &'d [u8],
+    data: &[u8],
     address: u64,
     size: u64,
-) -> Option<(u64, &'d [u8])> {
+) -> Option<(u64, &[u8])> {
     let size = if size == 0 { 64 } else { size.min(64 * 1024) };
     segments.find_map(|(start, file_start, file_size)| {
         let offset_in = address.checked_sub(start)?;

@@ -481,8 +481,7 @@ mod tests {
                     prop_assert!(unit.ends_with(".service") && unit.len() > ".service".len());
                     let innermost = path
                         .split('/')
-                        .filter(|s| s.len() > ".service".len() && s.ends_with(".service"))
-                        .next_back();
+                        .rfind(|s| s.len() > ".service".len() && s.ends_with(".service"));
                     prop_assert_eq!(Some(unit.as_str()), innermost);
                 }
             }
