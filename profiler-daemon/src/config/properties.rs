@@ -163,3 +163,16 @@ proptest! {
         check(Settings::parse_from(argv))?;
     }
 }
+
+#[test]
+fn control_characters_are_shown_escaped() {
+    let e = parse_with_file(b"\"pid\\u001b[31m\" = 1\n", &[]).unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("unknown key 'pid\\u{1b}[31m'"), "{msg}");
+    let e = Settings::parse_from(["profilerd", "--duration", "1\r\x1b[2Kx"]).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("invalid value '1\\r\\u{1b}[2Kx' for --duration"),
+        "{e}"
+    );
+}
