@@ -304,7 +304,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(256))]
+            #![proptest_config(ProptestConfig::with_cases(128))]
 
             /// Whatever a file's segments and symbols say, the code found
             /// lies in the file, at the offset reported, within the segment.

@@ -454,7 +454,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(256))]
+            #![proptest_config(ProptestConfig::with_cases(128))]
 
             /// Each fact is the innermost segment that gives it, in the
             /// form its label needs.

@@ -574,7 +574,7 @@ mod tests {
         }
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(64))]
+            #![proptest_config(ProptestConfig::with_cases(32))]
 
             /// Build, encode, gzip and our decoder keep every sample's
             /// stack, labels and (merged, saturating) values.

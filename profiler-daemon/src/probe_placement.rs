@@ -193,7 +193,7 @@ mod tests {
         use proptest::prelude::*;
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(256))]
+            #![proptest_config(ProptestConfig::with_cases(128))]
 
             /// Any bytes at any address: the probe stays on an instruction
             /// boundary inside the code, or at the entry.

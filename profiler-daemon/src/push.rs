@@ -459,7 +459,7 @@ mod tests {
         use std::time::{Duration, UNIX_EPOCH};
 
         proptest! {
-            #![proptest_config(ProptestConfig::with_cases(256))]
+            #![proptest_config(ProptestConfig::with_cases(128))]
 
             /// `from..until` covers the window, whatever its start and
             /// length.

@@ -130,7 +130,7 @@ fn check(result: Result<Settings, ConfigError>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(96))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn any_toml_file(text in toml_file()) {

@@ -77,7 +77,7 @@ fn render_all(s: &Stacks) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Values are summed per stack (saturating) and the total is the sum
     /// of their magnitudes; the reports of any values render.

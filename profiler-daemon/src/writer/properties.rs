@@ -9,7 +9,7 @@ use super::file_name;
 use crate::profile_kind::ProfileKind;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(128))]
 
     #[test]
     fn names_carry_the_window_start(
