@@ -116,7 +116,9 @@ fn code_in(
             .min(file_start.saturating_add(file_size))
             .min(data.len() as u64);
         let code = data.get(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)?;
-        Some((offset, code))
+        // A symbol at the very end of the file's bytes has no code to place
+        // a probe in.
+        (!code.is_empty()).then_some((offset, code))
     })
 }
 
@@ -316,6 +318,7 @@ mod tests {
                 size in number(),
             ) {
                 if let Some((offset, code)) = code_in(segments.iter().copied(), &data, address, size) {
+                    prop_assert!(!code.is_empty());
                     let at = usize::try_from(offset).expect("offset inside the data");
                     prop_assert!(at + code.len() <= data.len());
                     prop_assert_eq!(&data[at..at + code.len()], code);
