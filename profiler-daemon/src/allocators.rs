@@ -27,7 +27,9 @@ pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
     find_in(&data).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
+/// [`find`] on the bytes of a file: any bytes, as a file on disk may be
+/// truncated, corrupt or not ELF at all.
+pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
     let file = object::File::parse(data).map_err(|e| e.to_string())?;
     // Defined functions by name; dynamic symbols first (what callers bind
     // to), then the full table of a static executable.
@@ -69,7 +71,11 @@ fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
         if !placement.emulated {
             probes.single_stepped.push(cookie as u64);
         }
-        probes.offsets.push(offset + placement.offset);
+        // Within the file by construction, but the numbers come from it.
+        let Some(offset) = offset.checked_add(placement.offset) else {
+            continue;
+        };
+        probes.offsets.push(offset);
         probes.cookies.push(cookie as u64);
     }
     Ok(Some(probes))
@@ -83,18 +89,36 @@ fn code_at<'d>(
     address: u64,
     size: u64,
 ) -> Option<(u64, &'d [u8])> {
-    let size = if size == 0 { 64 } else { size.min(64 * 1024) };
-    file.segments().find_map(|segment| {
+    let segments = file.segments().map(|segment| {
         let (file_start, file_size) = segment.file_range();
-        let start = segment.address();
-        if address < start || address >= start + file_size {
+        (segment.address(), file_start, file_size)
+    });
+    code_in(segments, data, address, size)
+}
+
+/// [`code_at`] over `(address, file offset, file size)` of each segment.
+/// Checked arithmetic throughout: a corrupt file's numbers may be anything.
+fn code_in(
+    mut segments: impl Iterator<Item = (u64, u64, u64)>,
+    data: &[u8],
+    address: u64,
+    size: u64,
+) -> Option<(u64, &[u8])> {
+    let size = if size == 0 { 64 } else { size.min(64 * 1024) };
+    segments.find_map(|(start, file_start, file_size)| {
+        let offset_in = address.checked_sub(start)?;
+        if offset_in >= file_size {
             return None;
         }
-        let offset = address - start + file_start;
-        let end = (offset + size)
-            .min(file_start + file_size)
+        let offset = file_start.checked_add(offset_in)?;
+        let end = offset
+            .saturating_add(size)
+            .min(file_start.saturating_add(file_size))
             .min(data.len() as u64);
-        Some((offset, data.get(offset as usize..end as usize)?))
+        let code = data.get(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)?;
+        // A symbol at the very end of the file's bytes has no code to place
+        // a probe in.
+        (!code.is_empty()).then_some((offset, code))
     })
 }
 
@@ -271,6 +295,50 @@ fn recv_fd(socket: RawFd) -> Option<(u8, OwnedFd)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    mod properties {
+        use super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        fn number() -> impl Strategy<Value = u64> {
+            prop_oneof![0..256u64, Just(u64::MAX), Just(u64::MAX - 1), any::<u64>()]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Whatever a file's segments and symbols say, the code found
+            /// lies in the file, at the offset reported, within the segment.
+            #[test]
+            fn code_is_inside_the_file(
+                segments in vec((number(), number(), number()), 0..4),
+                data in vec(any::<u8>(), 0..128),
+                address in number(),
+                size in number(),
+            ) {
+                if let Some((offset, code)) = code_in(segments.iter().copied(), &data, address, size) {
+                    prop_assert!(!code.is_empty());
+                    let at = usize::try_from(offset).expect("offset inside the data");
+                    prop_assert!(at + code.len() <= data.len());
+                    prop_assert_eq!(&data[at..at + code.len()], code);
+                    prop_assert!(code.len() as u64 <= size.clamp(1, 64 * 1024).max(64));
+                    let in_a_segment = segments.iter().any(|&(start, file_start, file_size)| {
+                        address >= start
+                            && address - start < file_size
+                            && file_start.checked_add(address - start) == Some(offset)
+                    });
+                    prop_assert!(in_a_segment);
+                }
+            }
+
+            /// Any bytes as a file: an error or probe points, never a panic.
+            #[test]
+            fn any_bytes_as_a_file(data in vec(any::<u8>(), 0..256)) {
+                let _ = find_in(&data);
+            }
+        }
+    }
 
     #[test]
     fn finds_glibc_allocator_with_emulated_probes() {

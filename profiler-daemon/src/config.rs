@@ -203,10 +203,14 @@ pub enum ConfigError {
     #[error("{}", pid_with_command_message(.config_file.as_deref()))]
     PidWithCommand { config_file: Option<PathBuf> },
     /// The config file could not be read.
-    #[error("cannot read config file {}: {reason}", .path.display())]
+    #[error("cannot read config file {}: {reason}", printable(&.path.display().to_string()))]
     ReadConfig { path: PathBuf, reason: String },
     /// The config file is not valid TOML or has unknown keys or wrong types.
-    #[error("config file {}: {message}{}", .path.display(), line_suffix(*.line))]
+    #[error(
+        "config file {}: {message}{}",
+        printable(&.path.display().to_string()),
+        line_suffix(*.line)
+    )]
     ConfigFile {
         path: PathBuf,
         message: String,
@@ -221,9 +225,27 @@ fn pid_with_command_message(config_file: Option<&Path>) -> String {
             .to_owned(),
         Some(path) => format!(
             "config file {}: 'pid' and 'command' cannot both be set",
-            path.display()
+            printable(&path.display().to_string())
         ),
     }
+}
+
+/// `text` with control characters escaped (`\u{1b}`, `\t`): an error
+/// message echoes values from the command line and the file, and a
+/// terminal must not act on them (escape sequences, carriage returns).
+fn printable(text: &str) -> String {
+    if !text.chars().any(char::is_control) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 fn line_suffix(line: Option<usize>) -> String {
@@ -445,7 +467,7 @@ fn from_clap(err: clap::Error) -> ConfigError {
                 .map(str::trim)
                 .find(|l| !l.is_empty())
                 .map(|l| l.strip_prefix("error:").unwrap_or(l).trim().to_owned());
-            ConfigError::Usage(first.unwrap_or_else(|| kind.to_string()))
+            ConfigError::Usage(printable(&first.unwrap_or_else(|| kind.to_string())))
         }
     }
 }
@@ -517,10 +539,11 @@ fn toml_message(message: &str) -> String {
     let one_line = crate::text::escape_controls(&one_line).into_owned();
     // serde says "unknown field `foo`, expected one of `a`, `b`"; a file
     // author thinks in keys and quotes with ''.
-    match one_line.strip_prefix("unknown field `") {
+    let message = match one_line.strip_prefix("unknown field `") {
         Some(rest) => format!("unknown key '{}", rest.replace('`', "'")),
         None => one_line,
-    }
+    };
+    printable(&message)
 }
 
 /// 1-based line of byte offset `pos` in `text`.
@@ -549,7 +572,10 @@ fn io_reason(err: &io::Error) -> String {
 /// Where a value came from, for error messages: `--flag` or the file key.
 fn origin(flag: &str, key: &str, file: Option<&Path>) -> String {
     match file {
-        Some(path) => format!("'{key}' in config file {}", path.display()),
+        Some(path) => format!(
+            "'{key}' in config file {}",
+            printable(&path.display().to_string())
+        ),
         None => format!("--{flag}"),
     }
 }
@@ -571,9 +597,9 @@ fn pick<T>(
 
 fn invalid(option: &str, value: impl fmt::Display, expected: impl Into<String>) -> ConfigError {
     ConfigError::InvalidValue {
-        option: option.to_owned(),
-        value: value.to_string(),
-        expected: expected.into(),
+        option: printable(option),
+        value: printable(&value.to_string()),
+        expected: printable(&expected.into()),
     }
 }
 
@@ -1000,6 +1026,9 @@ fn check_label(key: &str, value: &str, raw: &str, opt: &str) -> Result<(), Confi
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod properties;
 
 #[cfg(test)]
 mod tests {

@@ -432,6 +432,62 @@ fn container_from_crio(root: &Path, id: &str) -> Option<ContainerNames> {
 mod tests {
     use super::*;
 
+    mod properties {
+        use super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        /// Cgroup path segments: the shapes runtimes and systemd write,
+        /// and noise.
+        fn segment() -> impl Strategy<Value = String> {
+            let id = "[0-9a-fA-F]{64}";
+            let uid = "[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12}";
+            prop_oneof![
+                (prop::sample::select(&CONTAINER_PREFIXES[..]), id)
+                    .prop_map(|(p, id)| format!("{p}{id}.scope")),
+                uid.prop_map(|u| format!("kubepods-burstable-pod{u}.slice")),
+                Just("kubepods".to_owned()),
+                Just("..".to_owned()),
+                "[a-z@0-9-]{1,8}\\.(service|slice|scope)",
+                ".{0,10}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Each fact is the innermost segment that gives it, in the
+            /// form its label needs.
+            #[test]
+            fn facts_come_from_the_innermost_segment(
+                segments in vec(segment(), 0..6),
+            ) {
+                let path = format!("/{}", segments.join("/"));
+                let facts = parse_cgroup_path(&path);
+                if let Some(id) = &facts.container_id {
+                    prop_assert_eq!(id.len(), 64);
+                    prop_assert!(id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+                    let innermost = segments
+                        .iter()
+                        .flat_map(|s| s.split('/'))
+                        .filter_map(container_id_of)
+                        .next_back();
+                    prop_assert_eq!(Some(id), innermost.as_ref());
+                }
+                if let Some(uid) = &facts.pod_uid {
+                    prop_assert!(is_pod_uid(uid), "{}", uid);
+                }
+                if let Some(unit) = &facts.systemd_unit {
+                    prop_assert!(unit.ends_with(".service") && unit.len() > ".service".len());
+                    let innermost = path
+                        .split('/')
+                        .rfind(|s| s.len() > ".service".len() && s.ends_with(".service"));
+                    prop_assert_eq!(Some(unit.as_str()), innermost);
+                }
+            }
+        }
+    }
+
     const ID: &str = "3f9d2c4b8a1e7f6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a3928170615";
     const UID: &str = "0f3a7c2e-5b1d-4e8f-9a6c-2d4b8e1f7a3c";
     const UID_: &str = "0f3a7c2e_5b1d_4e8f_9a6c_2d4b8e1f7a3c";

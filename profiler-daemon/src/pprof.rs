@@ -188,8 +188,9 @@ impl ProfileBuilder {
                         && !self.strings.strings[self.mappings[(m - 1) as usize].filename as usize]
                             .starts_with('[')
                 });
+            // Saturating: a sample's values are the kernel's counts, summed.
             if let (Some(m), Some(&v)) = (leaf_mapping, sample.value.first()) {
-                weight[m as usize] += v;
+                weight[m as usize] = weight[m as usize].saturating_add(v);
             }
         }
         let Some((main, _)) = weight
@@ -509,6 +510,135 @@ mod tests {
         let nomap = &p.location[1];
         assert_eq!((nomap.address, nomap.mapping_id), (0xdead, 0));
         assert_eq!(nomap.line.len(), 1);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+        use std::collections::HashMap;
+
+        /// A frame as the test compares it: mapping path, address, and
+        /// (function, file, line) of each line.
+        type Resolved = (Option<String>, u64, Vec<(String, Option<String>, u32)>);
+
+        fn frame_pool() -> impl Strategy<Value = Vec<Frame>> {
+            let mappings = [
+                mapping("[kernel.kallsyms]"),
+                mapping("/usr/lib/libc.so.6"),
+                mapping("/opt/app"),
+            ];
+            let line = ("[a-c]", proptest::option::of("[xy]\\.c"), 0..3u32).prop_map(
+                |(function, file, line)| Line {
+                    function,
+                    file,
+                    line,
+                },
+            );
+            vec((0..4usize, 0..4u64, vec(line, 0..3)), 1..8).prop_map(move |frames| {
+                frames
+                    .into_iter()
+                    .map(|(m, address, lines)| Frame {
+                        address,
+                        mapping: mappings.get(m).cloned(),
+                        lines: lines.into(),
+                    })
+                    .collect()
+            })
+        }
+
+        fn value() -> impl Strategy<Value = i64> {
+            prop_oneof![0..100i64, Just(i64::MAX), any::<i64>()]
+        }
+
+        fn resolve(p: &pb::Profile, location_id: u64) -> Resolved {
+            let s = |i: i64| p.string_table[i as usize].clone();
+            let l = &p.location[(location_id - 1) as usize];
+            assert_eq!(l.id, location_id);
+            let mapping = (l.mapping_id != 0).then(|| {
+                let m = &p.mapping[(l.mapping_id - 1) as usize];
+                assert_eq!(m.id, l.mapping_id);
+                s(m.filename)
+            });
+            let lines = l
+                .line
+                .iter()
+                .map(|line| {
+                    let f = &p.function[(line.function_id - 1) as usize];
+                    assert_eq!(f.id, line.function_id);
+                    let file = (f.filename != 0).then(|| s(f.filename));
+                    (s(f.name), file, line.line as u32)
+                })
+                .collect();
+            (mapping, l.address, lines)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(32))]
+
+            /// Build, encode, gzip and our decoder keep every sample's
+            /// stack, labels and (merged, saturating) values.
+            #[test]
+            fn round_trip_keeps_samples(
+                pool in frame_pool(),
+                samples in vec(
+                    (
+                        vec(any::<prop::sample::Index>(), 0..6),
+                        (value(), value()),
+                        vec(("[pc]", "[12]"), 0..3),
+                    ),
+                    0..16,
+                ),
+            ) {
+                let mut b = ProfileBuilder::new(ProfileKind::Cpu, 10, 0, 1);
+                type Key = (Vec<Resolved>, Vec<(String, String)>);
+                let mut expected: HashMap<Key, [i64; 2]> = HashMap::new();
+                for (stack, (v0, v1), labels) in &samples {
+                    let frames: Vec<Frame> =
+                        stack.iter().map(|i| i.get(&pool).clone()).collect();
+                    let label_refs: Vec<(&str, &str)> =
+                        labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    b.add_sample(&frames, &[*v0, *v1], &label_refs);
+                    let key = (
+                        frames
+                            .iter()
+                            .map(|f| {
+                                (
+                                    f.mapping.as_ref().map(|m| m.path.clone()),
+                                    f.address,
+                                    f.lines
+                                        .iter()
+                                        .map(|l| (l.function.clone(), l.file.clone(), l.line))
+                                        .collect(),
+                                )
+                            })
+                            .collect(),
+                        labels.clone(),
+                    );
+                    let acc = expected.entry(key).or_insert([0, 0]);
+                    acc[0] = acc[0].saturating_add(*v0);
+                    acc[1] = acc[1].saturating_add(*v1);
+                }
+                let p = round_trip(b);
+                prop_assert_eq!(&p.string_table[0], "");
+                for (i, m) in p.mapping.iter().enumerate() {
+                    prop_assert_eq!(m.id, i as u64 + 1);
+                }
+                let mut got: HashMap<Key, [i64; 2]> = HashMap::new();
+                for sample in &p.sample {
+                    let frames = sample.location_id.iter().map(|&id| resolve(&p, id)).collect();
+                    let labels = sample
+                        .label
+                        .iter()
+                        .map(|l| (s(&p, l.key).to_owned(), s(&p, l.str).to_owned()))
+                        .collect();
+                    prop_assert_eq!(sample.value.len(), 2);
+                    let old = got.insert((frames, labels), [sample.value[0], sample.value[1]]);
+                    prop_assert!(old.is_none(), "equal samples were not merged");
+                }
+                prop_assert_eq!(got, expected);
+            }
+        }
     }
 
     #[test]

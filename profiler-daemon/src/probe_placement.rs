@@ -83,7 +83,9 @@ pub fn choose(code: &[u8], address: u64) -> Placement {
             emulated: true,
         };
     }
-    let end = address + code.len() as u64;
+    // Saturating and wrapping below: `address` comes from a file's symbol
+    // table and may be anything; the decoder's ip wraps past u64::MAX.
+    let end = address.saturating_add(code.len() as u64);
     let targets: Vec<u64> = instructions
         .iter()
         .filter(|i| {
@@ -110,7 +112,7 @@ pub fn choose(code: &[u8], address: u64) -> Placement {
             }
             if kernel_emulates(insn) {
                 return Placement {
-                    offset: insn.ip() - address,
+                    offset: insn.ip().wrapping_sub(address),
                     emulated: true,
                 };
             }
@@ -183,6 +185,33 @@ mod tests {
         // 0: test %rdi,%rdi; 3: je +2 (to 7); 5: jmp -4 (to 3)... a loop to 3
         let code = [0x48, 0x85, 0xff, 0x74, 0x02, 0xeb, 0xfc, 0xc3];
         assert_eq!(choose(&code, AT).offset, 0);
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// Any bytes at any address: the probe stays on an instruction
+            /// boundary inside the code, or at the entry.
+            #[test]
+            fn placement_is_inside_the_code(
+                code in vec(any::<u8>(), 0..64),
+                address in prop_oneof![Just(u64::MAX - 3), Just(0u64), any::<u64>()],
+            ) {
+                let placed = choose(&code, address);
+                prop_assert!(placed.offset == 0 || placed.offset < code.len() as u64, "{:?}", placed);
+                if placed.offset > 0 {
+                    // The same bytes decoded from the entry reach that offset.
+                    let mut decoder = Decoder::with_ip(64, &code, 0, DecoderOptions::NONE);
+                    let starts: Vec<u64> = decoder.iter().map(|i| i.ip()).collect();
+                    prop_assert!(starts.contains(&placed.offset), "{:?}", placed);
+                }
+            }
+        }
     }
 
     /// glibc's own allocator entries on this machine.

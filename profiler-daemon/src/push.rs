@@ -436,14 +436,95 @@ pub fn window_seconds(start: std::time::SystemTime, duration: Duration) -> (u64,
     let start = start
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    let end = start + duration;
-    let until = end.as_secs() + u64::from(end.subsec_nanos() > 0);
-    (start.as_secs(), until.max(start.as_secs() + 1))
+    // Saturating: a clock or interval at the end of its range must not
+    // take the daemon down.
+    let end = start.saturating_add(duration);
+    let until = end
+        .as_secs()
+        .saturating_add(u64::from(end.subsec_nanos() > 0));
+    (
+        start.as_secs(),
+        until.max(start.as_secs().saturating_add(1)),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    mod properties {
+        use super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+        use std::time::{Duration, UNIX_EPOCH};
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            /// `from..until` covers the window, whatever its start and
+            /// length.
+            #[test]
+            fn window_covers_the_interval(
+                secs in prop_oneof![0..4_000_000_000u64, any::<u64>()],
+                nanos in 0..1_000_000_000u32,
+                duration in prop_oneof![
+                    Just(Duration::ZERO),
+                    Just(Duration::MAX),
+                    any::<(u64, u32)>().prop_map(|(s, n)| Duration::new(s, n % 1_000_000_000)),
+                ],
+            ) {
+                let Some(start) = UNIX_EPOCH.checked_add(Duration::new(secs, nanos)) else {
+                    return Ok(());
+                };
+                let (from, until) = window_seconds(start, duration);
+                prop_assert_eq!(from, secs);
+                prop_assert!(until > from || from == u64::MAX);
+                let end = Duration::new(secs, nanos).saturating_add(duration);
+                prop_assert!(Duration::from_secs(until) >= end || until == u64::MAX);
+            }
+
+            /// The application name is `profilerd{k=v,...}` with every
+            /// label, in order, and no character of the name syntax inside
+            /// a key or value.
+            #[test]
+            fn app_name_is_well_formed(labels in vec((".{0,6}", ".{0,6}"), 0..4)) {
+                let name = app_name(&labels);
+                let inner = name
+                    .strip_prefix("profilerd{")
+                    .and_then(|n| n.strip_suffix('}'))
+                    .expect("profilerd{...}");
+                let pairs: Vec<&str> = if labels.is_empty() {
+                    Vec::new()
+                } else {
+                    inner.split(',').collect()
+                };
+                prop_assert_eq!(pairs.len(), labels.len());
+                for (pair, (k, v)) in pairs.iter().zip(&labels) {
+                    let (key, value) = pair.split_once('=').expect("key=value");
+                    prop_assert_eq!(key.chars().count(), k.chars().count());
+                    prop_assert_eq!(value.chars().count(), v.chars().count());
+                    prop_assert!(key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+                    prop_assert!(
+                        value.chars().all(|c| c.is_ascii_alphanumeric() || "_.-/:".contains(c))
+                    );
+                }
+            }
+
+            /// Any text as a push URL: an error, or an http(s) URL whose
+            /// path ends in /ingest and that parses again to itself.
+            #[test]
+            fn push_url_is_checked(raw in prop_oneof![
+                ".{0,24}",
+                "(http|https|ftp)://[a-z0-9.:\\[\\]@/?#%-]{0,20}",
+            ]) {
+                if let Ok(url) = parse_url(&raw) {
+                    prop_assert!(url.starts_with("http://") || url.starts_with("https://"), "{}", url);
+                    prop_assert!(url.ends_with("/ingest"), "{}", url);
+                    prop_assert_eq!(parse_url(&url), Ok(url.clone()));
+                }
+            }
+        }
+    }
 
     #[test]
     fn urls() {

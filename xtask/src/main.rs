@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -11,6 +11,7 @@ mod bench_heap;
 mod bench_waits;
 mod deploy_check;
 mod empty_uprobe;
+mod fuzz;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,6 +54,9 @@ enum Task {
     /// block, mutex and off-CPU profiles' against empty tracepoints (writes
     /// a report).
     Bench(bench::BenchArgs),
+    /// Run each fuzz target of fuzz/ for a while on its seed corpus
+    /// (installs cargo-fuzz; needs nightly).
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> Result<()> {
@@ -86,6 +90,10 @@ fn main() -> Result<()> {
             setup(true)?;
             build(true)?;
             bench::run(&root(), args)
+        }
+        Task::Fuzz(args) => {
+            setup(false)?;
+            fuzz::run(&root(), args)
         }
     }
 }

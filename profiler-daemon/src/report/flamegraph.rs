@@ -13,14 +13,37 @@ use super::ReportError;
 use super::stacks::Stacks;
 use super::units::{self, Target};
 
-/// Folded stacks, root first, one line per distinct stack with a positive
-/// value. Frame names lose the characters the format uses as separators.
-pub fn folded(stacks: &Stacks) -> Vec<String> {
-    let names: Vec<String> = stacks.names.iter().map(|n| clean(n)).collect();
-    let mut lines: Vec<String> = stacks
+/// The largest sum of values drawn: inferno adds the values up in a
+/// `usize`, and past 2^53 its floating-point widths lose precision anyway.
+const MAX_DRAWN: u128 = 1 << 53;
+
+/// What the values are divided by so that their sum fits [`MAX_DRAWN`]:
+/// 1 for any real profile, more for files whose values are huge.
+fn divisor(stacks: &Stacks) -> i64 {
+    let sum: u128 = drawn(stacks).map(|s| s.value as u128).sum();
+    // At most (2^63 * 2^32) / 2^53 = 2^42 for any number of stacks that fits
+    // in memory, so the conversion holds.
+    i64::try_from(sum.div_ceil(MAX_DRAWN))
+        .unwrap_or(i64::MAX)
+        .max(1)
+}
+
+/// The stacks a flame graph draws: non-empty, with positive values.
+fn drawn(stacks: &Stacks) -> impl Iterator<Item = &super::stacks::Stack> {
+    stacks
         .stacks
         .iter()
         .filter(|s| s.value > 0 && !s.frames.is_empty())
+}
+
+/// Folded stacks, root first, one line per distinct stack with a positive
+/// value (divided by [`divisor`]; those that become 0 are too small to
+/// draw). Frame names lose the characters the format uses as separators.
+pub fn folded(stacks: &Stacks) -> Vec<String> {
+    let names: Vec<String> = stacks.names.iter().map(|n| clean(n)).collect();
+    let divisor = divisor(stacks);
+    let mut lines: Vec<String> = drawn(stacks)
+        .filter(|s| s.value / divisor > 0)
         .map(|s| {
             let mut line = String::new();
             for (i, &frame) in s.frames.iter().rev().enumerate() {
@@ -30,7 +53,7 @@ pub fn folded(stacks: &Stacks) -> Vec<String> {
                 line.push_str(names.get(frame.name as usize).map_or("", String::as_str));
             }
             line.push(' ');
-            line.push_str(&s.value.to_string());
+            line.push_str(&(s.value / divisor).to_string());
             line
         })
         .collect();
@@ -94,7 +117,7 @@ pub fn render(stacks: &Stacks) -> Result<Vec<u8>, ReportError> {
     // seconds of CPU, kB for megabytes), not in nanoseconds or bytes.
     let (count_name, factor) = display_unit(stacks);
     options.count_name = count_name;
-    options.factor = factor;
+    options.factor = factor * divisor(stacks) as f64;
     // Colors from the names, so that two runs give the same picture.
     options.hash = true;
     let mut svg = Vec::new();
@@ -199,6 +222,24 @@ mod tests {
             (&["f<[u8; 8]>", "main"], 1, 5),
         ]);
         assert_eq!(folded(&s), ["main;f<[u8, 8]> 15", "main;mid;leaf 30"]);
+    }
+
+    #[test]
+    fn huge_values_are_scaled_to_fit() {
+        let (_dir, s) = stacks(&[
+            (&["a", "main"], 1, i64::MAX),
+            (&["b", "main"], 1, i64::MAX),
+            (&["c", "main"], 1, 1),
+        ]);
+        let d = divisor(&s);
+        assert_eq!(d, (2 * (i64::MAX as u128)).div_ceil(MAX_DRAWN) as i64);
+        let expected = (i64::MAX / d).to_string();
+        assert_eq!(
+            folded(&s),
+            [format!("main;a {expected}"), format!("main;b {expected}")]
+        );
+        let svg = String::from_utf8(render(&s).unwrap()).unwrap();
+        assert!(svg.contains("<title>a ("), "{svg}");
     }
 
     #[test]

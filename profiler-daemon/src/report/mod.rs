@@ -5,6 +5,8 @@
 //! formats values as pprof does.
 
 pub mod flamegraph;
+#[cfg(test)]
+mod properties;
 pub mod stacks;
 pub mod top;
 pub mod units;

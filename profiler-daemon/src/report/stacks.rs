@@ -61,9 +61,24 @@ impl Stacks {
 /// Reads `files` and merges them for `sample_type` (by name or index; the
 /// profile's default when `None`).
 pub fn load(files: &[PathBuf], sample_type: Option<&str>) -> Result<Stacks, ReportError> {
+    load_with(files, sample_type, |path| {
+        std::fs::read(path).map_err(|source| ReportError::Read {
+            path: path.to_owned(),
+            source,
+        })
+    })
+}
+
+/// [`load`] with the files' bytes from `read`, one file at a time: the
+/// entry point for input that is not on disk.
+pub fn load_with(
+    files: &[PathBuf],
+    sample_type: Option<&str>,
+    mut read: impl FnMut(&Path) -> Result<Vec<u8>, ReportError>,
+) -> Result<Stacks, ReportError> {
     let mut merged: Option<(Merger, Shape)> = None;
     for path in files {
-        let profile = read(path)?;
+        let profile = decode(path, &read(path)?)?;
         let shape = Shape::of(&profile, path)?;
         match &mut merged {
             None => {
@@ -91,13 +106,9 @@ pub fn load(files: &[PathBuf], sample_type: Option<&str>) -> Result<Stacks, Repo
     }
 }
 
-/// Reads and decodes one file (gzipped or plain).
-fn read(path: &Path) -> Result<Profile, ReportError> {
-    let bytes = std::fs::read(path).map_err(|source| ReportError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let profile = pprof_proto::decode(&bytes).map_err(|e| ReportError::NotPprof {
+/// Decodes one file's bytes (gzipped or plain).
+fn decode(path: &Path, bytes: &[u8]) -> Result<Profile, ReportError> {
+    let profile = pprof_proto::decode(bytes).map_err(|e| ReportError::NotPprof {
         path: path.to_owned(),
         reason: e.to_string(),
     })?;

@@ -49,7 +49,10 @@ pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
         let Some(leaf) = stack.frames.first() else {
             continue;
         };
-        *flat.entry(leaf.name).or_insert(0) += stack.value;
+        // Saturating: files may hold any values, and summing them must not
+        // overflow.
+        let f = flat.entry(leaf.name).or_insert(0);
+        *f = f.saturating_add(stack.value);
         total = total.saturating_add(stack.value.saturating_abs());
         seen.clear();
         seen_calls.clear();
@@ -57,7 +60,8 @@ pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
         for frame in stack.frames.iter().rev() {
             if !seen.contains(&frame.name) {
                 seen.push(frame.name);
-                *cum.entry(frame.name).or_insert(0) += stack.value;
+                let c = cum.entry(frame.name).or_insert(0);
+                *c = c.saturating_add(stack.value);
             }
             if let Some(c) = caller.filter(|&c| c != frame.name) {
                 let (all_inline, weight) = calls.entry((c, frame.name)).or_insert((true, 0));
@@ -99,17 +103,17 @@ pub fn rows(stacks: &Stacks, order: Order) -> Vec<Row> {
     match order {
         Order::Flat => rows.sort_by(|a, b| {
             b.flat
-                .abs()
-                .cmp(&a.flat.abs())
+                .unsigned_abs()
+                .cmp(&a.flat.unsigned_abs())
                 .then_with(|| a.name.cmp(&b.name))
-                .then_with(|| b.cum.abs().cmp(&a.cum.abs()))
+                .then_with(|| b.cum.unsigned_abs().cmp(&a.cum.unsigned_abs()))
         }),
         Order::Cum => rows.sort_by(|a, b| {
             b.cum
-                .abs()
-                .cmp(&a.cum.abs())
+                .unsigned_abs()
+                .cmp(&a.cum.unsigned_abs())
                 .then_with(|| a.name.cmp(&b.name))
-                .then_with(|| b.flat.abs().cmp(&a.flat.abs()))
+                .then_with(|| b.flat.unsigned_abs().cmp(&a.flat.unsigned_abs()))
         }),
     }
     rows
@@ -129,9 +133,9 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
         .iter()
         .map(|r| {
             if r.flat != 0 {
-                r.flat.abs()
+                r.flat.saturating_abs()
             } else {
-                r.cum.abs()
+                r.cum.saturating_abs()
             }
         })
         .filter(|&v| v > 0)
@@ -181,7 +185,7 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
             value(stacks.total)
         ));
     }
-    let flat_sum: i64 = shown.iter().map(|r| r.flat).sum();
+    let flat_sum = shown.iter().fold(0i64, |sum, r| sum.saturating_add(r.flat));
     lines.push(format!(
         "Showing nodes accounting for {}, {} of {} total",
         value(flat_sum),
@@ -201,7 +205,7 @@ pub fn render(stacks: &Stacks, order: Order, nodecount: usize) -> String {
     ));
     let mut sum = 0i64;
     for row in shown {
-        sum += row.flat;
+        sum = sum.saturating_add(row.flat);
         let inline = if row.inline.is_empty() {
             String::new()
         } else {
