@@ -234,18 +234,7 @@ fn pid_with_command_message(config_file: Option<&Path>) -> String {
 /// message echoes values from the command line and the file, and a
 /// terminal must not act on them (escape sequences, carriage returns).
 fn printable(text: &str) -> String {
-    if !text.chars().any(char::is_control) {
-        return text.to_owned();
-    }
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
+    crate::text::escape_controls(text).into_owned()
 }
 
 fn line_suffix(line: Option<usize>) -> String {
@@ -536,7 +525,6 @@ fn toml_message(message: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ");
-    let one_line = crate::text::escape_controls(&one_line).into_owned();
     // serde says "unknown field `foo`, expected one of `a`, `b`"; a file
     // author thinks in keys and quotes with ''.
     let message = match one_line.strip_prefix("unknown field `") {
