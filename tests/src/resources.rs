@@ -3,6 +3,7 @@
 //! second until it is stopped or dropped, so churn and soak runs can bound
 //! them and print the series on failure.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -149,4 +150,26 @@ pub fn table(samples: &[Usage]) -> String {
         );
     }
     out
+}
+
+/// What `pid`'s open descriptors point to, grouped: files by path, and
+/// sockets, pipes and anonymous inodes by kind, with their counts.
+pub fn fd_kinds(pid: u32) -> BTreeMap<String, usize> {
+    let mut kinds = BTreeMap::new();
+    let Ok(entries) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return kinds;
+    };
+    for entry in entries.flatten() {
+        let Ok(target) = fs::read_link(entry.path()) else {
+            continue;
+        };
+        let target = target.to_string_lossy();
+        // socket:[123], pipe:[456], anon_inode:bpf-map ...: the kind only.
+        let kind = match target.split_once(":[") {
+            Some((kind, _)) => kind.to_string(),
+            None => target.into_owned(),
+        };
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    kinds
 }
