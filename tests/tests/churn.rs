@@ -63,14 +63,15 @@ impl ChurnRun {
         )
     }
 
-    /// The field `key` of the daemon's exit summary line named `what`.
+    /// The field `key` of the daemon's exit summary line named `what`
+    /// (`... profilerd::session: summary key=value ...`).
     fn summary_field(&self, what: &str, key: &str) -> u64 {
         let line = self
             .daemon
             .stderr_lines()
             .into_iter()
             .rev()
-            .find(|l| l.trim_end().ends_with(what))
+            .find(|l| l.contains(&format!(": {what} ")))
             .unwrap_or_else(|| panic!("no {what:?} line in the log{}", self.diag()));
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(&format!("{key}=")))

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|soak`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -11,6 +11,7 @@ mod bench_heap;
 mod bench_waits;
 mod deploy_check;
 mod empty_uprobe;
+mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,6 +54,10 @@ enum Task {
     /// block, mutex and off-CPU profiles' against empty tracepoints (writes
     /// a report).
     Bench(bench::BenchArgs),
+    /// Run the daemon system-wide with cpu, heap and block profiles over a
+    /// steady load for --minutes and judge its memory growth after warm-up
+    /// (writes target/soak.md).
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -86,6 +91,11 @@ fn main() -> Result<()> {
             setup(true)?;
             build(true)?;
             bench::run(&root(), args)
+        }
+        Task::Soak(args) => {
+            setup(false)?;
+            build(true)?;
+            soak::run(&root(), args)
         }
     }
 }
