@@ -81,9 +81,7 @@ fn compile(root: &Path, work: &Path, name: &str) -> Result<std::path::PathBuf> {
 
 pub fn run(root: &Path, args: SoakArgs) -> Result<()> {
     if args.minutes < args.warm_up_minutes + 1 {
-        eprintln!(
-            "error: --minutes must exceed --warm-up-minutes by at least 1 (a judged minute)"
-        );
+        eprintln!("error: --minutes must exceed --warm-up-minutes by at least 1 (a judged minute)");
         std::process::exit(2);
     }
     let work = root
