@@ -510,8 +510,9 @@ fn thread_churn_every_profile() {
         .sum();
     assert!(
         contentions > 0,
-        "no contended wake-up in churn_lock among {} mutex samples{}",
+        "no contended wake-up in churn_lock among {} mutex samples\n{}{}",
         mutex.len(),
+        summary(&mutex),
         d()
     );
     let total_block: i64 = run

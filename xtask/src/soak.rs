@@ -118,6 +118,8 @@ fn soak(root: &Path, work: &Path, args: &SoakArgs) -> Result<(String, f64)> {
             .arg("--output-dir")
             .arg(&out_dir)
             .args(["--profiles", "cpu,heap,block"])
+            // Plain log lines: the summary is copied into the report.
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
