@@ -165,6 +165,13 @@ int main(int argc, char **argv)
     uint64_t period = (uint64_t)(1e9 / rate), start = mono_ns();
     uint64_t end = start + (uint64_t)(seconds * 1e9), next = start;
     long started = 0, finished = 0, failed = 0, late = 0, skipped = 0, live = 0;
+    /* Exec by the program's own path: its name becomes the comm (exec'ing
+     * /proc/self/exe would name the process "exe"). */
+    char self[4096];
+    ssize_t self_len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (self_len <= 0)
+        return 1;
+    self[self_len] = 0;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -201,7 +208,7 @@ int main(int argc, char **argv)
             }
             if (pid == 0) {
                 if (do_exec) {
-                    execl("/proc/self/exe", "churn", "--child", (char *)NULL);
+                    execl(self, "churn", "--child", (char *)NULL);
                     _exit(127);
                 }
                 churn_work();
