@@ -486,7 +486,7 @@ fn thread_churn_every_profile() {
         burns.len()
     );
     assert!(
-        burns.len() >= 50 && complete as f64 >= 0.7 * burns.len() as f64,
+        burns.len() >= 50 && complete as f64 >= 0.6 * burns.len() as f64,
         "{} cpu samples in churn_burn, {complete} of them with churn_lock and churn_thread below{}",
         burns.len(),
         cpu_diag()
