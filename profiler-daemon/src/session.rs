@@ -782,6 +782,18 @@ fn write_window(
     }
     procs.prune();
     symbolizer.release_unused();
+    release_free_memory();
+}
+
+/// Returns the allocator's free memory to the kernel. A window frees what
+/// it built (stacks, symbols, the encoded profile) in many small blocks
+/// that glibc keeps in its arenas; without this, resident memory creeps up
+/// window after window under churn.
+fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn build_cpu_profile(
@@ -1111,6 +1123,7 @@ fn log_summary(
             allocator_links = a.links,
             allocator_attach_failures = a.failures,
             allocator_probes_single_stepped = a.single_stepped,
+            allocator_files_forgotten = a.files_forgotten,
             "heap summary"
         );
     }
@@ -1137,6 +1150,12 @@ fn log_summary(
         frames_unsymbolized = s.failures,
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,
+        process_evictions = p.evictions,
+        processes = p.processes,
+        open_handles = p.open_handles,
+        handle_limit_hits = p.handle_limit_hits,
+        symbol_cache_evictions = s.cache_evictions,
+        unwind_evictions = u.evictions,
         "summary"
     );
 }

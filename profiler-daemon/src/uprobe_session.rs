@@ -184,6 +184,9 @@ pub struct AttachStats {
     pub links: usize,
     pub failures: u64,
     pub single_stepped: usize,
+    /// Files whose probe points were forgotten to keep the cache bounded
+    /// (found again if a process maps them later).
+    pub files_forgotten: u64,
 }
 
 /// One uprobe program's links, made as processes and files appear: one per
@@ -291,6 +294,7 @@ impl UprobeLinks {
             return known.clone();
         }
         if self.files.len() >= MAX_FILES {
+            self.stats.files_forgotten += self.files.len() as u64;
             self.files.clear();
         }
         let found = match (self.find)(open) {

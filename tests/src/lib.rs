@@ -14,6 +14,7 @@
 //! - [`pprof_tool`]: checking every file with `go tool pprof -raw`;
 //! - [`cgroups`]: cgroups a test creates and removes, workloads put in them.
 //! - [`http`]: a stand-in Pyroscope server and `/metrics` scrapes.
+//! - [`resources`]: the daemon's memory and open descriptors over time.
 //!
 //! Every test needs root (see [`daemon::require_root`]) and the suite is meant
 //! to run serially: `cargo test -p profiler-tests --release -- --test-threads=1`.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
+pub mod resources;
 pub mod workloads;
 
 pub use pprof_proto::Profile;

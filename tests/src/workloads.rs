@@ -52,6 +52,12 @@ pub enum Workload {
     /// blocking switches), so every profile type gets samples;
     /// `SECONDS [--wait-stdin]`; `gcc -O2`, no frame pointers.
     Mixed,
+    /// `churn.c`: short-lived processes (half of them exec'd afresh) or
+    /// threads at a steady rate, each allocating, waiting on a futex and
+    /// burning a little CPU under a shared mutex;
+    /// `procs|threads RATE SECONDS [--wait-stdin]`; `gcc -O2`, no frame
+    /// pointers.
+    Churn,
 }
 
 /// The library that [`Workload::HeapSitesJemalloc`] links against.
@@ -68,6 +74,7 @@ impl Workload {
             Workload::BlockSites => "block_sites.c",
             Workload::MutexHold => "mutex_hold.c",
             Workload::Mixed => "mixed.c",
+            Workload::Churn => "churn.c",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -103,7 +110,7 @@ impl Workload {
                 }
                 c
             }
-            Workload::BlockSites | Workload::MutexHold | Workload::Mixed => {
+            Workload::BlockSites | Workload::MutexHold | Workload::Mixed | Workload::Churn => {
                 // Built like a distribution's C program: the waits' stacks
                 // are unwound through glibc and the workload without frame
                 // pointers.

@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz|soak`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -12,6 +12,7 @@ mod bench_waits;
 mod deploy_check;
 mod empty_uprobe;
 mod fuzz;
+mod soak;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -57,6 +58,10 @@ enum Task {
     /// Run each fuzz target of fuzz/ for a while on its seed corpus
     /// (installs cargo-fuzz; needs nightly).
     Fuzz(fuzz::FuzzArgs),
+    /// Run the daemon system-wide with cpu, heap and block profiles over a
+    /// steady load for --minutes and judge its memory growth after warm-up
+    /// (writes target/soak.md).
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -94,6 +99,11 @@ fn main() -> Result<()> {
         Task::Fuzz(args) => {
             setup(false)?;
             fuzz::run(&root(), args)
+        }
+        Task::Soak(args) => {
+            setup(false)?;
+            build(true)?;
+            soak::run(&root(), args)
         }
     }
 }

@@ -1,0 +1,593 @@
+//! Process and thread churn, system-wide with every profile type on: the
+//! daemon survives, its memory and open descriptors stay bounded while
+//! thousands of tasks come and go, the churned tasks' work is in the
+//! profiles with complete stacks, and its losses are counted in the exit
+//! summary. A short soak checks that memory levels off over windows.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::profiles::{
+    FlatSample, ProfileFile, WaitKind, dir_entries, flatten_all, parse_file_name, read_profiles,
+    sample_types, summary, total_of,
+};
+use profiler_tests::resources::{Sampler, Usage, fd_kinds, max_after, mean_between, table};
+use profiler_tests::workloads::{Running, Workload, field, parse_report};
+use profiler_tests::{
+    check_cpu_files, check_heap_files, check_wait_files, pause, pprof_tool, pprof_tops, temp_dir,
+};
+
+const ALL_PROFILES: &str = "cpu,heap,block,mutex,offcpu";
+const HEAP_RATE: u64 = 524_288;
+/// Bytes one churned task allocates in churn_alloc (see churn.c).
+const BYTES_PER_TASK: u64 = 24 * 1024 + 6 * (4096 + 8192 + 12288);
+/// The futex wait of one churned task in churn_wait (see churn.c).
+const WAIT_PER_TASK: Duration = Duration::from_micros(500);
+/// Time the daemon is given to settle before its resources are bounded:
+/// loading the probes, the first snapshots and symbol tables.
+const WARM_UP: Duration = Duration::from_secs(10);
+/// The daemon's exit bound after SIGTERM, with room for a loaded machine.
+const EXIT_BOUND: Duration = Duration::from_secs(15);
+
+/// What one churn run left: the profiles, the daemon's log and resources.
+struct ChurnRun {
+    /// Holds the workload and the output directory until the run is checked.
+    _tmp: tempfile::TempDir,
+    daemon: Daemon,
+    /// What the daemon's descriptors pointed to when the workload ended.
+    fds_at_end: std::collections::BTreeMap<String, usize>,
+    usage: Vec<Usage>,
+    report: std::collections::BTreeMap<String, u64>,
+    workload_pid: u32,
+    /// The churn program's name (its processes' comm).
+    comm: String,
+    cpu: Vec<ProfileFile>,
+    heap: Vec<ProfileFile>,
+    block: Vec<ProfileFile>,
+    mutex: Vec<ProfileFile>,
+    offcpu: Vec<ProfileFile>,
+    /// The daemon's descriptors and RssAnon right after it was ready.
+    fds_at_ready: u64,
+}
+
+impl ChurnRun {
+    fn diag(&self) -> String {
+        format!(
+            "\nworkload report: {:?}\ndaemon descriptors at the workload's end: {:?}\ndaemon resources:\n{}\n{}",
+            self.report,
+            self.fds_at_end,
+            table(&self.usage),
+            self.daemon.describe()
+        )
+    }
+
+    /// The field `key` of the daemon's exit summary line named `what`
+    /// (`... profilerd::session: summary key=value ...`).
+    fn summary_field(&self, what: &str, key: &str) -> u64 {
+        let line = self
+            .daemon
+            .stderr_lines()
+            .into_iter()
+            .rev()
+            .find(|l| l.contains(&format!(": {what} ")))
+            .unwrap_or_else(|| panic!("no {what:?} line in the log{}", self.diag()));
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{key}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{what:?} has no {key}: {line}{}", self.diag()))
+    }
+}
+
+/// Runs the churn workload `churn MODE RATE SECONDS` under the daemon
+/// (system-wide, every profile type, a window every 10 s) while sampling
+/// the daemon's resources, then stops the daemon and reads everything.
+fn churn_run(mode: &str, rate: u32, seconds: u32, exe_name: &str) -> ChurnRun {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::Churn.build(tmp.path(), exe_name);
+    let out = tmp.path().join("out");
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().expect("a UTF-8 temporary path"),
+        "--profiles",
+        ALL_PROFILES,
+        "--interval",
+        "10s",
+    ]);
+    daemon.wait_ready();
+    let sampler = Sampler::start(daemon.pid());
+    // The first reading, taken at once, is the daemon's state when ready.
+    assert!(
+        profiler_tests::process::wait_until(Duration::from_secs(5), || !sampler
+            .samples()
+            .is_empty()),
+        "no reading of the daemon's resources\n{}",
+        daemon.describe()
+    );
+    let fds_at_ready = sampler.samples()[0].fds;
+    let mut workload = Running::start(
+        &exe,
+        &[
+            mode,
+            &rate.to_string(),
+            &seconds.to_string(),
+            "--wait-stdin",
+        ],
+    );
+    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready"));
+    let workload_pid = workload.pid();
+    workload.release();
+    let stdout = workload.finish(Duration::from_secs(u64::from(seconds) + 60));
+    let report = parse_report(&stdout, "started");
+    let fds_at_end = fd_kinds(daemon.pid());
+    // Let the last tasks' exits and samples reach a window.
+    pause(Duration::from_secs(2));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_success(EXIT_BOUND);
+    let usage = sampler.stop();
+    let kinds = ALL_PROFILES.split(',').collect::<Vec<_>>();
+    let stray: Vec<String> = dir_entries(&out)
+        .into_iter()
+        .filter(|n| kinds.iter().all(|k| parse_file_name(n, k).is_none()))
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "temporary or misnamed files left in the output directory: {stray:?}\n{}",
+        daemon.describe()
+    );
+    let read = |kind: &str| read_profiles(&out, kind);
+    ChurnRun {
+        cpu: read("cpu"),
+        heap: read("heap"),
+        block: read("block"),
+        mutex: read("mutex"),
+        offcpu: read("offcpu"),
+        _tmp: tmp,
+        daemon,
+        fds_at_end,
+        usage,
+        report,
+        workload_pid,
+        comm: exe_name.to_string(),
+        fds_at_ready,
+    }
+}
+
+/// Samples of the churn program (by comm, so also of exited children).
+fn of_comm(samples: &[FlatSample], comm: &str) -> Vec<FlatSample> {
+    samples
+        .iter()
+        .filter(|s| s.label("comm") == Some(comm))
+        .cloned()
+        .collect()
+}
+
+fn sum_of(samples: &[FlatSample], index: usize, f: &str) -> i64 {
+    samples
+        .iter()
+        .filter(|s| s.has_function(f))
+        .map(|s| s.values[index])
+        .sum()
+}
+
+/// Checks shared by both churn tests: a clean exit, every file valid,
+/// resources bounded, losses in the summary.
+fn check_common(run: &ChurnRun, files: usize) {
+    let d = || run.diag();
+    let log = run.daemon.stderr_lines().join("\n");
+    assert!(
+        !log.contains("panicked"),
+        "the daemon panicked under churn{}",
+        d()
+    );
+    assert_eq!(
+        field(&run.report, "failed"),
+        0,
+        "the workload's tasks failed{}",
+        d()
+    );
+    // Every file of every type is valid pprof (also for `go tool pprof`).
+    check_cpu_files(&run.cpu, 99);
+    check_heap_files(&run.heap, HEAP_RATE);
+    check_wait_files(&run.block, WaitKind::Block);
+    check_wait_files(&run.mutex, WaitKind::Mutex { fraction: 100 });
+    for file in &run.offcpu {
+        assert_eq!(
+            sample_types(&file.profile),
+            [
+                ("events".to_string(), "count".to_string()),
+                ("offcpu".to_string(), "nanoseconds".to_string())
+            ],
+            "{}: offcpu sample types{}",
+            file.path.display(),
+            d()
+        );
+        pprof_tool::check_readable(&file.path, !file.profile.sample.is_empty());
+    }
+    for (kind, got) in [
+        ("cpu", &run.cpu),
+        ("heap", &run.heap),
+        ("block", &run.block),
+        ("mutex", &run.mutex),
+        ("offcpu", &run.offcpu),
+    ] {
+        assert!(
+            got.len() >= files,
+            "{kind}: {} files, expected at least {files} windows{}",
+            got.len(),
+            d()
+        );
+    }
+
+    // Open descriptors: the daemon holds one per file mapped by a process
+    // it may still have to symbolize, shared by every process mapping it
+    // (and blazesym one more while it reads the file). The churned tasks
+    // map the same few files over and over, so their count must not follow
+    // the tasks: at most two for the churn program itself. The total also
+    // follows whatever else runs on the machine, hence its wide margin.
+    let exe_fds: usize = run
+        .fds_at_end
+        .iter()
+        .filter(|(target, _)| target.ends_with(&format!("/{}", run.comm)))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        exe_fds <= 2,
+        "{exe_fds} descriptors of the churn program held by the daemon{}",
+        d()
+    );
+    let fds_max = max_after(&run.usage, Duration::ZERO, |u| u.fds).unwrap_or(0);
+    assert!(
+        fds_max <= run.fds_at_ready + FDS_MARGIN,
+        "open descriptors grew from {} at ready to {fds_max} under churn (margin {FDS_MARGIN}){}",
+        run.fds_at_ready,
+        d()
+    );
+    // Memory: bounded after warm-up, whatever the number of tasks seen.
+    // RssAnon is the daemon's own; RSS also counts the pages of the files
+    // it reads symbols from, which depend on what else runs.
+    let anon_max = max_after(&run.usage, WARM_UP, |u| u.anon_kib).unwrap_or(0);
+    assert!(
+        anon_max <= ANON_BOUND_KIB,
+        "RssAnon reached {anon_max} KiB under churn (bound {ANON_BOUND_KIB} KiB){}",
+        d()
+    );
+    let rss_max = max_after(&run.usage, WARM_UP, |u| u.rss_kib).unwrap_or(0);
+    assert!(
+        rss_max <= RSS_BOUND_KIB,
+        "RSS reached {rss_max} KiB under churn (bound {RSS_BOUND_KIB} KiB){}",
+        d()
+    );
+
+    // Every loss has its counter in the exit summary.
+    for key in [
+        "samples",
+        "stack_copies_dropped",
+        "count_map_full",
+        "user_stacks_lost",
+        "kernel_stacks_lost",
+        "process_events_lost",
+        "unwinds_truncated",
+        "frames_unsymbolized",
+        "process_snapshot_failures",
+        "process_evictions",
+        "symbol_cache_evictions",
+        "unwind_evictions",
+    ] {
+        run.summary_field("summary", key);
+    }
+    for key in [
+        "heap_allocs_lost",
+        "heap_frees_lost",
+        "heap_live_full",
+        "heap_threads_full",
+        "allocator_files_forgotten",
+    ] {
+        run.summary_field("heap summary", key);
+    }
+}
+
+/// Bounds under churn. Measured peaks are printed by the tests (see
+/// docs/RELIABILITY.md); the bounds leave room for a busy machine.
+const ANON_BOUND_KIB: u64 = 256 * 1024;
+const RSS_BOUND_KIB: u64 = 512 * 1024;
+/// Descriptors the daemon may open beyond those at ready: files mapped by
+/// the machine's other processes, which come and go during a run.
+const FDS_MARGIN: u64 = 256;
+
+/// Prints the figures of a run (they go to the reliability notes).
+fn print_figures(name: &str, run: &ChurnRun) {
+    let u = &run.usage;
+    let at_ready = u.first().copied();
+    let last = u.last().copied();
+    println!(
+        "{name}: workload {:?}; daemon at ready {:?}, at end {:?}; peak rss {} KiB, peak anon {} KiB, peak fds {}",
+        run.report,
+        at_ready,
+        last,
+        max_after(u, Duration::ZERO, |u| u.rss_kib).unwrap_or(0),
+        max_after(u, Duration::ZERO, |u| u.anon_kib).unwrap_or(0),
+        max_after(u, Duration::ZERO, |u| u.fds).unwrap_or(0),
+    );
+    println!(
+        "{name}: daemon descriptors at the workload's end: {:?}",
+        run.fds_at_end
+    );
+    for line in run.daemon.stderr_lines() {
+        if line.contains("summary") || line.contains("WARN") {
+            println!("{name}: {line}");
+        }
+    }
+}
+
+#[test]
+fn process_churn_every_profile() {
+    let comm = "churn_procs";
+    let run = churn_run("procs", 200, 60, comm);
+    print_figures("process churn", &run);
+    let d = || run.diag();
+    let started = field(&run.report, "started");
+    assert_eq!(
+        field(&run.report, "finished"),
+        started,
+        "every child exits 0{}",
+        d()
+    );
+    assert!(
+        started >= 11_000,
+        "200 children a second for 60 s: only {started} started{}",
+        d()
+    );
+    check_common(&run, 6);
+
+    // The children are profiled though each lives a few milliseconds.
+    let cpu = of_comm(&flatten_all(&run.cpu), comm);
+    let pids: BTreeSet<u32> = cpu
+        .iter()
+        .map(FlatSample::pid)
+        .filter(|&p| p != run.workload_pid)
+        .collect();
+    let cpu_diag = || format!("\n{}\n{}{}", summary(&cpu), pprof_tops(&run.cpu, None), d());
+    assert!(
+        pids.len() >= 200,
+        "cpu samples of only {} distinct children{}",
+        pids.len(),
+        cpu_diag()
+    );
+    // Their work is symbolized with complete stacks: churn_burn is only
+    // ever called through churn_lock and churn_work.
+    let burns: Vec<&FlatSample> = cpu
+        .iter()
+        .filter(|s| s.has_function("churn_burn"))
+        .collect();
+    let complete = burns
+        .iter()
+        .filter(|s| s.has_function("churn_lock") && s.has_function("churn_work"))
+        .count();
+    assert!(
+        burns.len() >= 20 && complete as f64 >= 0.9 * burns.len() as f64,
+        "{} cpu samples in churn_burn, {complete} of them with churn_lock and churn_work below{}",
+        burns.len(),
+        cpu_diag()
+    );
+
+    // Children that exit before the daemon reads their mappings leave
+    // samples it cannot symbolize; the share that it can is a figure, not
+    // a bound (it depends on how fast the daemon runs on a loaded machine).
+    let children: Vec<&FlatSample> = cpu.iter().filter(|s| s.pid() != run.workload_pid).collect();
+    let with_churn_frame = children
+        .iter()
+        .filter(|s| {
+            s.frames
+                .iter()
+                .any(|f| f.function.starts_with("churn_") || f.function == "main")
+        })
+        .count();
+    println!(
+        "process churn: {with_churn_frame} of {} cpu samples of children have a symbolized frame of the program",
+        children.len()
+    );
+
+    // Heap: the children's allocations, sampled at 512 KiB, add up to about
+    // what they allocated, symbolized or not (nothing is lost on the way).
+    let heap = of_comm(&flatten_all(&run.heap), comm);
+    let alloc_bytes: i64 = heap.iter().map(|s| s.values[1]).sum();
+    let alloc_bytes = alloc_bytes as f64;
+    let in_churn_alloc = sum_of(&heap, 1, "churn_alloc") as f64;
+    let truth = (started * BYTES_PER_TASK) as f64;
+    assert!(
+        (0.6..=1.5).contains(&(alloc_bytes / truth)),
+        "heap: {alloc_bytes} bytes allocated by churn_procs, {truth} allocated by the children{}",
+        d()
+    );
+
+    // Block and off-CPU: every child waits about 0.5 ms in churn_wait.
+    let block = of_comm(&flatten_all(&run.block), comm);
+    let delay = block.iter().map(|s| s.values[1]).sum::<i64>() as f64;
+    let want = started as f64 * WAIT_PER_TASK.as_nanos() as f64;
+    assert!(
+        delay >= 0.5 * want,
+        "block: {delay} ns of waits by churn_procs, the children waited at least {want} ns{}",
+        d()
+    );
+    let offcpu = of_comm(&flatten_all(&run.offcpu), comm);
+    let off = offcpu.iter().map(|s| s.values[1]).sum::<i64>() as f64;
+    assert!(
+        off >= 0.5 * want,
+        "offcpu: {off} ns off CPU by churn_procs, the children waited at least {want} ns{}",
+        d()
+    );
+    println!(
+        "process churn: heap {:.3} of truth ({:.3} in churn_alloc); block {:.3} of truth ({:.3} in churn_wait); offcpu {:.3} of truth",
+        alloc_bytes / truth,
+        in_churn_alloc / truth,
+        delay / want,
+        sum_of(&block, 1, "churn_wait") as f64 / want,
+        off / want,
+    );
+    println!(
+        "process churn: {} children in cpu samples; heap {:.3} of truth; block {:.3} of truth; files: cpu {} heap {} block {} mutex {} offcpu {}",
+        pids.len(),
+        alloc_bytes / truth,
+        delay / want,
+        run.cpu.len(),
+        run.heap.len(),
+        run.block.len(),
+        run.mutex.len(),
+        run.offcpu.len()
+    );
+}
+
+#[test]
+fn thread_churn_every_profile() {
+    let comm = "churn_threads";
+    let run = churn_run("threads", 2000, 30, comm);
+    print_figures("thread churn", &run);
+    let d = || run.diag();
+    let started = field(&run.report, "started");
+    assert_eq!(
+        field(&run.report, "finished"),
+        started,
+        "every thread ran to its end{}",
+        d()
+    );
+    assert!(
+        started >= 50_000,
+        "2000 threads a second for 30 s: only {started} started{}",
+        d()
+    );
+    check_common(&run, 3);
+
+    let cpu = of_comm(&flatten_all(&run.cpu), comm);
+    let tids: BTreeSet<u32> = cpu.iter().map(FlatSample::tid).collect();
+    let cpu_diag = || format!("\n{}\n{}{}", summary(&cpu), pprof_tops(&run.cpu, None), d());
+    assert!(
+        tids.len() >= 200 && cpu.iter().all(|s| s.pid() == run.workload_pid),
+        "cpu samples of {} distinct threads (all of pid {} expected){}",
+        tids.len(),
+        run.workload_pid,
+        cpu_diag()
+    );
+    // At this rate some stack copies are dropped (the ring is full; counted
+    // in the summary) and some walks stop early: most stacks, not all, are
+    // complete.
+    let burns: Vec<&FlatSample> = cpu
+        .iter()
+        .filter(|s| s.has_function("churn_burn"))
+        .collect();
+    let complete = burns
+        .iter()
+        .filter(|s| s.has_function("churn_lock") && s.has_function("churn_thread"))
+        .count();
+    println!(
+        "thread churn: {complete} of {} cpu samples in churn_burn have churn_lock and churn_thread below",
+        burns.len()
+    );
+    assert!(
+        burns.len() >= 50 && complete as f64 >= 0.6 * burns.len() as f64,
+        "{} cpu samples in churn_burn, {complete} of them with churn_lock and churn_thread below{}",
+        burns.len(),
+        cpu_diag()
+    );
+    let heap = of_comm(&flatten_all(&run.heap), comm);
+    let alloc_bytes = sum_of(&heap, 1, "churn_alloc") as f64;
+    let truth = (started * BYTES_PER_TASK) as f64;
+    // At 2000 threads a second the heap event ring overflows now and then
+    // (the summary counts heap_allocs_lost): the floor allows for it.
+    assert!(
+        (0.5..=1.5).contains(&(alloc_bytes / truth)),
+        "heap: {alloc_bytes} bytes allocated in churn_alloc, {truth} allocated by the threads{}",
+        d()
+    );
+    // The threads contend for one mutex: the wake-ups are in churn_lock.
+    let mutex = of_comm(&flatten_all(&run.mutex), comm);
+    let contentions: i64 = mutex
+        .iter()
+        .filter(|s| s.has_function("churn_lock"))
+        .map(|s| s.values[0])
+        .sum();
+    assert!(
+        contentions > 0,
+        "no contended wake-up in churn_lock among {} mutex samples\n{}{}",
+        mutex.len(),
+        summary(&mutex),
+        d()
+    );
+    let total_block: i64 = run
+        .block
+        .iter()
+        .map(|f| total_of(&f.profile, "delay"))
+        .sum();
+    println!(
+        "thread churn: {} threads in cpu samples; heap {:.3} of truth; {contentions} contentions in churn_lock; block delay {total_block} ns",
+        tids.len(),
+        alloc_bytes / truth,
+    );
+}
+
+/// A minute and a half of the soak's load (cpu, heap and block over a
+/// steady mixed workload and 50 short processes a second): RssAnon in the
+/// last half-minute stays within 15% (+8 MiB) of the half-minute before.
+/// The load is the daemon's command, so that it profiles the load and its
+/// descendants only: system-wide, every program that starts elsewhere on a
+/// shared machine adds its symbol tables, which is no growth of the
+/// daemon's own. `cargo xtask soak` runs system-wide for 10 minutes.
+#[test]
+fn soak_memory_levels_off() {
+    require_root();
+    let tmp = temp_dir();
+    let churn = Workload::Churn.build(tmp.path(), "soak_churn");
+    let mixed = Workload::Mixed.build(tmp.path(), "soak_mixed");
+    let out = tmp.path().join("out");
+    let load = format!(
+        "{} 92 >/dev/null & {} procs 50 90; wait",
+        mixed.display(),
+        churn.display()
+    );
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().expect("a UTF-8 temporary path"),
+        "--profiles",
+        "cpu,heap,block",
+        "--interval",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        &load,
+    ]);
+    let sampler = Sampler::start(daemon.pid());
+    daemon.wait_ready();
+    daemon.wait_success(Duration::from_secs(180));
+    let usage = sampler.stop();
+    let stdout = daemon.stdout_text();
+    check_soak(&usage, &out, &daemon, &stdout);
+}
+
+fn check_soak(usage: &[Usage], out: &Path, daemon: &Daemon, stdout: &str) {
+    let d = || format!("\nchurn: {stdout}\n{}\n{}", table(usage), daemon.describe());
+    let anon = |u: &Usage| u.anon_kib;
+    let secs = Duration::from_secs;
+    let (Some(middle), Some(last)) = (
+        mean_between(usage, secs(30), secs(60), anon),
+        mean_between(usage, secs(60), secs(90), anon),
+    ) else {
+        panic!("too few readings of the daemon{}", d());
+    };
+    println!(
+        "soak (short): mean RssAnon {middle:.0} KiB over 30-60 s, {last:.0} KiB over 60-90 s ({:+.1}%)",
+        (last / middle - 1.0) * 100.0
+    );
+    assert!(
+        last <= middle * 1.15 + 8192.0,
+        "RssAnon grew from a mean of {middle:.0} KiB (30-60 s) to {last:.0} KiB (60-90 s){}",
+        d()
+    );
+    assert!(
+        !read_profiles(out, "cpu").is_empty(),
+        "no cpu profile written{}",
+        d()
+    );
+}
