@@ -174,6 +174,24 @@ fn sum_of(samples: &[FlatSample], index: usize, f: &str) -> i64 {
 
 /// Checks shared by both churn tests: a clean exit, every file valid,
 /// resources bounded, losses in the summary.
+/// The workload started at least `at_least` tasks and every one finished;
+/// returns how many started.
+fn check_all_finished(run: &ChurnRun, at_least: u64, finished: &str, rate: &str) -> u64 {
+    let started = field(&run.report, "started");
+    assert_eq!(
+        field(&run.report, "finished"),
+        started,
+        "{finished}{}",
+        run.diag()
+    );
+    assert!(
+        started >= at_least,
+        "{rate}: only {started} started{}",
+        run.diag()
+    );
+    started
+}
+
 fn check_common(run: &ChurnRun, files: usize) {
     let d = || run.diag();
     let log = run.daemon.stderr_lines().join("\n");
@@ -328,17 +346,11 @@ fn process_churn_every_profile() {
     let run = churn_run("procs", 200, 60, comm);
     print_figures("process churn", &run);
     let d = || run.diag();
-    let started = field(&run.report, "started");
-    assert_eq!(
-        field(&run.report, "finished"),
-        started,
-        "every child exits 0{}",
-        d()
-    );
-    assert!(
-        started >= 11_000,
-        "200 children a second for 60 s: only {started} started{}",
-        d()
+    let started = check_all_finished(
+        &run,
+        11_000,
+        "every child exits 0",
+        "200 children a second for 60 s",
     );
     check_common(&run, 6);
 
@@ -446,17 +458,11 @@ fn thread_churn_every_profile() {
     let run = churn_run("threads", 2000, 30, comm);
     print_figures("thread churn", &run);
     let d = || run.diag();
-    let started = field(&run.report, "started");
-    assert_eq!(
-        field(&run.report, "finished"),
-        started,
-        "every thread ran to its end{}",
-        d()
-    );
-    assert!(
-        started >= 50_000,
-        "2000 threads a second for 30 s: only {started} started{}",
-        d()
+    let started = check_all_finished(
+        &run,
+        50_000,
+        "every thread ran to its end",
+        "2000 threads a second for 30 s",
     );
     check_common(&run, 3);
 
