@@ -506,14 +506,15 @@ fn read_config_file(path: &Path) -> Result<FileConfig, ConfigError> {
     })
 }
 
-/// The dotted key a toml error is about, if it says: toml only prints it
-/// (as "in `a.b`") when it has no input to point into.
+/// The dotted key a toml error is about (control characters escaped), if
+/// it says: toml only prints it (as "in `a.b`") when it has no input to
+/// point into.
 fn error_key(error: &toml::de::Error) -> Option<String> {
     let mut bare = error.clone();
     bare.set_input(None);
     bare.to_string()
         .lines()
-        .find_map(|l| l.strip_prefix("in `")?.strip_suffix('`').map(str::to_owned))
+        .find_map(|l| l.strip_prefix("in `")?.strip_suffix('`').map(printable))
 }
 
 /// One-line form of a toml/serde message, in TOML's words ("key"), with

@@ -220,6 +220,9 @@ fn setup(for_tests: bool) -> Result<()> {
     Ok(())
 }
 
+/// The property tests' seed in `cargo xtask test` (see there).
+const PROPTEST_SEED: &str = "20261124";
+
 fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(root());
@@ -267,8 +270,13 @@ fn test(quick: bool) -> Result<()> {
     build(true)?;
     deploy_check::check(&root(), &root().join("target/release/profilerd"))?;
     // Unit tests in the dev profile: the symbolizer's tests read their own
-    // binary's DWARF, which release builds do not carry.
-    run(cargo().args([
+    // binary's DWARF, which release builds do not carry. The property tests
+    // draw the same cases on every run here, so that the suite's verdict
+    // does not depend on luck; `cargo test` elsewhere draws new ones (and
+    // `cargo xtask fuzz` explores far more), and what they find is kept in
+    // proptest-regressions/ and re-run first.
+    let mut unit = cargo();
+    unit.args([
         "test",
         "--package",
         "profiler-common",
@@ -278,7 +286,11 @@ fn test(quick: bool) -> Result<()> {
         "pprof-proto",
         "--package",
         "xtask",
-    ]))?;
+    ]);
+    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
+        unit.env("PROPTEST_RNG_SEED", PROPTEST_SEED);
+    }
+    run(&mut unit)?;
     // End-to-end tests measure CPU shares: one at a time, on an idle machine.
     run(cargo()
         .args([
