@@ -325,8 +325,19 @@ impl HeapRun {
     }
 }
 
+/// The daemon's arguments. Its config file (written next to `out`) gives
+/// the heap event ring 64 MiB: the workload's realloc sites make 2800
+/// sampled allocations of 128–512 KiB in a burst of milliseconds, more
+/// than the default 16 MiB ring holds (about 960 records) if the daemon is
+/// not scheduled at once. These tests measure sampling and rescaling; what
+/// a full ring does (losses counted and logged) is faults.rs's.
 fn heap_args(rate: u64, interval: &str, out: &Path) -> Vec<String> {
+    let config = out.with_extension("toml");
+    std::fs::write(&config, "[limits]\nheap_events_bytes = 67108864\n")
+        .expect("write the daemon's config file");
     [
+        "--config",
+        config.to_str().expect("temporary paths are UTF-8"),
         "--profiles",
         "heap",
         "--heap-sample-bytes",
