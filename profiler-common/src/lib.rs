@@ -364,7 +364,7 @@ pub mod wait_event {
     pub const OFFCPU: u32 = 4;
 }
 
-/// Bits of [`WaitStack::flags`].
+/// Bits of [`WaitHead::flags`] and [`OffcpuRecord::flags`].
 pub mod wait_flags {
     /// The first frame is a return address (a Go goroutine's park point),
     /// not the thread's instruction pointer.
@@ -373,6 +373,10 @@ pub mod wait_flags {
     /// `hint_id` of the record, the word the hint expects: the daemon's
     /// remembered walk applies without reading the copy.
     pub const HINT_MATCHED: u32 = 2;
+    /// With `HINT_MATCHED`: no stack copy follows (a [`WaitHead`] alone, or
+    /// an off-CPU record with an empty copy). The kernel checked the
+    /// hinted words in user memory itself.
+    pub const BRIEF: u32 = 4;
 }
 
 /// Words a walk hint checks: a remembered walk that read more is not
@@ -403,7 +407,10 @@ pub struct WalkHint {
     pub id: u64,
     /// Words in use.
     pub len: u32,
-    pub _pad: u32,
+    /// Bytes from `sp` that hold every word read (the last offset + 8):
+    /// all the kernel copies when it finds this hint, as the walk needs
+    /// nothing beyond, however far the thread's stack goes on.
+    pub span: u32,
     /// Byte offsets from `sp` (multiples of 8) of the words read.
     pub offsets: [u16; WALK_HINT_WORDS],
     /// The word the walk found at each offset.
@@ -438,11 +445,13 @@ pub struct GoPark {
 /// Goroutines parked at once whose park points are remembered.
 pub const GO_PARKED_ENTRIES: u32 = 65_536;
 
-/// A kept wait or wake-up with the user stack where it happened (a copy for
-/// unwinding in the daemon, or frame-pointer frames walked by the kernel).
+/// What every kept wait or wake-up reports. Sent alone (a brief record,
+/// `wait_flags::BRIEF`) when the kernel matched the stack against a walk
+/// hint: the daemon then knows the frames from the hint's id, and no copy
+/// is written to the ring.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct WaitStack {
+pub struct WaitHead {
     /// `wait_event::BLOCK` or `wait_event::MUTEX_WAKE`.
     pub kind: u32,
     pub tgid: u32,
@@ -457,13 +466,21 @@ pub struct WaitStack {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// With `wait_flags::HINT_MATCHED`: the walk hint the copy matched.
+    /// With `wait_flags::HINT_MATCHED`: the walk hint the stack matched.
     pub hint_id: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A kept wait or wake-up with the user stack where it happened (a copy for
+/// unwinding in the daemon, or frame-pointer frames walked by the kernel).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitStack {
+    pub head: WaitHead,
     /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
     pub stack_len: u64,
     /// Frames of `frames` in use (frame-pointer walk).
     pub frames_len: u64,
-    pub comm: [u8; COMM_LEN],
     pub frames: [u64; MAX_STACK_DEPTH],
     pub stack: [u8; STACK_COPY_BYTES],
 }
@@ -530,6 +547,8 @@ mod user {
     unsafe impl aya::Pod for super::HeapFree {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::WaitStack {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::WaitHead {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::MutexDelay {}
     // SAFETY: as below.

@@ -14,8 +14,8 @@ use aya::Pod;
 use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
     HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES,
-    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitStack, WalkHint, WalkHintKey,
-    counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
+    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitHead, WaitStack, WalkHint,
+    WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -511,9 +511,9 @@ fn event_user_stack(
     hinted_user_stack(procs, unwinder, tgid, regs, stack, frames, at_return, None).0
 }
 
-/// As [`event_user_stack`], for an event whose copy the kernel matched
-/// against walk hint `matched`; also returns the hint of a newly remembered
-/// walk.
+/// As [`event_user_stack`], for an event whose stack the kernel matched
+/// against walk hint `matched` (a brief event has no copy); also returns
+/// a hint for the kernel (see [`Unwinder::unwind_hinted`]).
 #[allow(clippy::too_many_arguments)]
 fn hinted_user_stack(
     procs: &mut ProcessTable,
@@ -524,8 +524,8 @@ fn hinted_user_stack(
     frames: &[u64],
     at_return: bool,
     matched: Option<u64>,
-) -> (Stack, Option<WalkHint>) {
-    if !stack.is_empty() {
+) -> (Stack, Option<(WalkHintKey, WalkHint)>) {
+    if !stack.is_empty() || matched.is_some() {
         return match procs.get(tgid) {
             Some(info) => {
                 let (unwound, hint) = unwinder.unwind_hinted(info, ip, sp, bp, stack, matched);
@@ -594,20 +594,32 @@ impl Waits {
         let (user, hint) = hinted_user_stack(
             procs, unwinder, tgid, regs, stack, frames, at_return, matched,
         );
-        if let Some(hint) = hint {
-            self.hint(hint_key(tgid, regs), hint);
+        if let Some((key, hint)) = hint {
+            self.hint(key, hint);
         }
         user
     }
 
-    /// Gives the kernel a newly remembered walk's hint. A failed insert
-    /// only means the kernel cannot vouch for that walk: the copy is
-    /// checked here instead.
+    /// Gives the kernel a remembered walk's hint. A failed insert only
+    /// means the kernel cannot vouch for that walk: the copy is checked
+    /// here instead.
     fn hint(&mut self, key: WalkHintKey, hint: WalkHint) {
         if let Some(map) = &mut self.walk_hints
             && let Err(e) = map.insert(key, hint, 0)
         {
             tracing::debug!("walk hint for process {} not stored: {e}", key.tgid);
+        }
+    }
+
+    /// Takes back from the kernel the hints of walks about to be
+    /// forgotten, so that it stops sending brief records for them.
+    fn retire_hints(&mut self, unwinder: &mut Unwinder) {
+        let retired = unwinder.take_retired_hints();
+        if let Some(map) = &mut self.walk_hints {
+            for key in &retired {
+                // Gone already (evicted, or never stored): nothing to do.
+                let _ = map.remove(key);
+            }
         }
     }
 }
@@ -640,9 +652,22 @@ fn read_wait_events(
             wait_event::BLOCK | wait_event::MUTEX_WAKE => {}
             _ => continue,
         }
-        let Some(event) = record::<WaitStack>(&item) else {
+        let Some(head) = read_record::<WaitHead>(&item) else {
             continue;
         };
+        // A brief record (its walk hint matched) is the head alone.
+        let (stack, frames): (&[u8], &[u64]) = if head.flags & wait_flags::BRIEF != 0 {
+            (&[], &[])
+        } else {
+            let Some(event) = record::<WaitStack>(&item) else {
+                continue;
+            };
+            (
+                &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
+                &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+            )
+        };
+        let event = head;
         procs.ensure(event.tgid);
         // Registers saved at the system call: an exact instruction pointer;
         // a goroutine's frames start with the return address it parked at.
@@ -651,8 +676,8 @@ fn read_wait_events(
             unwinder,
             event.tgid,
             (event.ip, event.sp, event.bp),
-            &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
-            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
+            stack,
+            frames,
             (event.flags, event.hint_id),
         );
         let id = SampleId {
@@ -669,17 +694,7 @@ fn read_wait_events(
             waits.mutex.wake(event.value, id);
         }
     }
-}
-
-/// Where a walk starts, as the kernel's walk hints are keyed.
-fn hint_key(tgid: u32, (ip, sp, bp): (u64, u64, u64)) -> WalkHintKey {
-    WalkHintKey {
-        tgid,
-        _pad: 0,
-        ip,
-        sp,
-        bp,
-    }
+    waits.retire_hints(unwinder);
 }
 
 /// A kept off-CPU interval: the stacks at the thread's switch-out.
@@ -1146,6 +1161,7 @@ fn log_summary(
         unwinds_truncated = u.truncated,
         unwinds_remembered = u.memo.hits,
         unwinds_matched_in_kernel = u.memo.matched_in_kernel,
+        unwinds_matched_but_forgotten = u.memo.matched_but_forgotten,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
         process_snapshots = p.snapshots,

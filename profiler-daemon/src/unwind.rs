@@ -35,13 +35,11 @@ use framehop::{FrameAddress, Module, ModuleSectionInfo, Unwinder as _};
 use object::LittleEndian;
 use object::elf::{FileHeader64, ProgramHeader64, SectionHeader64};
 use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
-use profiler_common::WalkHint;
+use profiler_common::{WalkHint, WalkHintKey};
 use tracing::{debug, trace};
 
 use crate::process::{MappedObject, ObjectFile, ProcessInfo};
-use crate::walk_memo::{
-    DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word, walk_hint,
-};
+use crate::walk_memo::{DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word};
 
 /// Most frames in one unwound stack, the limit of the kernel's stacks.
 pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
@@ -759,9 +757,11 @@ impl Unwinder {
         self.unwind_hinted(process, ip, sp, bp, stack, None).0
     }
 
-    /// As [`Self::unwind`], for an event whose copy the kernel found to
-    /// match remembered walk `matched` (its walk hint), if any; also returns
-    /// the hint of a walk newly remembered, for the kernel.
+    /// As [`Self::unwind`], for an event whose stack the kernel found to
+    /// match remembered walk `matched` (its walk hint), if any; a brief
+    /// event has no copy (`stack` is empty). Also returns a hint for the
+    /// kernel: of a walk newly remembered, or of a remembered walk found by
+    /// reading the copy (the kernel did not hold its hint).
     pub fn unwind_hinted(
         &mut self,
         process: &ProcessInfo,
@@ -770,9 +770,30 @@ impl Unwinder {
         bp: u64,
         stack: &[u8],
         matched: Option<u64>,
-    ) -> (UnwoundStack, Option<WalkHint>) {
+    ) -> (UnwoundStack, Option<(WalkHintKey, WalkHint)>) {
         self.tick += 1;
         self.stats.unwinds += 1;
+        if let Some(id) = matched
+            && let Some((frames, truncated)) =
+                self.memo.lookup_matched(process.tgid, ip, sp, bp, id)
+        {
+            if truncated {
+                self.stats.truncated += 1;
+            }
+            return (UnwoundStack { frames, truncated }, None);
+        }
+        if matched.is_some() && stack.is_empty() {
+            // A brief record of a forgotten walk: only the ip is known.
+            self.stats.truncated += 1;
+            let frames = Arc::from(vec![ip]);
+            return (
+                UnwoundStack {
+                    frames,
+                    truncated: true,
+                },
+                None,
+            );
+        }
         let tick = self.tick;
         let Self {
             processes,
@@ -790,17 +811,15 @@ impl Unwinder {
             sp,
             bp,
         };
-        let remembered = match matched {
-            Some(id) => memo
-                .lookup_matched(&start, id)
-                .or_else(|| memo.lookup(&start, stack)),
-            None => memo.lookup(&start, stack),
-        };
-        if let Some((frames, truncated)) = remembered {
-            if truncated {
+        if let Some(found) = memo.lookup(&start, stack) {
+            if found.truncated {
                 stats.truncated += 1;
             }
-            return (UnwoundStack { frames, truncated }, None);
+            let unwound = UnwoundStack {
+                frames: found.frames,
+                truncated: found.truncated,
+            };
+            return (unwound, found.hint);
         }
 
         let mut reads: Vec<Read> = Vec::with_capacity(64);
@@ -848,10 +867,14 @@ impl Unwinder {
             stats.truncated += 1;
         }
         let frames: Arc<[u64]> = Arc::from(frames);
-        let hint = memo
-            .remember(start, &reads, frames.clone(), truncated)
-            .and_then(|id| walk_hint(id, sp, &reads));
+        let hint = memo.remember(process.tgid, start, &reads, frames.clone(), truncated);
         (UnwoundStack { frames, truncated }, hint)
+    }
+
+    /// Hints the kernel should drop: their walks are on the way to being
+    /// forgotten (see walk_memo.rs).
+    pub fn take_retired_hints(&mut self) -> Vec<WalkHintKey> {
+        self.memo.take_retired()
     }
 
     /// Drops process unwinders unused since the last call and objects that

@@ -46,7 +46,7 @@ use profiler_common::{
     OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
     PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE,
     STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
-    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES,
+    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead,
     WaitStack, WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn,
     heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
@@ -182,6 +182,14 @@ static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
 #[map]
 static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
+/// A per-CPU buffer for the stack words a walk hint is checked against.
+#[repr(C)]
+pub struct HintScratch {
+    bytes: [u8; STACK_COPY_BYTES],
+}
+
+#[map]
+static HINT_SCRATCH: PerCpuArray<HintScratch> = PerCpuArray::with_max_entries(1, 0);
 /// The stack words of the daemon's remembered walks, by where they start
 /// (written by the daemon).
 #[map]
@@ -1018,7 +1026,15 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Sends a kept wait or wake-up with the thread's user stack.
+/// Sends a kept wait or wake-up with the thread's user stack: a brief
+/// record when the daemon's walk hint for these registers matches the
+/// stack in user memory, else the record with a stack copy.
+///
+/// Most of a kept wait's cost was writing its copy into the ring: the
+/// ring's memory was last touched by the daemon on another CPU, so every
+/// cache line written misses. A matched hint is checked in a per-CPU
+/// scratch buffer that stays in this CPU's cache, and the ring gets only
+/// the head.
 #[inline(always)]
 fn send_wait_stack(
     ctx: &TracePointContext,
@@ -1028,25 +1044,46 @@ fn send_wait_stack(
     value: u64,
     uaddr: u64,
 ) {
+    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
+    let mut head = WaitHead {
+        kind,
+        tgid,
+        tid,
+        flags: 0,
+        value,
+        uaddr,
+        ip,
+        sp,
+        bp,
+        hint_id: 0,
+        comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+    };
+    let key = WalkHintKey {
+        tgid,
+        _pad: 0,
+        ip,
+        sp,
+        bp,
+    };
+    if let Some(id) = hinted_words_match(key, tgid) {
+        head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
+        head.hint_id = id;
+        if WAIT_EVENTS
+            .output::<WaitHead>(&head, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
+            .is_err()
+        {
+            count(counter::WAIT_EVENTS_LOST);
+        }
+        return;
+    }
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
         count(counter::WAIT_EVENTS_LOST);
         return;
     };
     let out = entry.as_mut_ptr();
-    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
     // SAFETY: the entry is ours until submitted; written in place.
     unsafe {
-        (*out).kind = kind;
-        (*out).tgid = tgid;
-        (*out).tid = tid;
-        (*out).flags = 0;
-        (*out).value = value;
-        (*out).uaddr = uaddr;
-        (*out).ip = ip;
-        (*out).sp = sp;
-        (*out).bp = bp;
-        (*out).hint_id = 0;
-        (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+        (*out).head = head;
         ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
             ctx.as_ptr(),
             tgid,
@@ -1054,24 +1091,37 @@ fn send_wait_stack(
             (*out).stack.as_mut_ptr(),
             (*out).frames.as_mut_ptr(),
         );
-        if (*out).stack_len != 0
-            && let Some(id) = matching_walk_hint::<STACK_COPY_BYTES>(
-                WalkHintKey {
-                    tgid,
-                    _pad: 0,
-                    ip,
-                    sp,
-                    bp,
-                },
-                (*out).stack.as_ptr(),
-                (*out).stack_len,
-            )
-        {
-            (*out).flags |= wait_flags::HINT_MATCHED;
-            (*out).hint_id = id;
-        }
     }
     entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+}
+
+/// The id of the daemon's walk hint for these registers if the thread's
+/// stack holds every word it lists. Only the hint's span (the bytes from
+/// sp up to its last word) is copied, into a per-CPU scratch buffer: far
+/// less than a full copy, which for most threads reads all
+/// STACK_COPY_BYTES (memory above a thread's stack is usually readable, so
+/// the copy does not stop at its top).
+#[inline(always)]
+fn hinted_words_match(key: WalkHintKey, tgid: u32) -> Option<u64> {
+    if key.sp == 0 || !use_dwarf(tgid) {
+        return None;
+    }
+    // SAFETY: a map value, read during this run only.
+    let span = unsafe { WALK_HINTS.get(key) }?.span;
+    // The bounds the verifier needs for the length.
+    if span == 0 || span > STACK_COPY_BYTES as u32 {
+        return None;
+    }
+    let scratch = HINT_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch buffer (programs do not nest on a CPU),
+    // STACK_COPY_BYTES long; span <= that.
+    unsafe {
+        let bytes = (*scratch).bytes.as_mut_ptr();
+        if bpf_probe_read_user(bytes.cast(), span, key.sp as *const _) != 0 {
+            return None;
+        }
+        matching_walk_hint::<STACK_COPY_BYTES>(key, bytes, u64::from(span))
+    }
 }
 
 /// The id of the daemon's remembered walk from these registers if the
@@ -1231,17 +1281,39 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
         (*record).bp = bp;
         (*record).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
         (*record).kernel_len = 0;
-        // A kernel thread (sp 0) has no user stack.
-        ((*record).stack_len, (*record).frames_len) = match sp {
-            0 => (0, 0),
-            _ => record_user_stack::<OFFCPU_STACK_BYTES>(
-                ctx.as_ptr(),
-                tgid,
-                sp,
-                (*record).stack.as_mut_ptr(),
-                (*record).frames.as_mut_ptr(),
-            ),
+        (*record).flags = 0;
+        (*record).hint_id = 0;
+        (*record).frames_len = 0;
+        let key = WalkHintKey {
+            tgid,
+            _pad: 0,
+            ip,
+            sp,
+            bp,
         };
+        // A kernel thread (sp 0) has no user stack.
+        match sp {
+            0 => (*record).stack_len = 0,
+            _ => match hinted_words_match(key, tgid) {
+                // The stack does not change while the thread is off CPU:
+                // the match stands at its switch-in, and no copy is kept.
+                Some(id) => {
+                    (*record).stack_len = 0;
+                    (*record).flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
+                    (*record).hint_id = id;
+                }
+                None => {
+                    ((*record).stack_len, (*record).frames_len) =
+                        record_user_stack::<OFFCPU_STACK_BYTES>(
+                            ctx.as_ptr(),
+                            tgid,
+                            sp,
+                            (*record).stack.as_mut_ptr(),
+                            (*record).frames.as_mut_ptr(),
+                        );
+                }
+            },
+        }
     }
 }
 
@@ -1274,9 +1346,8 @@ fn unpark(next: *mut task_struct, now: u64) {
                     // since it was parked.
                     unsafe {
                         (*out).duration_ns = off;
-                        (*out).flags = 0;
-                        (*out).hint_id = 0;
-                        if (*out).stack_len != 0
+                        if (*out).flags & wait_flags::HINT_MATCHED == 0
+                            && (*out).stack_len != 0
                             && let Some(id) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
                                 WalkHintKey {
                                     tgid: (*out).tgid,
@@ -1430,17 +1501,20 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
     // SAFETY: the entry is ours until submitted; user memory is read
     // through the checked helper.
     unsafe {
-        (*out).kind = wait_event::BLOCK;
-        (*out).tgid = tgid;
-        (*out).tid = park.tid;
-        (*out).flags = wait_flags::RETURN_ADDRESS;
-        (*out).value = waited;
-        (*out).uaddr = 0;
-        (*out).ip = 0;
-        (*out).sp = park.sp;
-        (*out).bp = park.bp;
+        (*out).head = WaitHead {
+            kind: wait_event::BLOCK,
+            tgid,
+            tid: park.tid,
+            flags: wait_flags::RETURN_ADDRESS,
+            value: waited,
+            uaddr: 0,
+            ip: 0,
+            sp: park.sp,
+            bp: park.bp,
+            hint_id: 0,
+            comm: park.comm,
+        };
         (*out).stack_len = 0;
-        (*out).comm = park.comm;
         let mut len = 0u64;
         if let Ok(ret) = read_user(park.sp as *const u64) {
             (*out).frames[0] = ret;
