@@ -326,6 +326,8 @@ pub struct FutexCall {
 
 /// Values of [`FutexCall::kind`].
 pub mod futex_call {
+    /// None in progress (the last one ended).
+    pub const NONE: u32 = 0;
     pub const WAIT: u32 = 1;
     pub const WAKE: u32 = 2;
 }
@@ -345,8 +347,6 @@ pub struct FutexWaker {
     pub woken: u32,
 }
 
-/// Threads with a futex call in progress that are tracked at once.
-pub const FUTEX_CALLS_ENTRIES: u32 = 65_536;
 /// Futex words with a kept wake-up remembered at once.
 pub const FUTEX_WAKERS_ENTRIES: u32 = 16_384;
 /// Bytes in the ring buffer of wait events.

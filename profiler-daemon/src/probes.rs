@@ -161,6 +161,9 @@ impl Probes {
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
         let mut loader = EbpfLoader::new();
+        // FUTEX_CALLS is task-local storage, which aya creates but does not
+        // wrap; only the kernel reads and writes it.
+        loader.allow_unsupported_maps();
         for (name, size) in config.limits.map_sizes() {
             loader.map_max_entries(name, size);
         }

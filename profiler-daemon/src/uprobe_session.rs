@@ -103,7 +103,8 @@ impl UprobeProgram {
         let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
         let mut maps = Vec::with_capacity(objects.len());
         for (map_name, map_obj) in &objects {
-            // Maps the kernel does not need (none today) are simply absent.
+            // Maps the kernel does not need (none today) are simply absent;
+            // FUTEX_CALLS (task storage) is one aya leaves unwrapped.
             if let Some(fd) = ebpf.map(map_name).and_then(map_fd) {
                 maps.push((map_name.as_str(), fd, map_obj));
             }
@@ -389,7 +390,8 @@ fn map_fd(map: &Map) -> Option<RawFd> {
         | Map::PerCpuHashMap(d)
         | Map::PerCpuLruHashMap(d)
         | Map::RingBuf(d)
-        | Map::StackTraceMap(d) => d,
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d) => d,
         _ => return None,
     };
     Some(data.fd().as_fd().as_raw_fd())

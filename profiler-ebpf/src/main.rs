@@ -20,6 +20,8 @@
 #![no_std]
 #![no_main]
 
+mod task_storage;
+
 use aya_ebpf::{
     EbpfContext,
     bindings::{
@@ -35,23 +37,23 @@ use aya_ebpf::{
             bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{btf_tracepoint, map, perf_event, tracepoint},
+    macros::{btf_map, btf_tracepoint, map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, FUTEX_CALLS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
-    GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
-    HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
-    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
-    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE,
-    STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
-    StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead,
-    WaitStack, WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn,
-    heap_event, proc_event,
+    COMM_LEN, COUNTS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES,
+    GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree,
+    HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
+    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
+    SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
+    STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
+    WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint,
+    WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
+use task_storage::TaskStorage;
 
 /// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
 const EFAULT: i64 = -14;
@@ -156,11 +158,13 @@ static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
 #[map]
 static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
-/// The futex call each thread is in (waits, and kept wake-ups). Preallocated:
-/// an entry is made and removed on every wait, and a preallocated element
-/// comes from a per-CPU free list, not the allocator.
-#[map]
-static FUTEX_CALLS: HashMap<u32, FutexCall> = HashMap::with_max_entries(FUTEX_CALLS_ENTRIES, 0);
+/// The futex call each thread is in (waits, and kept wake-ups), in the
+/// thread's own storage: a wait only writes it in place and its end marks
+/// it done, where a hash map cost an insert and a delete per wait. A
+/// thread's value is made at its first targeted futex call and freed with
+/// the thread, so the map holds at most one per live targeted thread.
+#[btf_map]
+static FUTEX_CALLS: TaskStorage<FutexCall> = TaskStorage::new();
 /// The latest kept wake-up per futex word (process, address).
 #[map]
 static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
@@ -338,17 +342,7 @@ fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
         // kernel's own, different structure).
         unsafe { ((*data).regs.rip, (*data).regs.rsp, (*data).regs.rbp) }
     } else {
-        // SAFETY: plain helpers; the pointer is only read through
-        // bpf_probe_read_kernel.
-        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
-        // SAFETY: reads of a pt_regs, checked by the helper.
-        unsafe {
-            (
-                bpf_probe_read_kernel(&(*regs).rip).ok()?,
-                bpf_probe_read_kernel(&(*regs).rsp).ok()?,
-                bpf_probe_read_kernel(&(*regs).rbp).ok()?,
-            )
-        }
+        task_user_regs()?
     };
     if ip == 0 || sp == 0 {
         return None;
@@ -859,15 +853,14 @@ pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The targeted thread making the current system call, if any.
+/// The process of the current system call, if it is targeted.
 #[inline(always)]
-fn futex_caller() -> Option<(u32, u32)> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
+fn futex_caller() -> Option<u32> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if tgid == global(&SELF_TGID) || !is_target(tgid) {
         return None;
     }
-    Some((tgid, pid_tgid as u32))
+    Some(tgid)
 }
 
 #[inline(always)]
@@ -882,9 +875,9 @@ fn begin_wait(ctx: &TracePointContext) {
     if global_u8(&BLOCK_ON) == 0 && global_u8(&MUTEX_ON) == 0 {
         return;
     }
-    let Some((_, tid)) = futex_caller() else {
+    if futex_caller().is_none() {
         return;
-    };
+    }
     let call = FutexCall {
         // SAFETY: plain helper.
         start_ns: unsafe { bpf_ktime_get_ns() },
@@ -893,9 +886,7 @@ fn begin_wait(ctx: &TracePointContext) {
         kind: futex_call::WAIT,
         _pad: 0,
     };
-    if FUTEX_CALLS.insert(tid, call, 0).is_err() {
-        count(counter::FUTEX_CALLS_FULL);
-    }
+    set_futex_call(call);
 }
 
 #[inline(always)]
@@ -907,7 +898,7 @@ fn begin_wake(ctx: &TracePointContext) {
     if !keep_mutex_event(global(&MUTEX_FRACTION), unsafe { bpf_get_prandom_u32() }) {
         return;
     }
-    let Some((tgid, tid)) = futex_caller() else {
+    let Some(tgid) = futex_caller() else {
         return;
     };
     // SAFETY: plain helpers.
@@ -940,8 +931,16 @@ fn begin_wake(ctx: &TracePointContext) {
         kind: futex_call::WAKE,
         _pad: 0,
     };
-    if FUTEX_CALLS.insert(tid, call, 0).is_err() {
-        count(counter::FUTEX_CALLS_FULL);
+    set_futex_call(call);
+}
+
+/// Notes the futex call the current thread is entering.
+#[inline(always)]
+fn set_futex_call(call: FutexCall) {
+    match FUTEX_CALLS.current(true) {
+        // SAFETY: the current thread's value; only its own programs touch it.
+        Some(slot) => unsafe { *slot = call },
+        None => count(counter::FUTEX_CALLS_FULL),
     }
 }
 
@@ -953,11 +952,18 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(call) = (unsafe { FUTEX_CALLS.get(tid) }).copied() else {
+    let Some(slot) = FUTEX_CALLS.current(false) else {
         return 0;
     };
-    let _ = FUTEX_CALLS.remove(tid);
+    // SAFETY: the current thread's value; copied out, then marked done.
+    let call = unsafe {
+        let call = *slot;
+        (*slot).kind = futex_call::NONE;
+        call
+    };
+    if call.kind == futex_call::NONE {
+        return 0;
+    }
     // SAFETY: plain helper.
     let now = unsafe { bpf_ktime_get_ns() };
     let key = FutexKey {
@@ -1195,14 +1201,10 @@ fn task_user_regs() -> Option<(u64, u64, u64)> {
     // SAFETY: plain helpers; the pointer is only read through
     // bpf_probe_read_kernel.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
-    // SAFETY: reads of a pt_regs, checked by the helper.
-    unsafe {
-        Some((
-            bpf_probe_read_kernel(&(*regs).rip).ok()?,
-            bpf_probe_read_kernel(&(*regs).rsp).ok()?,
-            bpf_probe_read_kernel(&(*regs).rbp).ok()?,
-        ))
-    }
+    // One read of the whole structure costs less than three of a word.
+    // SAFETY: a read of a pt_regs, checked by the helper.
+    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    Some((regs.rip, regs.rsp, regs.rbp))
 }
 
 /// sched_switch (the BTF tracepoint: it hands over both tasks): parks the
@@ -1596,7 +1598,6 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     let _ = HEAP_THREADS.remove(tid);
-    let _ = FUTEX_CALLS.remove(tid);
     // SAFETY: plain helper; the address is only a key.
     let _ = OFFCPU_PARKED.remove(unsafe { bpf_get_current_task() });
     let _ = STACK_TOPS.remove(tid);
