@@ -157,7 +157,7 @@ pub mod counter {
     pub const FUTEX_WAITS: u32 = 14;
     /// Kept waits and wake-ups lost: the wait event ring was full.
     pub const WAIT_EVENTS_LOST: u32 = 15;
-    /// Futex calls not tracked: the per-thread map was full.
+    /// Futex calls not tracked: the thread's storage could not be allocated.
     pub const FUTEX_CALLS_FULL: u32 = 16;
     /// Blocking switch-outs of targeted threads.
     pub const OFFCPU_SWITCHES: u32 = 17;
@@ -504,7 +504,7 @@ pub struct OffcpuRecord {
     pub kind: u32,
     pub tgid: u32,
     pub tid: u32,
-    /// `wait_flags` (only `HINT_MATCHED`).
+    /// `wait_flags` (`HINT_MATCHED`, `BRIEF`).
     pub flags: u32,
     /// When it left the CPU (ns, CLOCK_MONOTONIC).
     pub start_ns: u64,

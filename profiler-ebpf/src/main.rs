@@ -1389,21 +1389,39 @@ fn unpark(next: *mut task_struct, now: u64) {
     unsafe { (*parked).start_ns = 0 };
 }
 
-/// Copies a parked off-CPU record: its fixed part, then the `stack_len`
-/// bytes of its stack copy. 0 on success.
+/// Copies a parked off-CPU record: its head, the `frames_len` frames of a
+/// frame-pointer walk, and the `stack_len` bytes of its stack copy; not
+/// the kernel frames, which the caller walks itself. Only what is in use
+/// is written: the ring's memory is cold in this CPU's cache. 0 on
+/// success.
 #[inline(always)]
 unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i64 {
     use aya_ebpf::helpers::generated::bpf_probe_read_kernel as read_kernel;
-    const FIXED: usize = core::mem::offset_of!(OffcpuRecord, stack);
-    // SAFETY: both point to whole records; FIXED is inside them.
-    let fixed = unsafe { read_kernel(out.cast(), FIXED as u32, parked.cast()) };
-    if fixed != 0 {
-        return fixed;
+    const HEAD: usize = core::mem::offset_of!(OffcpuRecord, kernel);
+    // SAFETY: both point to whole records; HEAD is inside them.
+    let head = unsafe { read_kernel(out.cast(), HEAD as u32, parked.cast()) };
+    if head != 0 {
+        return head;
+    }
+    // SAFETY: as above.
+    let frames = unsafe { (*parked).frames_len };
+    // The bounds the verifier needs for the lengths, checked on the full
+    // 64-bit values that are passed on.
+    if frames > 0 && frames <= MAX_STACK_DEPTH as u64 {
+        // SAFETY: frames <= the frame arrays' length.
+        let copied = unsafe {
+            read_kernel(
+                (*out).frames.as_mut_ptr().cast(),
+                (frames * 8) as u32,
+                (*parked).frames.as_ptr().cast(),
+            )
+        };
+        if copied != 0 {
+            return copied;
+        }
     }
     // SAFETY: as above.
     let len = unsafe { (*parked).stack_len };
-    // The bounds the verifier needs for the length, checked on the full
-    // 64-bit value that is passed on.
     if len == 0 || len > OFFCPU_STACK_BYTES as u64 {
         return 0;
     }
