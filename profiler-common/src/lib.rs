@@ -349,6 +349,9 @@ pub struct FutexWaker {
 
 /// Futex words with a kept wake-up remembered at once.
 pub const FUTEX_WAKERS_ENTRIES: u32 = 16_384;
+/// Slots of the times of the latest kept wake-ups, by futex word hash (a
+/// power of two).
+pub const WAKER_TIME_SLOTS: u32 = 4096;
 /// Bytes in the ring buffer of wait events.
 pub const WAIT_EVENTS_BYTES: u32 = 16 * 1024 * 1024;
 

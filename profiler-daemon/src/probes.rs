@@ -146,14 +146,22 @@ impl Probes {
         let report_execs = u8::from(config.heap_sample_bytes.is_some() || config.block);
         let self_tgid = std::process::id();
         let futex_on = config.block || config.mutex_fraction.is_some();
-        let (uaddr_offset, op_offset, ret_offset) = if futex_on {
+        let (uaddr_offset, ret_offset) = if futex_on {
+            let uaddr = tracepoint_field_offset("syscalls", "sys_enter_futex", "uaddr")?;
+            let op = tracepoint_field_offset("syscalls", "sys_enter_futex", "op")?;
+            // The kernel side reads both in one go.
+            if op != uaddr + 8 {
+                return Err(ProbeError::Format {
+                    path: tracepoint_format_path("syscalls", "sys_enter_futex"),
+                    reason: format!("'op' at offset {op} does not follow 'uaddr' at {uaddr}"),
+                });
+            }
             (
-                tracepoint_field_offset("syscalls", "sys_enter_futex", "uaddr")?,
-                tracepoint_field_offset("syscalls", "sys_enter_futex", "op")?,
+                uaddr,
                 tracepoint_field_offset("syscalls", "sys_exit_futex", "ret")?,
             )
         } else {
-            (16, 24, 16)
+            (16, 16)
         };
         let block_on = u8::from(config.block);
         let block_rate = config.wait_rate_ns;
@@ -181,7 +189,6 @@ impl Probes {
             .override_global("MUTEX_ON", &mutex_on, true)
             .override_global("MUTEX_FRACTION", &mutex_fraction, true)
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
-            .override_global("FUTEX_OP_OFFSET", &op_offset, true)
             .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
             .override_global(
                 "STACK_SAMPLES_RING",
@@ -674,11 +681,7 @@ fn tracefs_root() -> &'static str {
 /// Offset of one field of a tracepoint record, from its format file:
 /// `field:pid_t child_pid; offset:44; size:4; signed:1;` (tab-separated).
 pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Result<u32, ProbeError> {
-    let path = Path::new(tracefs_root())
-        .join("events")
-        .join(category)
-        .join(name)
-        .join("format");
+    let path = tracepoint_format_path(category, name);
     let text = fs::read_to_string(&path).map_err(|e| ProbeError::Format {
         path: path.clone(),
         reason: e.to_string(),
@@ -687,6 +690,14 @@ pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Resul
         path,
         reason: format!("no field '{field}'"),
     })
+}
+
+fn tracepoint_format_path(category: &str, name: &str) -> PathBuf {
+    Path::new(tracefs_root())
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format")
 }
 
 fn parse_field_offset(format: &str, field: &str) -> Option<u32> {

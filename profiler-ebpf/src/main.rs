@@ -48,8 +48,9 @@ use profiler_common::{
     OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
     SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
     STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
-    WAIT_EVENTS_BYTES, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint,
-    WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event, proc_event,
+    WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack,
+    WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event,
+    proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -98,11 +99,10 @@ static MUTEX_FRACTION: u64 = 100;
 /// Off-CPU profile on (its rate is BLOCK_RATE_NS).
 #[unsafe(no_mangle)]
 static OFFCPU_ON: u8 = 0;
-/// Offsets in the syscall tracepoint records, from their format files.
+/// Offsets in the syscall tracepoint records, from their format files
+/// (futex's `op` follows `uaddr`: the daemon checks).
 #[unsafe(no_mangle)]
 static FUTEX_UADDR_OFFSET: u32 = 16;
-#[unsafe(no_mangle)]
-static FUTEX_OP_OFFSET: u32 = 24;
 #[unsafe(no_mangle)]
 static SYSCALL_RET_OFFSET: u32 = 16;
 /// Byte sizes of the rings as loaded (`[limits]` may change them), for the
@@ -169,6 +169,12 @@ static FUTEX_CALLS: TaskStorage<FutexCall> = TaskStorage::new();
 #[map]
 static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
     LruHashMap::with_max_entries(FUTEX_WAKERS_ENTRIES, 0);
+/// When a kept wake-up last entered, by a hash of its futex word: a wait
+/// that started after that time cannot have been ended by a kept wake-up,
+/// so it skips the FUTEX_WAKERS lookup (most waits, at the default
+/// fraction). A collision only costs the lookup.
+#[map]
+static WAKER_TIMES: Array<u64> = Array::with_max_entries(WAKER_TIME_SLOTS, 0);
 /// Per-CPU sequence numbers that make wake-up ids unique.
 #[map]
 static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
@@ -817,22 +823,23 @@ fn send_heap_alloc(
 /// profile (one in MUTEX_FRACTION).
 #[tracepoint]
 pub fn futex_enter(ctx: TracePointContext) -> u32 {
-    let offset = global(&FUTEX_OP_OFFSET) as usize;
-    // SAFETY: a field of the tracepoint record, offset from its format file.
-    let op: u64 = unsafe { ctx.read_at(offset) }.unwrap_or(u64::MAX);
+    let offset = global(&FUTEX_UADDR_OFFSET) as usize;
+    // The word and the operation in one read: two adjacent arguments.
+    // SAFETY: fields of the tracepoint record, offset from its format file.
+    let [uaddr, op]: [u64; 2] = unsafe { ctx.read_at(offset) }.unwrap_or([0, u64::MAX]);
     match op & futex_op::CMD_MASK {
         futex_op::WAIT
         | futex_op::WAIT_BITSET
         | futex_op::LOCK_PI
         | futex_op::LOCK_PI2
-        | futex_op::WAIT_REQUEUE_PI => begin_wait(&ctx),
+        | futex_op::WAIT_REQUEUE_PI => begin_wait(uaddr),
         futex_op::WAKE
         | futex_op::WAKE_BITSET
         | futex_op::WAKE_OP
         | futex_op::UNLOCK_PI
         | futex_op::REQUEUE
         | futex_op::CMP_REQUEUE
-        | futex_op::CMP_REQUEUE_PI => begin_wake(&ctx),
+        | futex_op::CMP_REQUEUE_PI => begin_wake(uaddr),
         _ => {}
     }
     0
@@ -842,14 +849,14 @@ pub fn futex_enter(ctx: TracePointContext) -> u32 {
 /// the waiter array, stands for the futex word).
 #[tracepoint]
 pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
-    begin_wait(&ctx);
+    begin_wait(futex_uaddr(&ctx));
     0
 }
 
 /// sys_enter_futex_wake.
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
-    begin_wake(&ctx);
+    begin_wake(futex_uaddr(&ctx));
     0
 }
 
@@ -871,7 +878,7 @@ fn futex_uaddr(ctx: &TracePointContext) -> u64 {
 }
 
 #[inline(always)]
-fn begin_wait(ctx: &TracePointContext) {
+fn begin_wait(uaddr: u64) {
     if global_u8(&BLOCK_ON) == 0 && global_u8(&MUTEX_ON) == 0 {
         return;
     }
@@ -881,7 +888,7 @@ fn begin_wait(ctx: &TracePointContext) {
     let call = FutexCall {
         // SAFETY: plain helper.
         start_ns: unsafe { bpf_ktime_get_ns() },
-        uaddr: futex_uaddr(ctx),
+        uaddr,
         wake_id: 0,
         kind: futex_call::WAIT,
         _pad: 0,
@@ -890,7 +897,7 @@ fn begin_wait(ctx: &TracePointContext) {
 }
 
 #[inline(always)]
-fn begin_wake(ctx: &TracePointContext) {
+fn begin_wake(uaddr: u64) {
     if global_u8(&MUTEX_ON) == 0 {
         return;
     }
@@ -911,7 +918,6 @@ fn begin_wake(ctx: &TracePointContext) {
         *seq += 1;
         (u64::from(cpu) << 48) | (*seq & 0xffff_ffff_ffff)
     };
-    let uaddr = futex_uaddr(ctx);
     let key = FutexKey {
         tgid,
         _pad: 0,
@@ -924,6 +930,12 @@ fn begin_wake(ctx: &TracePointContext) {
         woken: 0,
     };
     let _ = FUTEX_WAKERS.insert(key, waker, 0);
+    // After the insert: a wait that finds this time finds the entry too.
+    if let Some(slot) = WAKER_TIMES.get_ptr_mut(waker_slot(tgid, uaddr)) {
+        // SAFETY: an array slot; a racing store of a kept wake-up that
+        // entered at nearly the same time leaves a time just as late.
+        unsafe { *slot = now };
+    }
     let call = FutexCall {
         start_ns: now,
         uaddr,
@@ -980,6 +992,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
             send_wait_stack(&ctx, wait_event::BLOCK, tgid, tid, waited, call.uaddr);
         }
         if global_u8(&MUTEX_ON) != 0
+            && woken_after(call.start_ns, tgid, call.uaddr)
             && let Some(waker) = FUTEX_WAKERS.get_ptr_mut(key)
         {
             // SAFETY: a map value, valid during this run; a lost update
@@ -1030,6 +1043,20 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
         );
     }
     0
+}
+
+/// The WAKER_TIMES slot of a futex word.
+#[inline(always)]
+fn waker_slot(tgid: u32, uaddr: u64) -> u32 {
+    ((uaddr >> 2) as u32 ^ tgid.wrapping_mul(0x9e37_79b9)) & (WAKER_TIME_SLOTS - 1)
+}
+
+/// Whether a kept wake-up of this word's slot entered at or after `start`.
+#[inline(always)]
+fn woken_after(start: u64, tgid: u32, uaddr: u64) -> bool {
+    WAKER_TIMES
+        .get(waker_slot(tgid, uaddr))
+        .is_some_and(|&time| time >= start)
 }
 
 /// Sends a kept wait or wake-up with the thread's user stack: a brief
