@@ -163,8 +163,12 @@ pub mod counter {
     pub const OFFCPU_SWITCHES: u32 = 17;
     /// Blocked threads not tracked: the parked-stack map was full.
     pub const OFFCPU_PARKED_FULL: u32 = 18;
+    /// Bytes of user stack copied for the daemon to unwind (all events).
+    pub const STACK_BYTES_COPIED: u32 = 19;
+    /// Stack copies made (all events).
+    pub const STACK_COPIES: u32 = 20;
     /// Number of counters.
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 21;
 }
 
 /// Index of the one-element `CONTROL` array entries.

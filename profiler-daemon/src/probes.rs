@@ -17,6 +17,7 @@ use profiler_common::{
 };
 
 use crate::map_syscalls::{self, BatchError};
+use crate::stack_tops::TopUpdate;
 use crate::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
 use thiserror::Error;
 
@@ -125,6 +126,8 @@ pub struct Probes {
     heap_events: Option<RingBuf<MapData>>,
     wait_events: Option<RingBuf<MapData>>,
     walk_hints: Option<HashMap<MapData, WalkHintKey, WalkHint>>,
+    /// Where the kernel's copies of each thread's stack stop.
+    stack_tops: HashMap<MapData, u32, u64>,
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<UprobeLinks>,
@@ -250,6 +253,7 @@ impl Probes {
         let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
         let wait_events = typed_map(&mut ebpf, "WAIT_EVENTS")?;
         let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
+        let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let mut probes = Probes {
             ebpf,
@@ -268,6 +272,7 @@ impl Probes {
             heap_events: Some(heap_events),
             wait_events: Some(wait_events),
             walk_hints: Some(walk_hints),
+            stack_tops,
             heap_live,
             allocators,
             go_parks,
@@ -471,6 +476,20 @@ impl Probes {
     /// that reads wait events.
     pub fn take_walk_hints(&mut self) -> Option<HashMap<MapData, WalkHintKey, WalkHint>> {
         self.walk_hints.take()
+    }
+
+    /// Applies stack tops learned from complete walks (see stack_tops.rs).
+    /// A failed update only leaves that thread's copies as they were.
+    pub fn update_stack_tops(&mut self, updates: &[TopUpdate]) {
+        for update in updates {
+            let result = match *update {
+                TopUpdate::Set { tid, top } => self.stack_tops.insert(tid, top, 0),
+                TopUpdate::Clear { tid } => self.stack_tops.remove(&tid),
+            };
+            if let Err(e) = result {
+                tracing::debug!("stack top update {update:?} not applied: {e}");
+            }
+        }
     }
 
     /// The heap probes' links, when heap profiles are on.

@@ -191,6 +191,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
+                probes.update_stack_tops(&unwinder.take_stack_tops());
                 for pid in exec_rescan.drain(..) {
                     for links in probes.uprobe_links() {
                         links.attach_process(pid);
@@ -421,12 +422,14 @@ fn read_stack_samples(
         let stack_len = (sample.stack_len as usize).min(STACK_COPY_BYTES);
         let user = match procs.get(sample.tgid) {
             Some(info) => {
-                let unwound = unwinder.unwind(
+                let (unwound, _) = unwinder.unwind_hinted(
                     info,
+                    sample.tid,
                     sample.ip,
                     sample.sp,
                     sample.bp,
                     &sample.stack[..stack_len],
+                    None,
                 );
                 if unwound.truncated {
                     Stack::Truncated(unwound.frames)
@@ -477,7 +480,7 @@ fn read_heap_events(
         let user = event_user_stack(
             procs,
             unwinder,
-            alloc.tgid,
+            (alloc.tgid, alloc.tid),
             (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
             &alloc.stack[..(alloc.stack_len as usize).min(STACK_COPY_BYTES)],
             &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
@@ -502,13 +505,16 @@ fn read_heap_events(
 fn event_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
-    tgid: u32,
+    thread: (u32, u32),
     regs: (u64, u64, u64),
     stack: &[u8],
     frames: &[u64],
     at_return: bool,
 ) -> Stack {
-    hinted_user_stack(procs, unwinder, tgid, regs, stack, frames, at_return, None).0
+    hinted_user_stack(
+        procs, unwinder, thread, regs, stack, frames, at_return, None,
+    )
+    .0
 }
 
 /// As [`event_user_stack`], for an event whose stack the kernel matched
@@ -518,7 +524,7 @@ fn event_user_stack(
 fn hinted_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
-    tgid: u32,
+    (tgid, tid): (u32, u32),
     (ip, sp, bp): (u64, u64, u64),
     stack: &[u8],
     frames: &[u64],
@@ -528,7 +534,7 @@ fn hinted_user_stack(
     if !stack.is_empty() || matched.is_some() {
         return match procs.get(tgid) {
             Some(info) => {
-                let (unwound, hint) = unwinder.unwind_hinted(info, ip, sp, bp, stack, matched);
+                let (unwound, hint) = unwinder.unwind_hinted(info, tid, ip, sp, bp, stack, matched);
                 let stack = if unwound.truncated {
                     Stack::Truncated(unwound.frames)
                 } else {
@@ -582,7 +588,7 @@ impl Waits {
         &mut self,
         procs: &mut ProcessTable,
         unwinder: &mut Unwinder,
-        tgid: u32,
+        thread: (u32, u32),
         regs: (u64, u64, u64),
         stack: &[u8],
         frames: &[u64],
@@ -592,7 +598,7 @@ impl Waits {
         // A goroutine's frames start with the return address it parked at.
         let at_return = flags & wait_flags::RETURN_ADDRESS != 0;
         let (user, hint) = hinted_user_stack(
-            procs, unwinder, tgid, regs, stack, frames, at_return, matched,
+            procs, unwinder, thread, regs, stack, frames, at_return, matched,
         );
         if let Some((key, hint)) = hint {
             self.hint(key, hint);
@@ -674,7 +680,7 @@ fn read_wait_events(
         let user = waits.user_stack(
             procs,
             unwinder,
-            event.tgid,
+            (event.tgid, event.tid),
             (event.ip, event.sp, event.bp),
             stack,
             frames,
@@ -711,7 +717,7 @@ fn read_offcpu_event(
         _ => waits.user_stack(
             procs,
             unwinder,
-            event.tgid,
+            (event.tgid, event.tid),
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
             &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
@@ -1162,6 +1168,10 @@ fn log_summary(
         unwinds_remembered = u.memo.hits,
         unwinds_matched_in_kernel = u.memo.matched_in_kernel,
         unwinds_matched_but_forgotten = u.memo.matched_but_forgotten,
+        stack_copy_count = c[counter::STACK_COPIES as usize],
+        stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
+        stack_tops_sent = u.tops.sent,
+        stack_tops_taken_back = u.tops.taken_back,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
         process_snapshots = p.snapshots,

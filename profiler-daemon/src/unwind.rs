@@ -39,12 +39,16 @@ use profiler_common::{WalkHint, WalkHintKey};
 use tracing::{debug, trace};
 
 use crate::process::{MappedObject, ObjectFile, ProcessInfo};
+use crate::stack_tops::{StackTops, TopStats, TopUpdate};
 use crate::walk_memo::{DEFAULT_MAX_WALKS, MemoStats, Read, WalkMemo, WalkStart, read_word};
 
 /// Most frames in one unwound stack, the limit of the kernel's stacks.
 pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
 /// Default bound of cached per-process unwinders.
 pub const DEFAULT_MAX_PROCESSES: usize = 512;
+/// Threads whose stack top is sent to the kernel per window (its table
+/// holds STACK_TOPS_ENTRIES).
+const DEFAULT_MAX_THREAD_TOPS: usize = 65_536;
 /// Default bound of cached objects (including failed ones).
 pub const DEFAULT_MAX_OBJECTS: usize = 1024;
 /// Default bound of the section bytes held by the object cache.
@@ -112,6 +116,8 @@ pub struct UnwindStats {
     pub cached_processes: usize,
     /// Walks answered by the walk memo.
     pub memo: MemoStats,
+    /// Stack tops learned for the kernel's copies.
+    pub tops: TopStats,
 }
 
 /// A stack unwound from a sample.
@@ -698,6 +704,8 @@ pub struct Unwinder {
     max_processes: usize,
     objects: ObjectCache,
     memo: WalkMemo,
+    /// Where threads' stacks end, for the kernel's copies.
+    tops: StackTops,
     /// Id of the last process unwinder made.
     next_id: u64,
     /// Logical clock for LRU order and "used since the last release".
@@ -735,6 +743,7 @@ impl Unwinder {
                 max_bytes: max_object_bytes,
             },
             memo: WalkMemo::new(DEFAULT_MAX_WALKS),
+            tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
             next_id: 0,
             tick: 0,
             last_release: 0,
@@ -754,17 +763,21 @@ impl Unwinder {
         bp: u64,
         stack: &[u8],
     ) -> UnwoundStack {
-        self.unwind_hinted(process, ip, sp, bp, stack, None).0
+        self.unwind_hinted(process, 0, ip, sp, bp, stack, None).0
     }
 
     /// As [`Self::unwind`], for an event whose stack the kernel found to
     /// match remembered walk `matched` (its walk hint), if any; a brief
     /// event has no copy (`stack` is empty). Also returns a hint for the
     /// kernel: of a walk newly remembered, or of a remembered walk found by
-    /// reading the copy (the kernel did not hold its hint).
+    /// reading the copy (the kernel did not hold its hint). A walk of
+    /// thread `tid` (0: unknown) also tells where its stack ends
+    /// ([`Self::take_stack_tops`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn unwind_hinted(
         &mut self,
         process: &ProcessInfo,
+        tid: u32,
         ip: u64,
         sp: u64,
         bp: u64,
@@ -800,6 +813,7 @@ impl Unwinder {
             max_processes,
             objects,
             memo,
+            tops,
             stats,
             next_id,
             ..
@@ -866,9 +880,29 @@ impl Unwinder {
         if truncated {
             stats.truncated += 1;
         }
+        let copy_end = sp.saturating_add(stack.len() as u64);
+        match (truncated, reads.last()) {
+            // A complete walk: nothing at or above its highest read is
+            // needed by any later walk of this thread.
+            (false, Some(_)) => {
+                if let Some(top) = reads.iter().map(|&(addr, _)| addr.saturating_add(8)).max() {
+                    tops.learned(tid, top);
+                }
+            }
+            // Stopped by the end of the copy: the copy may have been cut
+            // at a top learned too low.
+            (true, Some(&(addr, None))) if addr >= copy_end => tops.cut_short(tid),
+            _ => {}
+        }
         let frames: Arc<[u64]> = Arc::from(frames);
         let hint = memo.remember(process.tgid, start, &reads, frames.clone(), truncated);
         (UnwoundStack { frames, truncated }, hint)
+    }
+
+    /// What the kernel should change in its table of stack tops (see
+    /// stack_tops.rs); each update is given once.
+    pub fn take_stack_tops(&mut self) -> Vec<TopUpdate> {
+        self.tops.take()
     }
 
     /// Hints the kernel should drop: their walks are on the way to being
@@ -881,6 +915,7 @@ impl Unwinder {
     /// no process snapshot maps any more. Call at each window end, after the
     /// process table's prune.
     pub fn release_unused(&mut self) {
+        self.tops.new_window();
         let since = self.last_release;
         self.processes.retain(|_, e| e.last_used > since);
         self.objects.release_unused();
@@ -894,6 +929,7 @@ impl Unwinder {
             cached_bytes: self.objects.bytes,
             cached_processes: self.processes.len(),
             memo: self.memo.stats(),
+            tops: self.tops.stats(),
             ..self.stats
         }
     }

@@ -221,9 +221,14 @@ fn global_u8(v: &u8) -> u8 {
 
 #[inline(always)]
 fn count(index: u32) {
+    count_n(index, 1);
+}
+
+#[inline(always)]
+fn count_n(index: u32, n: u64) {
     if let Some(c) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot; a program does not nest with itself on a CPU.
-        unsafe { *c += 1 };
+        unsafe { *c += n };
     }
 }
 
@@ -403,7 +408,17 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
 #[inline(always)]
 unsafe fn copy_user_stack(dst: *mut u8, sp: u64) -> u64 {
     // SAFETY: the caller's buffer is STACK_COPY_BYTES long.
-    unsafe { copy_stack::<STACK_COPY_BYTES>(dst, sp) }
+    unsafe { counted_copy_stack::<STACK_COPY_BYTES>(dst, sp) }
+}
+
+/// [`copy_stack`], counted in STACK_COPIES and STACK_BYTES_COPIED.
+#[inline(always)]
+unsafe fn counted_copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
+    // SAFETY: as the caller's.
+    let copied = unsafe { copy_stack::<N>(dst, sp) };
+    count(counter::STACK_COPIES);
+    count_n(counter::STACK_BYTES_COPIED, copied);
+    copied
 }
 
 /// Copies up to N bytes of user stack from `sp` into `dst` (N long, a
@@ -1203,7 +1218,7 @@ unsafe fn record_user_stack<const N: usize>(
 ) -> (u64, u64) {
     if sp != 0 && use_dwarf(tgid) {
         // SAFETY: the caller's buffer is N long.
-        return (unsafe { copy_stack::<N>(stack, sp) }, 0);
+        return (unsafe { counted_copy_stack::<N>(stack, sp) }, 0);
     }
     // SAFETY: the caller's buffer holds MAX_STACK_DEPTH frames.
     let bytes = unsafe {

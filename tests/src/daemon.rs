@@ -170,6 +170,23 @@ impl Daemon {
         self.stderr.lines()
     }
 
+    /// A counter of the daemon's exit summary line (`summary ... name=value`).
+    pub fn summary_field(&self, name: &str) -> u64 {
+        let key = format!("{name}=");
+        self.stderr_lines()
+            .iter()
+            .filter(|l| l.contains("summary"))
+            .flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .find_map(|field| field.strip_prefix(&key).and_then(|v| v.parse().ok()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {name}= in the daemon's summary:
+{}",
+                    self.describe()
+                )
+            })
+    }
+
     pub fn stdout_text(&self) -> String {
         self.stdout.text()
     }

@@ -632,9 +632,9 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
     // stack checks below cover those events too. No brief record may
     // arrive for a walk the daemon has forgotten: its stack would be lost.
     let (remembered, matched, forgotten) = (
-        summary_field(&run.daemon, "unwinds_remembered"),
-        summary_field(&run.daemon, "unwinds_matched_in_kernel"),
-        summary_field(&run.daemon, "unwinds_matched_but_forgotten"),
+        run.daemon.summary_field("unwinds_remembered"),
+        run.daemon.summary_field("unwinds_matched_in_kernel"),
+        run.daemon.summary_field("unwinds_matched_but_forgotten"),
     );
     assert!(
         remembered > 0 && matched as f64 >= 0.5 * remembered as f64 && forgotten == 0,
@@ -688,18 +688,6 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
             );
         }
     }
-}
-
-/// A counter of the daemon's summary line at exit (`name=value`).
-fn summary_field(daemon: &Daemon, name: &str) -> u64 {
-    let key = format!("{name}=");
-    daemon
-        .stderr_lines()
-        .iter()
-        .filter(|l| l.contains("summary"))
-        .flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-        .find_map(|field| field.strip_prefix(&key).and_then(|v| v.parse().ok()))
-        .unwrap_or_else(|| panic!("no {name}= in the daemon's summary:\n{}", daemon.describe()))
 }
 
 /// --mutex-fraction 1: every contended wake-up is kept, so the mutex

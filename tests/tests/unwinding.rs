@@ -521,6 +521,24 @@ fn c_without_frame_pointers_reaches_main() {
         "work_a/work_b are the leaf of only {workers:.3} of the cpu (expected ≥ 0.9){}",
         run.diag(|_| true)
     );
+    // Complete walks tell the kernel where the thread's stack ends, so its
+    // later copies stop there instead of reading the environment above
+    // main; the chains below show that they still hold every frame.
+    let (copies, bytes, tops, taken_back) = (
+        run.daemon.summary_field("stack_copy_count"),
+        run.daemon.summary_field("stack_copy_bytes"),
+        run.daemon.summary_field("stack_tops_sent"),
+        run.daemon.summary_field("stack_tops_taken_back"),
+    );
+    println!(
+        "stack copies: {copies}, {} bytes each on average; stack tops sent {tops}, taken back {taken_back}",
+        bytes / copies.max(1)
+    );
+    assert!(
+        tops >= 1 && taken_back == 0,
+        "stack tops sent {tops} (expected ≥ 1), taken back {taken_back} (expected 0){}",
+        run.diag(|_| true)
+    );
     for (leaf, chain, got) in [
         ("work_a", ["work_a", "run", "main"], chain_a),
         ("work_b", ["work_b", "run", "main"], chain_b),
