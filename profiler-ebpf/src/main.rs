@@ -1106,14 +1106,7 @@ fn send_wait_stack(
         hint_id: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     };
-    let key = WalkHintKey {
-        tgid,
-        _pad: 0,
-        ip,
-        sp,
-        bp,
-    };
-    if let Some(id) = hinted_words_match(key, tgid) {
+    if let Some(id) = hinted_words_match(hint_key(tgid, ip, sp, bp)) {
         head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
         head.hint_id = id;
         if WAIT_EVENTS
@@ -1143,6 +1136,18 @@ fn send_wait_stack(
     entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
+/// Where a walk starts, as walk hints are keyed.
+#[inline(always)]
+fn hint_key(tgid: u32, ip: u64, sp: u64, bp: u64) -> WalkHintKey {
+    WalkHintKey {
+        tgid,
+        _pad: 0,
+        ip,
+        sp,
+        bp,
+    }
+}
+
 /// The id of the daemon's walk hint for these registers if the thread's
 /// stack holds every word it lists. Only the hint's span (the bytes from
 /// sp up to its last word) is copied, into a per-CPU scratch buffer: far
@@ -1150,8 +1155,8 @@ fn send_wait_stack(
 /// STACK_COPY_BYTES (memory above a thread's stack is usually readable, so
 /// the copy does not stop at its top).
 #[inline(always)]
-fn hinted_words_match(key: WalkHintKey, tgid: u32) -> Option<u64> {
-    if key.sp == 0 || !use_dwarf(tgid) {
+fn hinted_words_match(key: WalkHintKey) -> Option<u64> {
+    if key.sp == 0 || !use_dwarf(key.tgid) {
         return None;
     }
     // SAFETY: a map value, read during this run only.
@@ -1328,17 +1333,10 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
         (*record).flags = 0;
         (*record).hint_id = 0;
         (*record).frames_len = 0;
-        let key = WalkHintKey {
-            tgid,
-            _pad: 0,
-            ip,
-            sp,
-            bp,
-        };
         // A kernel thread (sp 0) has no user stack.
         match sp {
             0 => (*record).stack_len = 0,
-            _ => match hinted_words_match(key, tgid) {
+            _ => match hinted_words_match(hint_key(tgid, ip, sp, bp)) {
                 // The stack does not change while the thread is off CPU:
                 // the match stands at its switch-in, and no copy is kept.
                 Some(id) => {
@@ -1393,13 +1391,7 @@ fn unpark(next: *mut task_struct, now: u64) {
                         if (*out).flags & wait_flags::HINT_MATCHED == 0
                             && (*out).stack_len != 0
                             && let Some(id) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
-                                WalkHintKey {
-                                    tgid: (*out).tgid,
-                                    _pad: 0,
-                                    ip: (*out).ip,
-                                    sp: (*out).sp,
-                                    bp: (*out).bp,
-                                },
+                                hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp),
                                 (*out).stack.as_ptr(),
                                 (*out).stack_len,
                             )
