@@ -46,9 +46,16 @@ pub struct Stack {
 /// Bytes of user stack copied per sample for unwinding in the daemon
 /// (from the stack pointer upwards; fewer near the top of the stack).
 pub const STACK_COPY_BYTES: usize = 16 * 1024;
+/// Stack bytes of the short form of a CPU sample or heap allocation
+/// record, used when the thread's known stack top is this close to sp
+/// (most threads, once the daemon has told the kernel where their stacks
+/// end): a ring then holds about four times as many records. The daemon
+/// tells the two forms apart by their length.
+pub const SHORT_STACK_BYTES: usize = 4096;
 /// Threads whose stack top is remembered at once (least recently used go).
 pub const STACK_TOPS_ENTRIES: u32 = 65_536;
-/// Bytes in the ring buffer of stack samples (about 470 samples).
+/// Bytes in the ring buffer of stack samples (about 470 samples in the
+/// long form, 1600 in the short one).
 pub const STACK_SAMPLES_BYTES: u32 = 8 * 1024 * 1024;
 
 /// How user stacks are unwound (the `UNWIND_MODE` global).
@@ -66,7 +73,7 @@ pub mod unwind_mode {
 /// `STACK_SAMPLES` ring buffer, one record per sample.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct StackSample {
+pub struct StackSample<const N: usize = STACK_COPY_BYTES> {
     pub tgid: u32,
     pub tid: u32,
     /// User registers at the sample (from the interrupted context, or the
@@ -80,7 +87,7 @@ pub struct StackSample {
     pub kernel_len: u64,
     pub comm: [u8; COMM_LEN],
     pub kernel: [u64; MAX_STACK_DEPTH],
-    pub stack: [u8; STACK_COPY_BYTES],
+    pub stack: [u8; N],
 }
 
 /// Key of one aggregated CPU sample: who ran, and where.
@@ -245,7 +252,7 @@ pub const HEAP_LIVE_ENTRIES: u32 = 2 * 1024 * 1024;
 /// Threads with heap-probe state at once (least recently used go first).
 pub const HEAP_THREADS_ENTRIES: u32 = 65_536;
 /// Bytes in the ring buffer of heap events (about 950 sampled allocations
-/// with stack copies).
+/// with stack copies in the long form, 3200 in the short one).
 pub const HEAP_EVENTS_BYTES: u32 = 16 * 1024 * 1024;
 
 /// What a heap event reports (its first word).
@@ -261,7 +268,7 @@ pub mod heap_event {
 /// frame-pointer frames walked by the kernel).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct HeapAlloc {
+pub struct HeapAlloc<const N: usize = STACK_COPY_BYTES> {
     /// `heap_event::ALLOC`.
     pub kind: u32,
     pub tgid: u32,
@@ -283,7 +290,7 @@ pub struct HeapAlloc {
     pub frames_len: u64,
     pub comm: [u8; COMM_LEN],
     pub frames: [u64; MAX_STACK_DEPTH],
-    pub stack: [u8; STACK_COPY_BYTES],
+    pub stack: [u8; N],
 }
 
 /// A sampled allocation was freed (or moved by realloc).
@@ -549,7 +556,7 @@ pub struct MutexDelay {
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: as below.
-    unsafe impl aya::Pod for super::HeapAlloc {}
+    unsafe impl<const N: usize> aya::Pod for super::HeapAlloc<N> {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::HeapFree {}
     // SAFETY: as below.
@@ -579,5 +586,5 @@ mod user {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Stack {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::StackSample {}
+    unsafe impl<const N: usize> aya::Pod for super::StackSample<N> {}
 }

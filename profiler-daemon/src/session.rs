@@ -14,8 +14,8 @@ use aya::Pod;
 use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
     HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES,
-    OffcpuRecord, ProcEvent, STACK_COPY_BYTES, StackSample, WaitHead, WaitStack, WalkHint,
-    WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
+    OffcpuRecord, ProcEvent, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample, WaitHead, WaitStack,
+    WalkHint, WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -415,41 +415,52 @@ fn read_stack_samples(
     cpu: &mut CpuWindow,
 ) {
     while let Some(item) = ring.next() {
-        let Some(sample) = record::<StackSample>(&item) else {
-            continue;
-        };
-        procs.ensure(sample.tgid);
-        let stack_len = (sample.stack_len as usize).min(STACK_COPY_BYTES);
-        let user = match procs.get(sample.tgid) {
-            Some(info) => {
-                let (unwound, _) = unwinder.unwind_hinted(
-                    info,
-                    sample.tid,
-                    sample.ip,
-                    sample.sp,
-                    sample.bp,
-                    &sample.stack[..stack_len],
-                    None,
-                );
-                if unwound.truncated {
-                    Stack::Truncated(unwound.frames)
-                } else {
-                    Stack::Frames(unwound.frames)
-                }
-            }
-            None => Stack::Truncated(Arc::from(vec![sample.ip])),
-        };
-        let kernel =
-            kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
-        cpu.add(SampleId {
-            tgid: sample.tgid,
-            tid: sample.tid,
-            thread: sample.comm,
-            user,
-            kernel,
-            object: 0,
-        });
+        // Two record forms, told apart by their length (the short one
+        // when the thread's stack is known to fit).
+        if let Some(sample) = record::<StackSample>(&item) {
+            add_stack_sample(sample, procs, unwinder, cpu);
+        } else if let Some(sample) = record::<StackSample<SHORT_STACK_BYTES>>(&item) {
+            add_stack_sample(sample, procs, unwinder, cpu);
+        }
     }
+}
+
+fn add_stack_sample<const N: usize>(
+    sample: &StackSample<N>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    cpu: &mut CpuWindow,
+) {
+    procs.ensure(sample.tgid);
+    let stack_len = (sample.stack_len as usize).min(N);
+    let user = match procs.get(sample.tgid) {
+        Some(info) => {
+            let (unwound, _) = unwinder.unwind_hinted(
+                info,
+                sample.tid,
+                sample.ip,
+                sample.sp,
+                sample.bp,
+                &sample.stack[..stack_len],
+                None,
+            );
+            if unwound.truncated {
+                Stack::Truncated(unwound.frames)
+            } else {
+                Stack::Frames(unwound.frames)
+            }
+        }
+        None => Stack::Truncated(Arc::from(vec![sample.ip])),
+    };
+    let kernel = kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
+    cpu.add(SampleId {
+        tgid: sample.tgid,
+        tid: sample.tid,
+        thread: sample.comm,
+        user,
+        kernel,
+        object: 0,
+    });
 }
 
 /// Adds the sampled allocations and frees that the heap probes reported.
@@ -471,31 +482,42 @@ fn read_heap_events(
             Some(heap_event::ALLOC) => {}
             _ => continue,
         }
-        let Some(alloc) = record::<HeapAlloc>(&item) else {
-            continue;
-        };
-        procs.ensure(alloc.tgid);
-        // The registers are those at the allocator's return: the leaf is
-        // the call site, one byte back from the return address.
-        let user = event_user_stack(
-            procs,
-            unwinder,
-            (alloc.tgid, alloc.tid),
-            (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
-            &alloc.stack[..(alloc.stack_len as usize).min(STACK_COPY_BYTES)],
-            &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
-            true,
-        );
-        let id = SampleId {
-            tgid: alloc.tgid,
-            tid: alloc.tid,
-            thread: alloc.comm,
-            user,
-            kernel: Stack::None,
-            object: 0,
-        };
-        heap.allocated(id, alloc.addr, alloc.size, alloc.live != 0);
+        // Two record forms, told apart by their length.
+        if let Some(alloc) = record::<HeapAlloc>(&item) {
+            add_heap_alloc(alloc, procs, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
+            add_heap_alloc(alloc, procs, unwinder, heap);
+        }
     }
+}
+
+fn add_heap_alloc<const N: usize>(
+    alloc: &HeapAlloc<N>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    heap: &mut HeapTable,
+) {
+    procs.ensure(alloc.tgid);
+    // The registers are those at the allocator's return: the leaf is the
+    // call site, one byte back from the return address.
+    let user = event_user_stack(
+        procs,
+        unwinder,
+        (alloc.tgid, alloc.tid),
+        (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
+        &alloc.stack[..(alloc.stack_len as usize).min(N)],
+        &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
+        true,
+    );
+    let id = SampleId {
+        tgid: alloc.tgid,
+        tid: alloc.tid,
+        thread: alloc.comm,
+        user,
+        kernel: Stack::None,
+        object: 0,
+    };
+    heap.allocated(id, alloc.addr, alloc.size, alloc.live != 0);
 }
 
 /// The user stack of an event that carries either a stack copy (unwound

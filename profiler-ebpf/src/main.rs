@@ -46,7 +46,7 @@ use profiler_common::{
     GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree,
     HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
     OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
-    SEEN_ENTRIES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
+    SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
     STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
     WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack,
     WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event,
@@ -369,8 +369,29 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
     let Some((ip, sp, bp)) = user_regs(ctx) else {
         return false;
     };
-    let Some(mut entry) = STACK_SAMPLES.reserve::<StackSample>(0) else {
+    let sent = if stack_fits(tid, sp, SHORT_STACK_BYTES) {
+        send_stack_sample_in::<SHORT_STACK_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+    } else {
+        send_stack_sample_in::<STACK_COPY_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+    };
+    if sent {
+        count(counter::STACK_SAMPLES);
+    } else {
         count(counter::STACK_SAMPLES_FULL);
+    }
+    sent
+}
+
+/// Sends a CPU sample in the record form with an N-byte stack copy.
+#[inline(always)]
+fn send_stack_sample_in<const N: usize>(
+    ctx: &PerfEventContext,
+    tgid: u32,
+    tid: u32,
+    comm: &[u8; COMM_LEN],
+    (ip, sp, bp): (u64, u64, u64),
+) -> bool {
+    let Some(mut entry) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
         return false;
     };
     let out = entry.as_mut_ptr();
@@ -396,19 +417,19 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
             }
         }
         (*out).kernel_len = kernel_len;
-        (*out).stack_len = copy_user_stack((*out).stack.as_mut_ptr(), sp);
+        (*out).stack_len = counted_copy_stack::<N>((*out).stack.as_mut_ptr(), sp);
     }
     entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
-    count(counter::STACK_SAMPLES);
     true
 }
 
-/// Copies user memory from `sp` upwards into `dst` (STACK_COPY_BYTES long),
-/// stopping at the top of the stack. Returns the bytes copied.
+/// Whether thread `tid`'s stack from `sp` to its known top (STACK_TOPS)
+/// fits in N bytes: then a record with an N-byte copy holds all of it.
 #[inline(always)]
-unsafe fn copy_user_stack(dst: *mut u8, sp: u64) -> u64 {
-    // SAFETY: the caller's buffer is STACK_COPY_BYTES long.
-    unsafe { counted_copy_stack::<STACK_COPY_BYTES>(dst, sp) }
+fn stack_fits(tid: u32, sp: u64, n: usize) -> bool {
+    // SAFETY: the value is copied out.
+    let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
+    top > sp && top - sp < n as u64
 }
 
 /// [`copy_stack`], counted in STACK_COPIES and STACK_BYTES_COPIED.
@@ -802,7 +823,24 @@ fn send_heap_alloc(
     size: u64,
     live: bool,
 ) -> bool {
-    let Some(mut entry) = HEAP_EVENTS.reserve::<HeapAlloc>(0) else {
+    // SAFETY: a context load of the user's stack pointer.
+    let sp = unsafe { (*ctx.regs).rsp };
+    let event = (tgid, tid, function, addr, size, live);
+    if stack_fits(tid, sp, SHORT_STACK_BYTES) {
+        send_heap_alloc_in::<SHORT_STACK_BYTES>(ctx, event)
+    } else {
+        send_heap_alloc_in::<STACK_COPY_BYTES>(ctx, event)
+    }
+}
+
+/// Sends a sampled allocation in the record form with an N-byte stack
+/// copy.
+#[inline(always)]
+fn send_heap_alloc_in<const N: usize>(
+    ctx: &ProbeContext,
+    (tgid, tid, function, addr, size, live): (u32, u32, u32, u64, u64, bool),
+) -> bool {
+    let Some(mut entry) = HEAP_EVENTS.reserve::<HeapAlloc<N>>(0) else {
         return false;
     };
     let out = entry.as_mut_ptr();
@@ -822,7 +860,7 @@ fn send_heap_alloc(
         (*out).sp = (*regs).rsp;
         (*out).bp = (*regs).rbp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
+        ((*out).stack_len, (*out).frames_len) = record_user_stack::<N>(
             regs.cast(),
             tgid,
             (*regs).rsp,
