@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
@@ -406,6 +407,10 @@ fn kernel_stack(frames: &[u64]) -> Stack {
     }
 }
 
+/// CPU samples and sampled allocations received in the short record form
+/// (for the exit summary).
+static SHORT_RECORDS: AtomicU64 = AtomicU64::new(0);
+
 /// Unwinds every sample that came with a copy of its user stack and adds it
 /// to the window.
 fn read_stack_samples(
@@ -420,6 +425,7 @@ fn read_stack_samples(
         if let Some(sample) = record::<StackSample>(&item) {
             add_stack_sample(sample, procs, unwinder, cpu);
         } else if let Some(sample) = record::<StackSample<SHORT_STACK_BYTES>>(&item) {
+            SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
             add_stack_sample(sample, procs, unwinder, cpu);
         }
     }
@@ -486,6 +492,7 @@ fn read_heap_events(
         if let Some(alloc) = record::<HeapAlloc>(&item) {
             add_heap_alloc(alloc, procs, unwinder, heap);
         } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
+            SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
             add_heap_alloc(alloc, procs, unwinder, heap);
         }
     }
@@ -1193,6 +1200,7 @@ fn log_summary(
         stack_copy_count = c[counter::STACK_COPIES as usize],
         stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
         stack_tops_sent = u.tops.sent,
+        records_short_form = SHORT_RECORDS.load(Ordering::Relaxed),
         stack_tops_taken_back = u.tops.taken_back,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
