@@ -1185,6 +1185,50 @@ mod tests {
     }
 
     #[test]
+    fn complete_walks_tell_where_the_stack_ends() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let tid = 77;
+        let walk = |unwinder: &mut Unwinder, stack: &[u8]| {
+            unwinder
+                .unwind_hinted(info, tid, sample.ip, sample.sp, sample.bp, stack, None)
+                .0
+        };
+        let full = walk(&mut unwinder, &sample.stack);
+        assert!(!full.truncated);
+        let updates = unwinder.take_stack_tops();
+        let [TopUpdate::Set { tid: 77, top }] = updates[..] else {
+            panic!("expected one top for thread 77: {updates:?}");
+        };
+        // The walk needs nothing above the top: a copy cut there gives the
+        // same frames (a fresh walk: the memo forgets between unwinders).
+        let needed = usize::try_from(top - sample.sp).unwrap();
+        assert!(
+            needed < sample.stack.len(),
+            "{needed} of {}",
+            sample.stack.len()
+        );
+        let mut fresh = Unwinder::new();
+        let cut = walk(&mut fresh, &sample.stack[..needed]);
+        assert_eq!(
+            (cut.frames.clone(), cut.truncated),
+            (full.frames.clone(), false)
+        );
+        // One word less, and the walk runs off its copy: the top is taken
+        // back (it was sent by this unwinder).
+        let short = walk(&mut fresh, &sample.stack[..needed - 8]);
+        assert!(short.truncated);
+        let updates = fresh.take_stack_tops();
+        assert_eq!(
+            updates.last(),
+            Some(&TopUpdate::Clear { tid }),
+            "{updates:?}"
+        );
+    }
+
+    #[test]
     fn unknown_ip_truncates() {
         let sample = thread_sample();
         let (table, pid) = own_table();
