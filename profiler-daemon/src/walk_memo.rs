@@ -64,6 +64,14 @@ struct Walk {
     hintable: bool,
 }
 
+/// A remembered walk as found by its id.
+struct ById {
+    tgid: u32,
+    regs: (u64, u64, u64),
+    frames: Arc<[u64]>,
+    truncated: bool,
+}
+
 /// A remembered walk's answer.
 #[derive(Clone, Debug)]
 pub struct Remembered {
@@ -94,8 +102,9 @@ pub struct MemoStats {
 pub struct WalkMemo {
     current: HashMap<WalkStart, Walk>,
     previous: HashMap<WalkStart, Walk>,
-    /// Where each remembered walk (of either generation) starts, by id.
-    ids: HashMap<u64, WalkStart>,
+    /// Each remembered walk (of either generation) by id, with what a
+    /// brief record needs: one lookup answers it.
+    ids: HashMap<u64, ById>,
     /// Hints the kernel should drop: their walks left the current table.
     retired: Vec<WalkHintKey>,
     max_walks: usize,
@@ -166,14 +175,11 @@ impl WalkMemo {
         bp: u64,
         id: u64,
     ) -> Option<(Arc<[u64]>, bool)> {
-        let found = self.ids.get(&id).and_then(|start| {
-            let walk = self
-                .current
-                .get(start)
-                .or_else(|| self.previous.get(start))?;
-            (walk.id == id && walk.tgid == tgid && (start.ip, start.sp, start.bp) == (ip, sp, bp))
-                .then(|| (walk.frames.clone(), walk.truncated))
-        });
+        let found = self
+            .ids
+            .get(&id)
+            .filter(|walk| walk.tgid == tgid && walk.regs == (ip, sp, bp))
+            .map(|walk| (walk.frames.clone(), walk.truncated));
         match found {
             Some(answer) => {
                 self.stats.hits += 1;
@@ -207,6 +213,7 @@ impl WalkMemo {
         self.next_id += 1;
         let id = self.next_id;
         let hint = walk_hint(id, start.sp, reads);
+        let walk_frames = frames.clone();
         let walk = Walk {
             id,
             tgid,
@@ -221,7 +228,15 @@ impl WalkMemo {
         if let Some(old) = self.previous.remove(&start) {
             self.ids.remove(&old.id);
         }
-        self.ids.insert(id, start);
+        self.ids.insert(
+            id,
+            ById {
+                tgid,
+                regs: (start.ip, start.sp, start.bp),
+                frames: walk_frames,
+                truncated,
+            },
+        );
         hint.map(|hint| (hint_key(tgid, &start), hint))
     }
 
