@@ -30,6 +30,8 @@ pub enum Stack {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SampleId {
     pub tgid: u32,
+    /// Which image of the process ran (`ProcessTable::generation`).
+    pub generation: u32,
     pub tid: u32,
     pub thread: [u8; COMM_LEN],
     pub user: Stack,
@@ -56,7 +58,7 @@ pub struct CpuWindow {
 
 impl CpuWindow {
     /// Merges one drained buffer into the window.
-    pub fn absorb(&mut self, drained: Drained) {
+    pub fn absorb(&mut self, drained: Drained, generation: impl Fn(u32) -> u32) {
         let Drained { counts, stacks } = drained;
         // Stacks shared by several keys are shared in memory too.
         let stacks: HashMap<StackHash, Arc<[u64]>> = stacks
@@ -84,7 +86,8 @@ impl CpuWindow {
                 other => other,
             };
             let kernel = resolve(key.kernel_stack);
-            let id = sample_id(&key, user, kernel);
+            let mut id = sample_id(&key, user, kernel);
+            id.generation = generation(key.tgid);
             *self.samples.entry(id).or_insert(0) += count;
         }
         self.missing_stacks += missing;
@@ -104,6 +107,7 @@ impl CpuWindow {
 fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
     SampleId {
         tgid: key.tgid,
+        generation: 0,
         tid: key.tid,
         thread: key.comm,
         user,
@@ -134,18 +138,22 @@ mod tests {
         for _ in 0..2 {
             let mut stacks = std::collections::HashMap::new();
             stacks.insert(3, vec![0x1000, 0x2000]);
-            window.absorb(Drained {
-                counts: vec![
-                    (key(3, STACK_NONE), 5),
-                    (key(STACK_LOST, STACK_NONE), 1),
-                    (key(9, 3), 2),
-                ],
-                stacks,
-            });
+            window.absorb(
+                Drained {
+                    counts: vec![
+                        (key(3, STACK_NONE), 5),
+                        (key(STACK_LOST, STACK_NONE), 1),
+                        (key(9, 3), 2),
+                    ],
+                    stacks,
+                },
+                |_| 0,
+            );
         }
         assert_eq!(window.total(), 16);
         let ok = SampleId {
             tgid: 10,
+            generation: 0,
             tid: 11,
             thread: key(0, 0).comm,
             user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000])),

@@ -140,6 +140,7 @@ mod tests {
     fn id(tgid: u32, frames: &[u64]) -> SampleId {
         SampleId {
             tgid,
+            generation: 0,
             tid: tgid,
             thread: [0; 16],
             user: Stack::Frames(Arc::from(frames)),

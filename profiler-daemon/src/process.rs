@@ -289,6 +289,17 @@ enum Vdso {
     },
 }
 
+/// Whether `new` still has every file mapping of `old` (libraries loaded
+/// since, not another image). Anonymous code (JIT) comes and goes.
+fn keeps_every_mapping(old: &[MappedObject], new: &[MappedObject]) -> bool {
+    old.iter().filter(|o| o.object.is_some()).all(|o| {
+        new.iter().any(|n| {
+            let (a, b) = (&o.mapping, &n.mapping);
+            (a.start, a.limit, a.file_offset, &a.path) == (b.start, b.limit, b.file_offset, &b.path)
+        })
+    })
+}
+
 /// Bounded table of process snapshots, keyed by tgid.
 #[derive(Debug)]
 pub struct ProcessTable {
@@ -302,6 +313,13 @@ pub struct ProcessTable {
     /// Snapshots waiting for their re-read, one queue per settle delay.
     settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
     environment: Environment,
+    /// The image generation of each process that exec'd or whose pid was
+    /// reused (absent: 0).
+    generations: HashMap<u32, u32>,
+    /// Snapshots of replaced images, by (tgid, generation), with the tick
+    /// they were replaced at: samples taken before an exec are symbolized
+    /// with them at the window's end. Pruned like exited processes.
+    retired: HashMap<(u32, u32), (ProcessInfo, u64)>,
     stats: ProcessStats,
 }
 
@@ -330,6 +348,8 @@ impl ProcessTable {
             last_prune: 0,
             settling: Default::default(),
             environment: Environment::from_env(),
+            generations: HashMap::new(),
+            retired: HashMap::new(),
             stats: ProcessStats::default(),
         }
     }
@@ -377,6 +397,23 @@ impl ProcessTable {
     fn take_snapshot(&mut self, tgid: u32, settle_stage: usize) -> bool {
         match self.read_process(tgid) {
             Ok((comm, mappings)) => {
+                let replaced = settle_stage > 0
+                    && self
+                        .procs
+                        .get(&tgid)
+                        .is_some_and(|info| !keeps_every_mapping(&info.mappings, &mappings));
+                if replaced {
+                    // Another image: an exec. Samples taken before it must
+                    // keep the old snapshot. A settling re-read leaves it to
+                    // the exec event, which reads those samples first; a
+                    // refresh (at a window's end, every sample read) keeps
+                    // the old snapshot under its generation, as the event
+                    // would (it may have been lost).
+                    if settle_stage < SETTLE_DELAYS.len() {
+                        return false;
+                    }
+                    self.retire(tgid);
+                }
                 self.stats.snapshots += 1;
                 let tick = self.bump();
                 let now = Instant::now();
@@ -426,6 +463,59 @@ impl ProcessTable {
                 }
                 false
             }
+        }
+    }
+
+    /// The generation of `tgid`'s current image: 0, then one more at each
+    /// [`Self::replace`]. Samples carry it, so that those taken before an
+    /// exec or a pid's reuse resolve against the image they ran.
+    pub fn generation(&self, tgid: u32) -> u32 {
+        self.generations.get(&tgid).copied().unwrap_or(0)
+    }
+
+    /// A new image under `tgid` (exec, or a new process reusing the pid):
+    /// the old snapshot is kept for the samples taken before, under its
+    /// generation, and the generation moves on. Snapshot the new image next.
+    pub fn retire(&mut self, tgid: u32) {
+        if let Some(old) = self.procs.remove(&tgid) {
+            let generation = self.generation(tgid);
+            if self.retired.len() >= self.max_processes
+                && let Some(&oldest) = self
+                    .retired
+                    .iter()
+                    .min_by_key(|(_, (_, tick))| *tick)
+                    .map(|(key, _)| key)
+            {
+                self.retired.remove(&oldest);
+                self.stats.evictions += 1;
+            }
+            let tick = self.bump();
+            self.retired.insert((tgid, generation), (old, tick));
+            self.generations.insert(tgid, generation.wrapping_add(1));
+            if self.generations.len() > 4 * self.max_processes {
+                // Only processes that exec'd are here; forget those gone.
+                let procs = &self.procs;
+                let retired = &self.retired;
+                self.generations.retain(|tgid, generation| {
+                    procs.contains_key(tgid)
+                        || retired.contains_key(&(*tgid, generation.wrapping_sub(1)))
+                });
+            }
+        }
+    }
+
+    /// The current snapshot of `tgid`, if any; not a use for eviction.
+    pub fn peek(&self, tgid: u32) -> Option<&ProcessInfo> {
+        self.procs.get(&tgid)
+    }
+
+    /// The snapshot of image `generation` of `tgid`: the current one (a use
+    /// for eviction), or a replaced one kept for its samples.
+    pub fn get_image(&self, tgid: u32, generation: u32) -> Option<&ProcessInfo> {
+        if generation == self.generation(tgid) {
+            self.get(tgid)
+        } else {
+            self.retired.get(&(tgid, generation)).map(|(info, _)| info)
         }
     }
 
@@ -490,6 +580,8 @@ impl ProcessTable {
             let stale = info.exited.is_some_and(|t| t <= last) && info.last_used.get() <= last;
             !stale
         });
+        // A replaced image is kept one window more, like an exited process.
+        self.retired.retain(|_, (_, replaced)| *replaced > last);
         self.objects.sweep();
         self.last_prune = self.bump();
     }
@@ -497,7 +589,20 @@ impl ProcessTable {
     /// The environment labels of `tgid` if known, then the node's; not a use
     /// for eviction.
     pub fn environment_labels(&self, tgid: u32) -> impl Iterator<Item = (&'static str, &str)> {
-        let known = self.procs.get(&tgid).map(|info| info.labels.as_slice());
+        self.image_labels(tgid, self.generation(tgid))
+    }
+
+    /// As [`Self::environment_labels`], of image `generation` of `tgid`.
+    pub fn image_labels(
+        &self,
+        tgid: u32,
+        generation: u32,
+    ) -> impl Iterator<Item = (&'static str, &str)> {
+        let known = match generation == self.generation(tgid) {
+            true => self.procs.get(&tgid),
+            false => self.retired.get(&(tgid, generation)).map(|(info, _)| info),
+        }
+        .map(|info| info.labels.as_slice());
         known
             .unwrap_or_default()
             .iter()
@@ -886,6 +991,36 @@ pub(crate) mod tests {
         table.prune();
         table.prune();
         assert!(table.get(pid).is_none(), "unused for a window: dropped");
+    }
+
+    #[test]
+    fn a_replaced_image_is_kept_for_its_samples() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation(pid), 0);
+        let getpid = getpid_addr();
+        let old_comm = table.get(pid).unwrap().comm.clone();
+        // An exec: the old image is retired under generation 0, and the
+        // new one (here the same process, read again) is generation 1.
+        table.retire(pid);
+        assert_eq!(table.generation(pid), 1);
+        assert!(table.get_image(pid, 1).is_none(), "not snapshotted yet");
+        assert!(table.snapshot(pid));
+        let old = table.get_image(pid, 0).expect("the retired image");
+        assert_eq!(old.comm, old_comm);
+        assert!(old.find(getpid).is_some());
+        assert!(table.get_image(pid, 1).is_some());
+        assert_eq!(
+            table.image_labels(pid, 0).count(),
+            table.image_labels(pid, 1).count()
+        );
+        // Kept through the window it was replaced in and the next.
+        table.prune();
+        assert!(table.get_image(pid, 0).is_some());
+        table.prune();
+        assert!(table.get_image(pid, 0).is_none());
+        assert!(table.get_image(pid, 1).is_some());
     }
 
     /// Waits until the process maps a file whose path contains `name`.

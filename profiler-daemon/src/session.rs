@@ -167,8 +167,16 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                let new_images = read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 guard.clear_ready();
+                if !new_images.is_empty() {
+                    // The samples taken so far ran the old images.
+                    drain_once(&mut probes, &procs, &mut window.cpu).await;
+                    read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
+                    read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
+                    apply_new_images(new_images, &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                }
             }
             guard = wait_events.readable_mut() => {
                 let mut guard = guard.context("waiting for wait events")?;
@@ -186,7 +194,7 @@ pub async fn run(settings: Settings) -> Result<()> {
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
-                drain_once(&mut probes, &mut window.cpu).await;
+                drain_once(&mut probes, &procs, &mut window.cpu).await;
                 // The kernel wakes us for stack samples only when their ring
                 // fills up; collect the rest here.
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
@@ -212,11 +220,12 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += settings.interval;
-                drain_once(&mut probes, &mut window.cpu).await;
-                read_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                drain_once(&mut probes, &procs, &mut window.cpu).await;
+                let new_images = read_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
+                apply_new_images(new_images, &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 let closed = std::mem::replace(&mut window, Window::new());
                 write_window(&settings, &publisher, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
                 retention.as_mut().map(Retention::run);
@@ -234,7 +243,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     // allocations its last events report.
     read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
     read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-    read_proc_events(
+    let new_images = read_proc_events(
         events.get_mut(),
         &mut procs,
         &mut probes,
@@ -242,15 +251,23 @@ pub async fn run(settings: Settings) -> Result<()> {
         &mut exec_rescan,
         settings.unwind,
     );
-    drain_once(&mut probes, &mut window.cpu).await;
+    drain_once(&mut probes, &procs, &mut window.cpu).await;
     read_stack_samples(
         stack_samples.get_mut(),
         &mut procs,
         &mut unwinder,
         &mut window.cpu,
     );
+    apply_new_images(
+        new_images,
+        &mut procs,
+        &mut probes,
+        &mut heap,
+        &mut exec_rescan,
+        settings.unwind,
+    );
     // The active buffer may hold samples written during the grace period.
-    drain_once(&mut probes, &mut window.cpu).await;
+    drain_once(&mut probes, &procs, &mut window.cpu).await;
     write_window(
         &settings,
         &publisher,
@@ -311,7 +328,7 @@ fn watch_ring(ring: Option<RingBuf<MapData>>, what: &str) -> Result<AsyncFd<Ring
         .with_context(|| format!("watching the {what} ring buffer"))
 }
 
-async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
+async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &mut CpuWindow) {
     let buffer = match probes.flip() {
         Ok(b) => b,
         Err(e) => {
@@ -321,11 +338,15 @@ async fn drain_once(probes: &mut Probes, cpu: &mut CpuWindow) {
     };
     tokio::time::sleep(FLIP_GRACE).await;
     match probes.drain(buffer) {
-        Ok(drained) => cpu.absorb(drained),
+        Ok(drained) => cpu.absorb(drained, |tgid| procs.generation(tgid)),
         Err(e) => tracing::warn!("{e}"),
     }
 }
 
+/// Applies process events. A new image under a known pid (an exec, or a
+/// new process reusing the pid of one that exited) is returned instead:
+/// the caller first reads the samples already taken, so that they keep the
+/// image they ran, then applies it with [`apply_new_images`].
 fn read_proc_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
@@ -333,32 +354,26 @@ fn read_proc_events(
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
-) {
+) -> Vec<ProcEvent> {
+    let mut new_images = Vec::new();
     while let Some(item) = ring.next() {
         let Some(event) = read_record::<ProcEvent>(&item) else {
             continue;
         };
         match event.kind {
             proc_event::NEW | proc_event::EXEC => {
-                if probes.uprobe_links().next().is_some() {
-                    // A followed fork reports threads too; they share their
-                    // process's probes.
-                    if event.kind == proc_event::NEW && !is_process(event.tgid) {
-                        continue;
+                let known = procs.peek(event.tgid);
+                let replaces = match event.kind {
+                    proc_event::EXEC => known.is_some(),
+                    _ => known.is_some_and(|info| info.is_exited()),
+                };
+                if replaces {
+                    if new_images.len() < MAX_PROCESSES {
+                        new_images.push(event);
                     }
-                    for links in probes.uprobe_links() {
-                        links.attach_process(event.tgid);
-                    }
-                    if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
-                        exec_rescan.push(event.tgid);
-                    }
+                    continue;
                 }
-                procs.snapshot(event.tgid);
-                // Go keeps frame pointers and has no .eh_frame: in auto
-                // mode the kernel walks its stacks.
-                if unwind == UnwindMode::Auto && crate::process::is_go_executable(event.tgid) {
-                    probes.mark_frame_pointer_process(event.tgid);
-                }
+                new_image(event, procs, probes, exec_rescan, unwind);
             }
             proc_event::EXIT => {
                 procs.mark_exited(event.tgid);
@@ -373,6 +388,55 @@ fn read_proc_events(
             }
             _ => {}
         }
+    }
+    new_images
+}
+
+/// Applies new images under known pids (see [`read_proc_events`]): the
+/// old image's snapshot is kept for its samples, and its live heap set is
+/// forgotten, as at an exit (its address space is gone).
+fn apply_new_images(
+    events: Vec<ProcEvent>,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    heap: &mut HeapTable,
+    exec_rescan: &mut Vec<u32>,
+    unwind: UnwindMode,
+) {
+    for event in events {
+        let gone = heap.forget_process(event.tgid);
+        probes.forget_live(event.tgid, &gone);
+        procs.retire(event.tgid);
+        new_image(event, procs, probes, exec_rescan, unwind);
+    }
+}
+
+/// A process seen for the first time, or a new image under its pid.
+fn new_image(
+    event: ProcEvent,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    exec_rescan: &mut Vec<u32>,
+    unwind: UnwindMode,
+) {
+    if probes.uprobe_links().next().is_some() {
+        // A followed fork reports threads too; they share their process's
+        // probes.
+        if event.kind == proc_event::NEW && !is_process(event.tgid) {
+            return;
+        }
+        for links in probes.uprobe_links() {
+            links.attach_process(event.tgid);
+        }
+        if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
+            exec_rescan.push(event.tgid);
+        }
+    }
+    procs.snapshot(event.tgid);
+    // Go keeps frame pointers and has no .eh_frame: in auto mode the
+    // kernel walks its stacks.
+    if unwind == UnwindMode::Auto && crate::process::is_go_executable(event.tgid) {
+        probes.mark_frame_pointer_process(event.tgid);
     }
 }
 
@@ -461,6 +525,7 @@ fn add_stack_sample<const N: usize>(
     let kernel = kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
     cpu.add(SampleId {
         tgid: sample.tgid,
+        generation: procs.generation(sample.tgid),
         tid: sample.tid,
         thread: sample.comm,
         user,
@@ -518,6 +583,7 @@ fn add_heap_alloc<const N: usize>(
     );
     let id = SampleId {
         tgid: alloc.tgid,
+        generation: procs.generation(alloc.tgid),
         tid: alloc.tid,
         thread: alloc.comm,
         user,
@@ -717,6 +783,7 @@ fn read_wait_events(
         );
         let id = SampleId {
             tgid: event.tgid,
+            generation: procs.generation(event.tgid),
             tid: event.tid,
             thread: event.comm,
             user,
@@ -757,6 +824,7 @@ fn read_offcpu_event(
         kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
     let id = SampleId {
         tgid: event.tgid,
+        generation: procs.generation(event.tgid),
         tid: event.tid,
         thread: event.comm,
         user,
@@ -864,7 +932,7 @@ fn build_cpu_profile(
             symbolizer.kernel_stack(ips)
         });
         push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack(procs, id.tgid, ips)
+            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
         });
         let count = count as i64;
         let labels = sample_labels(settings, procs, id);
@@ -894,7 +962,7 @@ fn build_heap_profile(
         frames.clear();
         procs.ensure(id.tgid);
         push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack(procs, id.tgid, ips)
+            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
         });
         let (alloc_objects, alloc_space) = row.alloc.scaled(rate);
         let (inuse_objects, inuse_space) = row.inuse.scaled(rate);
@@ -934,7 +1002,7 @@ fn build_wait_profile(
         let tracing = frames.iter().take_while(|f| is_tracing_frame(f)).count();
         frames.drain(..tracing);
         push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack(procs, id.tgid, ips)
+            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
         });
         let labels = sample_labels(settings, procs, id);
         let labels: Vec<(&str, &str)> = labels
@@ -1042,7 +1110,7 @@ fn sample_labels(
     id: &SampleId,
 ) -> Vec<(String, String)> {
     let comm = procs
-        .get(id.tgid)
+        .get_image(id.tgid, id.generation)
         .map(|p| p.comm.clone())
         .unwrap_or_else(|| {
             if id.tgid == id.tid {
@@ -1064,7 +1132,7 @@ fn sample_labels(
     }
     labels.extend(
         procs
-            .environment_labels(id.tgid)
+            .image_labels(id.tgid, id.generation)
             .map(|(k, v)| (k.to_string(), v.to_string())),
     );
     labels.extend(settings.labels.iter().cloned());

@@ -208,13 +208,26 @@ impl Symbolizer {
     /// (and reported in [`Frame::address`]) as `addr - 1`, the call. Returns
     /// one frame per address, leaf first.
     pub fn user_stack(&mut self, procs: &mut ProcessTable, tgid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let generation = procs.generation(tgid);
+        self.user_stack_of(procs, (tgid, generation), addrs)
+    }
+
+    /// As [`Self::user_stack`], for the process image `generation` of
+    /// `tgid` (see [`ProcessTable::generation`]): a sample taken before an
+    /// exec resolves against the image it ran.
+    pub fn user_stack_of(
+        &mut self,
+        procs: &mut ProcessTable,
+        (tgid, generation): (u32, u32),
+        addrs: &[u64],
+    ) -> Vec<Frame> {
         self.user_calls += 1;
         if self.user_calls.is_multiple_of(RELEASE_EVERY) {
             self.release_unused();
         }
         self.stats.lookups += addrs.len() as u64;
         let lookup = call_sites(addrs);
-        let located = locate(procs, tgid, &lookup);
+        let located = locate(procs, (tgid, generation), &lookup);
 
         let mut frames = Vec::with_capacity(lookup.len());
         // Cache misses, grouped per object for one blazesym call each.
@@ -478,15 +491,21 @@ fn call_sites(addrs: &[u64]) -> Vec<u64> {
 
 /// The mapping of each address; re-reads the process's mappings once if
 /// some address falls in none (a library loaded since the snapshot).
-fn locate(procs: &mut ProcessTable, tgid: u32, addrs: &[u64]) -> Vec<Option<MappedObject>> {
+fn locate(
+    procs: &mut ProcessTable,
+    (tgid, generation): (u32, u32),
+    addrs: &[u64],
+) -> Vec<Option<MappedObject>> {
     procs.ensure(tgid);
-    let find = |procs: &ProcessTable, addr: u64| procs.get(tgid)?.find(addr).cloned();
+    let find =
+        |procs: &ProcessTable, addr: u64| procs.get_image(tgid, generation)?.find(addr).cloned();
     let mut found: Vec<_> = addrs.iter().map(|&addr| find(procs, addr)).collect();
     let missing = found
         .iter()
         .zip(addrs)
         .any(|(found, &addr)| found.is_none() && addr != 0);
-    if missing && procs.refresh(tgid) {
+    // Only the current image can be read again.
+    if missing && generation == procs.generation(tgid) && procs.refresh(tgid) {
         for (slot, &addr) in found.iter_mut().zip(addrs) {
             if slot.is_none() {
                 *slot = find(procs, addr);

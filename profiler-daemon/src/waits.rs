@@ -128,6 +128,7 @@ mod tests {
     fn id(frame: u64) -> SampleId {
         SampleId {
             tgid: 1,
+            generation: 0,
             tid: 1,
             thread: [0; 16],
             user: Stack::Frames(Arc::from(vec![frame])),

@@ -561,16 +561,37 @@ fn target_killed_mid_window_keeps_its_samples() {
 /// than the old binary's samples (see RELIABILITY.md for why).
 #[test]
 fn target_that_execs_is_symbolized_with_the_new_binary() {
+    // Windows of 1 s, and a pause before the exec: the old image's last
+    // window closes before the new image runs.
+    exec_run("apart", "2.5", "1s", &[]);
+}
+
+/// An exec inside a window: that window's samples taken before the exec
+/// keep the old binary's name and symbols, those after get the new one's.
+/// Both ways of capturing stacks: copies unwound in the daemon (auto), and
+/// frame-pointer stacks counted in the kernel (fp), which are drained
+/// before the exec is applied.
+#[test]
+fn exec_inside_a_window_keeps_each_image_apart() {
+    exec_run("window_auto", "0", "60s", &[]);
+    exec_run("window_fp", "0", "60s", &["--unwind", "fp"]);
+}
+
+/// Profiles `exec_burn` (1 s in before_exec_burn, `pause` seconds, then an
+/// exec of short_lived, 1.5 s in short_lived_burn) under `--pid` with
+/// `--interval interval`, and checks that every sample names the binary
+/// it ran, with that binary's symbols.
+fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
     require_root();
     let tmp = temp_dir();
-    let first = build_c("exec_burn.c", tmp.path(), "exec_burn_first");
-    let second = Workload::ShortLived.build(tmp.path(), "exec_second");
+    let first = build_c("exec_burn.c", tmp.path(), &format!("exec_burn_{tag}"));
+    let second = Workload::ShortLived.build(tmp.path(), &format!("exec2_{tag}"));
     let out = tmp.path().join("out");
     let mut target = Running::start(
         &first,
         &[
             "1",
-            "2.5",
+            pause,
             "--wait-stdin",
             "--",
             second.to_str().unwrap(),
@@ -578,14 +599,16 @@ fn target_that_execs_is_symbolized_with_the_new_binary() {
         ],
     );
     let pid = target.pid();
-    let mut daemon = Daemon::start(&[
-        "--pid",
-        &pid.to_string(),
-        "--interval",
-        "1s",
-        "--output-dir",
-        out.to_str().unwrap(),
-    ]);
+    let mut args = vec![
+        "--pid".to_string(),
+        pid.to_string(),
+        "--interval".to_string(),
+        interval.to_string(),
+        "--output-dir".to_string(),
+        out.to_str().unwrap().to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let mut daemon = Daemon::start(&args);
     daemon.wait_ready();
     target.release();
     let stdout = target.finish(Duration::from_secs(20));
@@ -598,7 +621,13 @@ fn target_that_execs_is_symbolized_with_the_new_binary() {
     let files = read_profiles(&out, "cpu");
     check_cpu_files(&files, 99);
     let samples = of_pid(&flatten_all(&files), pid);
-    let d = || diag(&samples, &files, &daemon);
+    let d = || {
+        format!(
+            "\n{tag}: {} files{}",
+            files.len(),
+            diag(&samples, &files, &daemon)
+        )
+    };
     let by_comm = |comm: &str| -> Vec<FlatSample> {
         samples
             .iter()
@@ -608,6 +637,14 @@ fn target_that_execs_is_symbolized_with_the_new_binary() {
     };
     let before = by_comm(&comm_of(&first));
     let after = by_comm(&comm_of(&second));
+    println!(
+        "{tag}: {} files; before the exec {} samples, before_exec_burn in {:.3}; after {} samples, short_lived_burn in {:.3}",
+        files.len(),
+        total_count(&before),
+        share_with(&before, "before_exec_burn"),
+        total_count(&after),
+        share_with(&after, "short_lived_burn"),
+    );
     assert!(
         total_count(&after) >= 20,
         "1.5 s at 99 Hz after the exec (less on a busy machine), got {}{}",
