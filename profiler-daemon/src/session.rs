@@ -354,8 +354,8 @@ fn read_proc_events(
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
-) -> Vec<ProcEvent> {
-    let mut new_images = Vec::new();
+) -> Vec<NewImage> {
+    let mut new_images: Vec<NewImage> = Vec::new();
     while let Some(item) = ring.next() {
         let Some(event) = read_record::<ProcEvent>(&item) else {
             continue;
@@ -369,13 +369,20 @@ fn read_proc_events(
                 };
                 if replaces {
                     if new_images.len() < MAX_PROCESSES {
-                        new_images.push(event);
+                        new_images.push(NewImage {
+                            event,
+                            exited: false,
+                        });
                     }
                     continue;
                 }
                 new_image(event, procs, probes, exec_rescan, unwind);
             }
             proc_event::EXIT => {
+                // A new image that exited already: not to be probed or read.
+                for image in new_images.iter_mut().filter(|i| i.event.tgid == event.tgid) {
+                    image.exited = true;
+                }
                 procs.mark_exited(event.tgid);
                 let gone = heap.forget_process(event.tgid);
                 probes.forget_live(event.tgid, &gone);
@@ -395,19 +402,29 @@ fn read_proc_events(
 /// Applies new images under known pids (see [`read_proc_events`]): the
 /// old image's snapshot is kept for its samples, and its live heap set is
 /// forgotten, as at an exit (its address space is gone).
+/// A new image under a known pid, waiting for the samples of the old one
+/// to be read.
+struct NewImage {
+    event: ProcEvent,
+    /// Its exit came in the same batch of events.
+    exited: bool,
+}
+
 fn apply_new_images(
-    events: Vec<ProcEvent>,
+    images: Vec<NewImage>,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
 ) {
-    for event in events {
+    for NewImage { event, exited } in images {
         let gone = heap.forget_process(event.tgid);
         probes.forget_live(event.tgid, &gone);
         procs.retire(event.tgid);
-        new_image(event, procs, probes, exec_rescan, unwind);
+        if !exited {
+            new_image(event, procs, probes, exec_rescan, unwind);
+        }
     }
 }
 

@@ -676,20 +676,39 @@ fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
 /// set_tid) is symbolized with its own mappings, not the old process's.
 #[test]
 fn reused_pid_is_symbolized_with_the_new_process() {
+    // Windows of 1 s, and a pause: the old process's windows close first.
+    reuse_run("apart", 2500, "1s");
+}
+
+/// A pid reused inside a window: the old and the new process each keep
+/// their own name and symbols in that window's profile.
+#[test]
+fn reused_pid_inside_a_window_keeps_each_process_apart() {
+    reuse_run("window", 0, "60s");
+}
+
+/// Runs short_lived (1 s) to its end, then forces its pid on pid_reuse
+/// (1.5 s in reuse_burn) after `pause_ms`, under a system-wide daemon
+/// with `--interval interval`, and checks each process's samples.
+fn reuse_run(tag: &str, pause_ms: u64, interval: &str) {
     require_root();
     let tmp = temp_dir();
-    let old_exe = Workload::ShortLived.build(tmp.path(), "old_owner");
-    let new_exe = build_c("pid_reuse.c", tmp.path(), "pid_reuser");
+    let old_exe = Workload::ShortLived.build(tmp.path(), &format!("old_owner_{tag}"));
+    let new_exe = build_c("pid_reuse.c", tmp.path(), &format!("pid_reuser_{tag}"));
     let out = tmp.path().join("out");
-    let mut daemon = Daemon::start(&["--interval", "1s", "--output-dir", out.to_str().unwrap()]);
+    let mut daemon = Daemon::start(&[
+        "--interval",
+        interval,
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
     daemon.wait_ready();
     let mut old = Running::start(&old_exe, &["1", "--wait-stdin"]);
     let pid = old.pid();
     old.release();
     old.finish(Duration::from_secs(10));
     old.kill(); // reaped: the pid is free
-    // Let the old process's windows close first (see the exec test).
-    pause(Duration::from_millis(2500));
+    pause(Duration::from_millis(pause_ms));
     let mut cmd = Command::new(&new_exe);
     cmd.args([&pid.to_string(), "1.5"]);
     let reuse = run_with_timeout(cmd, "pid_reuse", Duration::from_secs(15));
@@ -705,7 +724,13 @@ fn reused_pid_is_symbolized_with_the_new_process() {
 
     let files = read_profiles(&out, "cpu");
     let samples = of_pid(&flatten_all(&files), pid);
-    let d = || diag(&samples, &files, &daemon);
+    let d = || {
+        format!(
+            "\n{tag}: {} files{}",
+            files.len(),
+            diag(&samples, &files, &daemon)
+        )
+    };
     let with_comm = |exe: &Path| -> Vec<FlatSample> {
         let comm = comm_of(exe);
         samples
@@ -715,6 +740,14 @@ fn reused_pid_is_symbolized_with_the_new_process() {
             .collect()
     };
     let (old_samples, new_samples) = (with_comm(&old_exe), with_comm(&new_exe));
+    println!(
+        "{tag}: {} files; old process {} samples, short_lived_burn in {:.3}; new process {} samples, reuse_burn in {:.3}",
+        files.len(),
+        total_count(&old_samples),
+        share_with(&old_samples, "short_lived_burn"),
+        total_count(&new_samples),
+        share_with(&new_samples, "reuse_burn"),
+    );
     assert!(
         total_count(&new_samples) >= 20,
         "1.5 s at 99 Hz under the reused pid (less on a busy machine), got {}{}",
