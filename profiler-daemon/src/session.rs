@@ -353,6 +353,9 @@ fn read_proc_events(
                         exec_rescan.push(event.tgid);
                     }
                 }
+                if event.kind == proc_event::EXEC {
+                    procs.forget_fork(event.tgid);
+                }
                 procs.snapshot(event.tgid);
                 // Go keeps frame pointers and has no .eh_frame: in auto
                 // mode the kernel walks its stacks.
@@ -360,6 +363,8 @@ fn read_proc_events(
                     probes.mark_frame_pointer_process(event.tgid);
                 }
             }
+            proc_event::FORK => procs.note_fork(event.tgid, event.parent),
+            proc_event::FORGET_FORK => procs.forget_fork(event.tgid),
             proc_event::EXIT => {
                 procs.mark_exited(event.tgid);
                 let gone = heap.forget_process(event.tgid);
@@ -1207,6 +1212,8 @@ fn log_summary(
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,
         process_evictions = p.evictions,
+        processes_inherited_from_parent = p.inherited,
+        fork_record_evictions = p.fork_evictions,
         processes = p.processes,
         open_handles = p.open_handles,
         handle_limit_hits = p.handle_limit_hits,
