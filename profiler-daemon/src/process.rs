@@ -916,6 +916,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn vanished_forked_child_takes_its_parents_snapshot_until_it_execs() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        table.note_fork(pid, me);
+        assert!(table.snapshot(pid), "the parent's snapshot stands in");
+        let (mine, inherited) = (table.get(me).unwrap(), table.get(pid).unwrap());
+        assert_eq!(inherited.mappings().len(), mine.mappings().len());
+        assert!(inherited.is_exited());
+        assert_eq!(table.stats().inherited, 1);
+        // An exec: the parent's mappings no longer hold.
+        table.forget_fork(pid);
+        assert!(table.get(pid).is_none());
+        assert!(!table.snapshot(pid));
+        // Fork records are bounded; the oldest go first.
+        for child in 0..20 {
+            table.note_fork(1_000_000 + child, me);
+        }
+        assert_eq!(table.stats().fork_evictions, 12);
+    }
+
+    #[test]
     fn vanished_and_kernel_thread() {
         let mut child = Command::new("true").spawn().unwrap();
         let pid = child.id();
