@@ -22,6 +22,10 @@ pub const STACKS_ENTRIES: u32 = 16_384;
 pub const TARGETS_ENTRIES: u32 = 8_192;
 /// Processes whose first appearance has been reported to the daemon.
 pub const SEEN_ENTRIES: u32 = 32_768;
+/// Children of known processes that have not exec'd yet (LRU: the oldest
+/// are forgotten first; the daemon trusts a fork record for a few seconds
+/// only).
+pub const FORKED_ENTRIES: u32 = 16_384;
 /// Bytes in the process-event ring buffer.
 pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
 
@@ -115,6 +119,14 @@ pub mod proc_event {
     pub const EXEC: u32 = 2;
     /// A process's main thread exited.
     pub const EXIT: u32 = 3;
+    /// A known (already sampled) process forked: `tgid` is the new task's
+    /// id (a process, or a thread the daemon never sees as a tgid) and
+    /// `parent` the forking process. Until it execs, a child maps what its
+    /// parent mapped.
+    pub const FORK: u32 = 4;
+    /// A child reported by [`FORK`] exec'd (sent when [`EXEC`] is not):
+    /// its parent's mappings no longer stand for it.
+    pub const FORGET_FORK: u32 = 5;
 }
 
 /// A process life-cycle event sent to the daemon through the ring buffer.
@@ -125,6 +137,8 @@ pub struct ProcEvent {
     pub kind: u32,
     /// Process id.
     pub tgid: u32,
+    /// The forking process for [`proc_event::FORK`], else 0.
+    pub parent: u32,
 }
 
 /// Indices into the per-CPU `COUNTERS` array: every loss the kernel side

@@ -90,6 +90,11 @@ pub struct ProcessStats {
     pub handle_limit_hits: u64,
     /// Label lookup cache entries dropped because the cache was full.
     pub label_cache_drops: u64,
+    /// Forked children gone before their mappings were read, symbolized
+    /// with their parent's snapshot (they had not exec'd).
+    pub inherited: u64,
+    /// Fork records (child to parent) dropped because the table was full.
+    pub fork_evictions: u64,
     /// Processes in the table now.
     pub processes: usize,
     /// File handles held now.
@@ -216,6 +221,9 @@ pub struct ProcessInfo {
     /// Tick of the last lookup; drives LRU eviction and pruning.
     last_used: Cell<u64>,
     snapshot_at: Instant,
+    /// A copy of the parent's snapshot, for a forked child gone before its
+    /// own could be read.
+    inherited: bool,
 }
 
 impl ProcessInfo {
@@ -312,6 +320,10 @@ pub struct ProcessTable {
     last_prune: u64,
     /// Snapshots waiting for their re-read, one queue per settle delay.
     settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
+    /// Recent forks of known processes: child to (parent, when), oldest
+    /// first in `fork_order`; bounded by `max_processes`.
+    forks: HashMap<u32, (u32, Instant)>,
+    fork_order: VecDeque<(u32, Instant)>,
     environment: Environment,
     /// The image generation of each process that exec'd or whose pid was
     /// reused (absent: 0).
@@ -322,6 +334,11 @@ pub struct ProcessTable {
     retired: HashMap<(u32, u32), (ProcessInfo, u64)>,
     stats: ProcessStats,
 }
+
+/// How long a fork record may stand in for a child's own snapshot: the
+/// child's first event follows its fork within a drain period or two; an
+/// older record may name a pid that has since been reused.
+const FORK_RECORD_TTL: Duration = Duration::from_secs(5);
 
 impl ProcessTable {
     /// A table of at most `max_processes` processes. The file-handle budget
@@ -347,6 +364,8 @@ impl ProcessTable {
             tick: Cell::new(0),
             last_prune: 0,
             settling: Default::default(),
+            forks: HashMap::new(),
+            fork_order: VecDeque::new(),
             environment: Environment::from_env(),
             generations: HashMap::new(),
             retired: HashMap::new(),
@@ -434,6 +453,7 @@ impl ProcessTable {
                     info.mappings = mappings;
                     // A live process under a known pid: exec, or pid reuse.
                     info.exited = None;
+                    info.inherited = false;
                     info.last_used.set(tick);
                     info.snapshot_at = now;
                 } else {
@@ -450,6 +470,7 @@ impl ProcessTable {
                             exited: None,
                             last_used: Cell::new(tick),
                             snapshot_at: now,
+                            inherited: false,
                         },
                     );
                 }
@@ -460,6 +481,9 @@ impl ProcessTable {
                 debug!(tgid, %err, "process snapshot failed");
                 if matches!(err, ProcessError::Gone(_)) {
                     self.mark_exited(tgid);
+                    if settle_stage == 0 {
+                        return self.inherit_from_parent(tgid);
+                    }
                 }
                 false
             }
@@ -517,6 +541,64 @@ impl ProcessTable {
         } else {
             self.retired.get(&(tgid, generation)).map(|(info, _)| info)
         }
+    }
+
+    /// Records that `parent` forked `child` (a process or a thread). Until
+    /// the child execs, it maps what its parent maps: if it is gone before
+    /// its own snapshot, the parent's stands in for it.
+    pub fn note_fork(&mut self, child: u32, parent: u32) {
+        let now = Instant::now();
+        while self.fork_order.len() >= self.max_processes {
+            let Some((old, at)) = self.fork_order.pop_front() else {
+                break;
+            };
+            if self.forks.get(&old).is_some_and(|&(_, t)| t == at) {
+                self.forks.remove(&old);
+                self.stats.fork_evictions += 1;
+            }
+        }
+        self.forks.insert(child, (parent, now));
+        self.fork_order.push_back((child, now));
+    }
+
+    /// The process exec'd (or exited): its parent's mappings no longer
+    /// stand for it. A snapshot taken from the parent is dropped too.
+    pub fn forget_fork(&mut self, tgid: u32) {
+        self.forks.remove(&tgid);
+        if self.procs.get(&tgid).is_some_and(|info| info.inherited) {
+            self.procs.remove(&tgid);
+        }
+    }
+
+    /// For a child gone before its snapshot: a copy of its parent's
+    /// snapshot, marked exited, if it forked recently and has not exec'd.
+    fn inherit_from_parent(&mut self, tgid: u32) -> bool {
+        let Some(&(parent, at)) = self.forks.get(&tgid) else {
+            return false;
+        };
+        if at.elapsed() > FORK_RECORD_TTL || self.procs.contains_key(&tgid) {
+            return false;
+        }
+        let Some(from) = self.procs.get(&parent) else {
+            return false;
+        };
+        let tick = self.bump();
+        let info = ProcessInfo {
+            tgid,
+            comm: from.comm.clone(),
+            mappings: from.mappings.clone(),
+            labels: from.labels.clone(),
+            exited: Some(tick),
+            last_used: Cell::new(tick),
+            snapshot_at: from.snapshot_at,
+            inherited: true,
+        };
+        if self.procs.len() >= self.max_processes {
+            self.evict_one();
+        }
+        self.procs.insert(tgid, info);
+        self.stats.inherited += 1;
+        true
     }
 
     /// Snapshot if not known yet.
@@ -936,6 +1018,31 @@ pub(crate) mod tests {
         assert!(table.snapshot(pid));
         assert_eq!(table.stats().open_handles, handles);
         assert_eq!(table.stats().snapshots, 2);
+    }
+
+    #[test]
+    fn vanished_forked_child_takes_its_parents_snapshot_until_it_execs() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        table.note_fork(pid, me);
+        assert!(table.snapshot(pid), "the parent's snapshot stands in");
+        let (mine, inherited) = (table.get(me).unwrap(), table.get(pid).unwrap());
+        assert_eq!(inherited.mappings().len(), mine.mappings().len());
+        assert!(inherited.is_exited());
+        assert_eq!(table.stats().inherited, 1);
+        // An exec: the parent's mappings no longer hold.
+        table.forget_fork(pid);
+        assert!(table.get(pid).is_none());
+        assert!(!table.snapshot(pid));
+        // Fork records are bounded; the oldest go first.
+        for child in 0..20 {
+            table.note_fork(1_000_000 + child, me);
+        }
+        assert_eq!(table.stats().fork_evictions, 12);
     }
 
     #[test]

@@ -378,6 +378,8 @@ fn read_proc_events(
                 }
                 new_image(event, procs, probes, exec_rescan, unwind);
             }
+            proc_event::FORK => procs.note_fork(event.tgid, event.parent),
+            proc_event::FORGET_FORK => procs.forget_fork(event.tgid),
             proc_event::EXIT => {
                 // A new image that exited already: not to be probed or read.
                 for image in new_images.iter_mut().filter(|i| i.event.tgid == event.tgid) {
@@ -448,6 +450,9 @@ fn new_image(
         if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
             exec_rescan.push(event.tgid);
         }
+    }
+    if event.kind == proc_event::EXEC {
+        procs.forget_fork(event.tgid);
     }
     procs.snapshot(event.tgid);
     // Go keeps frame pointers and has no .eh_frame: in auto mode the
@@ -1292,6 +1297,8 @@ fn log_summary(
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,
         process_evictions = p.evictions,
+        processes_inherited_from_parent = p.inherited,
+        fork_record_evictions = p.fork_evictions,
         processes = p.processes,
         open_handles = p.open_handles,
         handle_limit_hits = p.handle_limit_hits,

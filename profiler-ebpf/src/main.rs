@@ -42,15 +42,15 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES,
-    GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree,
-    HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
-    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
-    SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
-    STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
-    WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack,
-    WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event,
-    proc_event,
+    COMM_LEN, COUNTS_ENTRIES, FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
+    GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
+    HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
+    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
+    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
+    STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack,
+    StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS,
+    WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn, control, counter,
+    futex_call, futex_op, go_fn, heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -118,6 +118,11 @@ static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
 #[map]
 static SEEN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
+/// Tasks forked by a known process that have not exec'd: their exec must
+/// reach the daemon, which symbolizes them with their parent's mappings
+/// until then.
+#[map]
+static FORKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(FORKED_ENTRIES, 0);
 #[map]
 static CONTROL: Array<u32> = Array::with_max_entries(control::COUNT, 0);
 #[map]
@@ -240,7 +245,12 @@ fn is_target(tgid: u32) -> bool {
 
 #[inline(always)]
 fn send_proc_event(kind: u32, tgid: u32) {
-    let event = ProcEvent { kind, tgid };
+    send_proc_event_from(kind, tgid, 0);
+}
+
+#[inline(always)]
+fn send_proc_event_from(kind: u32, tgid: u32, parent: u32) {
+    let event = ProcEvent { kind, tgid, parent };
     if PROC_EVENTS.output::<ProcEvent>(&event, 0).is_err() {
         count(counter::PROC_EVENTS_LOST);
     }
@@ -1641,12 +1651,13 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    if global_u8(&FOLLOW_FORKS) == 0 {
-        return 0;
-    }
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: presence check only.
-    if unsafe { TARGETS.get(parent_tgid).is_none() } {
+    let parent_seen = unsafe { SEEN.get(parent_tgid).is_some() };
+    let follow = global_u8(&FOLLOW_FORKS) != 0
+        // SAFETY: presence check only.
+        && unsafe { TARGETS.get(parent_tgid).is_some() };
+    if !parent_seen && !follow {
         return 0;
     }
     // SAFETY: the offset comes from this kernel's format file.
@@ -1656,6 +1667,15 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         Ok(c) => c,
         Err(_) => return 0,
     };
+    if parent_seen && child as u32 != parent_tgid && FORKED.insert(child as u32, 1u8, 0).is_ok() {
+        // Sent before the child can run, so before its NEW event: a child
+        // that is gone before the daemon reads its mappings is symbolized
+        // with its parent's, which it shares until it execs.
+        send_proc_event_from(proc_event::FORK, child as u32, parent_tgid);
+    }
+    if !follow {
+        return 0;
+    }
     // A new thread's id lands here too; sched_process_exit removes it.
     if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
         count(counter::FORKS_FOLLOWED);
@@ -1673,11 +1693,14 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let forked = FORKED.remove(tgid).is_ok();
     // SAFETY: presence check only.
     if (global_u8(&REPORT_PROCESS_EVENTS) != 0 && is_target(tgid))
         || unsafe { SEEN.get(tgid).is_some() }
     {
         send_proc_event(proc_event::EXEC, tgid);
+    } else if forked {
+        send_proc_event(proc_event::FORGET_FORK, tgid);
     }
     0
 }
@@ -1691,6 +1714,7 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     // SAFETY: plain helper; the address is only a key.
     let _ = OFFCPU_PARKED.remove(unsafe { bpf_get_current_task() });
     let _ = STACK_TOPS.remove(tid);
+    let _ = FORKED.remove(tid);
     if tid != tgid {
         // A thread of a followed process; its id may be reused by an
         // unrelated process later.
