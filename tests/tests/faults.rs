@@ -628,41 +628,12 @@ fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
             diag(&samples, &files, &daemon)
         )
     };
-    let by_comm = |comm: &str| -> Vec<FlatSample> {
-        samples
-            .iter()
-            .filter(|s| s.label("comm") == Some(comm))
-            .cloned()
-            .collect()
-    };
-    let before = by_comm(&comm_of(&first));
-    let after = by_comm(&comm_of(&second));
-    println!(
-        "{tag}: {} files; before the exec {} samples, before_exec_burn in {:.3}; after {} samples, short_lived_burn in {:.3}",
-        files.len(),
-        total_count(&before),
-        share_with(&before, "before_exec_burn"),
-        total_count(&after),
-        share_with(&after, "short_lived_burn"),
-    );
-    assert!(
-        total_count(&after) >= 20,
-        "1.5 s at 99 Hz after the exec (less on a busy machine), got {}{}",
-        total_count(&after),
-        d()
-    );
-    let new_burn = share_with(&after, "short_lived_burn");
-    assert!(
-        new_burn >= 0.8,
-        "short_lived_burn in {new_burn:.3} of the cpu after the exec{}",
-        d()
-    );
-    assert!(
-        total_count(&before) >= 10 && share_with(&before, "before_exec_burn") >= 0.8,
-        "before the exec: {} samples, before_exec_burn in {:.3}{}",
-        total_count(&before),
-        share_with(&before, "before_exec_burn"),
-        d()
+    let (before, after) = check_two_images(
+        tag,
+        &samples,
+        (&first, "before_exec_burn"),
+        (&second, "short_lived_burn"),
+        d,
     );
     assert_eq!(
         total_count(&before) + total_count(&after),
@@ -731,7 +702,32 @@ fn reuse_run(tag: &str, pause_ms: u64, interval: &str) {
             diag(&samples, &files, &daemon)
         )
     };
-    let with_comm = |exe: &Path| -> Vec<FlatSample> {
+    let (_, new_samples) = check_two_images(
+        tag,
+        &samples,
+        (&old_exe, "short_lived_burn"),
+        (&new_exe, "reuse_burn"),
+        d,
+    );
+    assert!(
+        share_with(&new_samples, "short_lived_burn") == 0.0,
+        "the new process's samples show the old one's function{}",
+        d()
+    );
+}
+
+/// Splits the samples of one pid between two programs that ran under it,
+/// by their `comm` label, and checks each: at least 10 samples of the
+/// first and 20 of the second (1 s and 1.5 s at 99 Hz, less on a busy
+/// machine), each at least 0.8 in its own function.
+fn check_two_images(
+    tag: &str,
+    samples: &[FlatSample],
+    (first, first_fn): (&Path, &str),
+    (second, second_fn): (&Path, &str),
+    d: impl Fn() -> String,
+) -> (Vec<FlatSample>, Vec<FlatSample>) {
+    let of = |exe: &Path| -> Vec<FlatSample> {
         let comm = comm_of(exe);
         samples
             .iter()
@@ -739,32 +735,27 @@ fn reuse_run(tag: &str, pause_ms: u64, interval: &str) {
             .cloned()
             .collect()
     };
-    let (old_samples, new_samples) = (with_comm(&old_exe), with_comm(&new_exe));
+    let (one, two) = (of(first), of(second));
     println!(
-        "{tag}: {} files; old process {} samples, short_lived_burn in {:.3}; new process {} samples, reuse_burn in {:.3}",
-        files.len(),
-        total_count(&old_samples),
-        share_with(&old_samples, "short_lived_burn"),
-        total_count(&new_samples),
-        share_with(&new_samples, "reuse_burn"),
+        "{tag}: first program {} samples, {first_fn} in {:.3}; second {} samples, {second_fn} in {:.3}",
+        total_count(&one),
+        share_with(&one, first_fn),
+        total_count(&two),
+        share_with(&two, second_fn),
     );
-    assert!(
-        total_count(&new_samples) >= 20,
-        "1.5 s at 99 Hz under the reused pid (less on a busy machine), got {}{}",
-        total_count(&new_samples),
-        d()
-    );
-    let reuse_burn = share_with(&new_samples, "reuse_burn");
-    assert!(
-        reuse_burn >= 0.8 && share_with(&new_samples, "short_lived_burn") == 0.0,
-        "the new process's cpu is in reuse_burn for {reuse_burn:.3}{}",
-        d()
-    );
-    assert!(
-        share_with(&old_samples, "short_lived_burn") >= 0.8,
-        "the old process's samples{}",
-        d()
-    );
+    for (what, part, function, least) in [
+        ("first", &one, first_fn, 10),
+        ("second", &two, second_fn, 20),
+    ] {
+        let share = share_with(part, function);
+        assert!(
+            total_count(part) >= least && share >= 0.8,
+            "{what} program: {} samples (expected ≥ {least}), {function} in {share:.3} (expected ≥ 0.8){}",
+            total_count(part),
+            d()
+        );
+    }
+    (one, two)
 }
 
 /// A `--pid` target exits and a new process takes its pid at once: the new
