@@ -164,6 +164,20 @@ fn of_comm(samples: &[FlatSample], comm: &str) -> Vec<FlatSample> {
         .collect()
 }
 
+/// Samples in churn_burn, and how many of them have its whole call chain
+/// below: churn_lock, called from `caller` only.
+fn complete_burns(cpu: &[FlatSample], caller: &str) -> (usize, usize) {
+    let burns: Vec<&FlatSample> = cpu
+        .iter()
+        .filter(|s| s.has_function("churn_burn"))
+        .collect();
+    let complete = burns
+        .iter()
+        .filter(|s| s.has_function("churn_lock") && s.has_function(caller))
+        .count();
+    (burns.len(), complete)
+}
+
 fn sum_of(samples: &[FlatSample], index: usize, f: &str) -> i64 {
     samples
         .iter()
@@ -397,18 +411,10 @@ fn process_churn_every_profile() {
     // counted) may have a short stack; 0.83 complete measured once
     // parents' snapshots stood in for vanished children (more samples
     // symbolized, the bound was 0.9 over fewer).
-    let burns: Vec<&FlatSample> = cpu
-        .iter()
-        .filter(|s| s.has_function("churn_burn"))
-        .collect();
-    let complete = burns
-        .iter()
-        .filter(|s| s.has_function("churn_lock") && s.has_function("churn_work"))
-        .count();
+    let (burns, complete) = complete_burns(&cpu, "churn_work");
     assert!(
-        burns.len() >= 20 && complete as f64 >= 0.7 * burns.len() as f64,
-        "{} cpu samples in churn_burn, {complete} of them with churn_lock and churn_work below{}",
-        burns.len(),
+        burns >= 20 && complete as f64 >= 0.7 * burns as f64,
+        "{burns} cpu samples in churn_burn, {complete} of them with churn_lock and churn_work below{}",
         cpu_diag()
     );
 
@@ -489,22 +495,13 @@ fn thread_churn_every_profile() {
     // At this rate some stack copies are dropped (the ring is full; counted
     // in the summary) and some walks stop early: most stacks, not all, are
     // complete.
-    let burns: Vec<&FlatSample> = cpu
-        .iter()
-        .filter(|s| s.has_function("churn_burn"))
-        .collect();
-    let complete = burns
-        .iter()
-        .filter(|s| s.has_function("churn_lock") && s.has_function("churn_thread"))
-        .count();
+    let (burns, complete) = complete_burns(&cpu, "churn_thread");
     println!(
-        "thread churn: {complete} of {} cpu samples in churn_burn have churn_lock and churn_thread below",
-        burns.len()
+        "thread churn: {complete} of {burns} cpu samples in churn_burn have churn_lock and churn_thread below"
     );
     assert!(
-        burns.len() >= 50 && complete as f64 >= 0.6 * burns.len() as f64,
-        "{} cpu samples in churn_burn, {complete} of them with churn_lock and churn_thread below{}",
-        burns.len(),
+        burns >= 50 && complete as f64 >= 0.6 * burns as f64,
+        "{burns} cpu samples in churn_burn, {complete} of them with churn_lock and churn_thread below{}",
         cpu_diag()
     );
     let heap = of_comm(&flatten_all(&run.heap), comm);
