@@ -80,6 +80,9 @@ pub mod unwind_mode {
 pub struct StackSample<const N: usize = STACK_COPY_BYTES> {
     pub tgid: u32,
     pub tid: u32,
+    /// When the sample was taken (ns, CLOCK_MONOTONIC): tells the daemon
+    /// which image of the process ran, against the time of its exec.
+    pub time_ns: u64,
     /// User registers at the sample (from the interrupted context, or the
     /// task's saved user registers when the sample hit kernel code).
     pub ip: u64,
@@ -139,6 +142,11 @@ pub struct ProcEvent {
     pub tgid: u32,
     /// The forking process for [`proc_event::FORK`], else 0.
     pub parent: u32,
+    pub _pad: u32,
+    /// When it happened (ns, CLOCK_MONOTONIC, as the records' `time_ns`):
+    /// a record of the process taken before an [`proc_event::EXEC`] ran
+    /// the old image.
+    pub time_ns: u64,
 }
 
 /// Indices into the per-CPU `COUNTERS` array: every loss the kernel side
@@ -292,6 +300,8 @@ pub struct HeapAlloc<const N: usize = STACK_COPY_BYTES> {
     /// 1 when the kernel tracks the address as live (its free is reported).
     pub live: u32,
     pub _pad: u32,
+    /// When the allocator returned (ns, CLOCK_MONOTONIC).
+    pub time_ns: u64,
     pub addr: u64,
     pub size: u64,
     /// User registers at the allocator's return (in its caller).
@@ -496,6 +506,8 @@ pub struct WaitHead {
     pub bp: u64,
     /// With `wait_flags::HINT_MATCHED`: the walk hint the stack matched.
     pub hint_id: u64,
+    /// When the wait ended or the wake-up happened (ns, CLOCK_MONOTONIC).
+    pub time_ns: u64,
     pub comm: [u8; COMM_LEN],
 }
 

@@ -284,6 +284,16 @@ impl Probes {
         ] {
             probes.attach_tracepoint(name, &[("sched", name)])?;
         }
+        // Where an exec gives the thread its new name, which records from
+        // then on show (sched_prepare_exec is Linux 6.10+): without them,
+        // records are told apart at the exec's end, ~100 us later.
+        let tracefs = Path::new(tracefs_root());
+        if tracefs.join("events/sched/sched_prepare_exec").is_dir() {
+            probes.attach_tracepoint("sched_prepare_exec", &[("sched", "sched_prepare_exec")])?;
+            if tracefs.join("events/task/task_rename").is_dir() {
+                probes.attach_tracepoint("task_rename", &[("task", "task_rename")])?;
+            }
+        }
         if config.offcpu {
             probes.attach_btf_tracepoint("sched_switch", "sched_switch")?;
         }

@@ -326,13 +326,25 @@ pub struct ProcessTable {
     fork_order: VecDeque<(u32, Instant)>,
     environment: Environment,
     /// The image generation of each process that exec'd or whose pid was
-    /// reused (absent: 0).
-    generations: HashMap<u32, u32>,
+    /// reused (absent: 0), with the kernel time its image started (0:
+    /// unknown).
+    generations: HashMap<u32, (u32, u64)>,
     /// Snapshots of replaced images, by (tgid, generation), with the tick
-    /// they were replaced at: samples taken before an exec are symbolized
-    /// with them at the window's end. Pruned like exited processes.
-    retired: HashMap<(u32, u32), (ProcessInfo, u64)>,
+    /// they were replaced at and the kernel time they started: samples
+    /// taken before an exec are symbolized with them at the window's end.
+    /// Pruned like exited processes.
+    retired: HashMap<(u32, u32), Retired>,
     stats: ProcessStats,
+}
+
+/// A replaced image kept for the samples it ran.
+#[derive(Debug)]
+struct Retired {
+    info: ProcessInfo,
+    /// The tick it was replaced at.
+    replaced: u64,
+    /// When it started (kernel ns; 0: unknown).
+    since_ns: u64,
 }
 
 /// How long a fork record may stand in for a child's own snapshot: the
@@ -431,7 +443,7 @@ impl ProcessTable {
                     if settle_stage < SETTLE_DELAYS.len() {
                         return false;
                     }
-                    self.retire(tgid);
+                    self.retire(tgid, 0);
                 }
                 self.stats.snapshots += 1;
                 let tick = self.bump();
@@ -494,33 +506,66 @@ impl ProcessTable {
     /// [`Self::replace`]. Samples carry it, so that those taken before an
     /// exec or a pid's reuse resolve against the image they ran.
     pub fn generation(&self, tgid: u32) -> u32 {
-        self.generations.get(&tgid).copied().unwrap_or(0)
+        self.generations.get(&tgid).map_or(0, |&(g, _)| g)
     }
 
-    /// A new image under `tgid` (exec, or a new process reusing the pid):
-    /// the old snapshot is kept for the samples taken before, under its
-    /// generation, and the generation moves on. Snapshot the new image next.
-    pub fn retire(&mut self, tgid: u32) {
+    /// The generation of the image `tgid` ran at kernel time `time_ns`
+    /// (CLOCK_MONOTONIC, as the kernel's records carry it). The records of
+    /// a process and its exec event come through different rings, so a
+    /// record taken just before an exec can be read after it, and one
+    /// taken just after it before; the times tell them apart.
+    pub fn generation_at(&self, tgid: u32, time_ns: u64) -> u32 {
+        let Some(&(mut generation, mut since)) = self.generations.get(&tgid) else {
+            return 0;
+        };
+        // Walk back over the images that started after the record. One
+        // whose snapshot is gone (pruned) still names the right image: its
+        // records are then left unsymbolized, never given another image's
+        // frames.
+        while time_ns < since && generation > 0 {
+            generation -= 1;
+            since = self
+                .retired
+                .get(&(tgid, generation))
+                .map_or(0, |r| r.since_ns);
+        }
+        generation
+    }
+
+    /// A new image under `tgid` (exec, or a new process reusing the pid),
+    /// started at kernel time `since_ns` (0: unknown, then every record
+    /// read from now on is taken as the new image's): the old snapshot is
+    /// kept for the records taken before, under its generation, and the
+    /// generation moves on. Snapshot the new image next.
+    pub fn retire(&mut self, tgid: u32, since_ns: u64) {
         if let Some(old) = self.procs.remove(&tgid) {
-            let generation = self.generation(tgid);
+            let (generation, old_since) = self.generations.get(&tgid).copied().unwrap_or((0, 0));
             if self.retired.len() >= self.max_processes
                 && let Some(&oldest) = self
                     .retired
                     .iter()
-                    .min_by_key(|(_, (_, tick))| *tick)
+                    .min_by_key(|(_, r)| r.replaced)
                     .map(|(key, _)| key)
             {
                 self.retired.remove(&oldest);
                 self.stats.evictions += 1;
             }
             let tick = self.bump();
-            self.retired.insert((tgid, generation), (old, tick));
-            self.generations.insert(tgid, generation.wrapping_add(1));
+            self.retired.insert(
+                (tgid, generation),
+                Retired {
+                    info: old,
+                    replaced: tick,
+                    since_ns: old_since,
+                },
+            );
+            self.generations
+                .insert(tgid, (generation.wrapping_add(1), since_ns));
             if self.generations.len() > 4 * self.max_processes {
                 // Only processes that exec'd are here; forget those gone.
                 let procs = &self.procs;
                 let retired = &self.retired;
-                self.generations.retain(|tgid, generation| {
+                self.generations.retain(|tgid, (generation, _)| {
                     procs.contains_key(tgid)
                         || retired.contains_key(&(*tgid, generation.wrapping_sub(1)))
                 });
@@ -539,7 +584,7 @@ impl ProcessTable {
         if generation == self.generation(tgid) {
             self.get(tgid)
         } else {
-            self.retired.get(&(tgid, generation)).map(|(info, _)| info)
+            self.retired.get(&(tgid, generation)).map(|r| &r.info)
         }
     }
 
@@ -663,7 +708,7 @@ impl ProcessTable {
             !stale
         });
         // A replaced image is kept one window more, like an exited process.
-        self.retired.retain(|_, (_, replaced)| *replaced > last);
+        self.retired.retain(|_, r| r.replaced > last);
         self.objects.sweep();
         self.last_prune = self.bump();
     }
@@ -682,7 +727,7 @@ impl ProcessTable {
     ) -> impl Iterator<Item = (&'static str, &str)> {
         let known = match generation == self.generation(tgid) {
             true => self.procs.get(&tgid),
-            false => self.retired.get(&(tgid, generation)).map(|(info, _)| info),
+            false => self.retired.get(&(tgid, generation)).map(|r| &r.info),
         }
         .map(|info| info.labels.as_slice());
         known
@@ -1110,7 +1155,7 @@ pub(crate) mod tests {
         let old_comm = table.get(pid).unwrap().comm.clone();
         // An exec: the old image is retired under generation 0, and the
         // new one (here the same process, read again) is generation 1.
-        table.retire(pid);
+        table.retire(pid, 0);
         assert_eq!(table.generation(pid), 1);
         assert!(table.get_image(pid, 1).is_none(), "not snapshotted yet");
         assert!(table.snapshot(pid));
@@ -1128,6 +1173,31 @@ pub(crate) mod tests {
         table.prune();
         assert!(table.get_image(pid, 0).is_none());
         assert!(table.get_image(pid, 1).is_some());
+    }
+
+    #[test]
+    fn a_record_keeps_the_image_that_ran_at_its_time() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation_at(pid, 5), 0);
+        // Two execs, at kernel times 100 and 200.
+        table.retire(pid, 100);
+        assert!(table.snapshot(pid));
+        table.retire(pid, 200);
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation(pid), 2);
+        assert_eq!(table.generation_at(pid, 99), 0);
+        assert_eq!(table.generation_at(pid, 100), 1);
+        assert_eq!(table.generation_at(pid, 199), 1);
+        assert_eq!(table.generation_at(pid, 200), 2);
+        assert_eq!(table.generation_at(pid, u64::MAX), 2);
+        // A replacement of unknown time (its event lost): every record
+        // read from then on is the new image's.
+        table.retire(pid, 0);
+        assert_eq!(table.generation_at(pid, 150), 3);
+        // Unknown processes have one image.
+        assert_eq!(table.generation_at(u32::MAX, 1), 0);
     }
 
     /// Waits until the process maps a file whose path contains `name`.

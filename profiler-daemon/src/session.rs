@@ -165,40 +165,39 @@ pub async fn run(settings: Settings) -> Result<()> {
                 child = None;
                 break Stop::CommandExited;
             }
+            // Process events are read before any record of a process, so
+            // that every record read finds the execs that came before it
+            // (records carry their time; see ProcessTable::generation_at).
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                let new_images = read_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                take_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
                 guard.clear_ready();
-                if !new_images.is_empty() {
-                    // The samples taken so far ran the old images.
-                    drain_once(&mut probes, &procs, &mut window.cpu).await;
-                    read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
-                    read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
-                    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-                    apply_new_images(new_images, &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                }
             }
             guard = wait_events.readable_mut() => {
                 let mut guard = guard.context("waiting for wait events")?;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
                 read_wait_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut waits);
                 guard.clear_ready();
             }
             guard = heap_events.readable_mut() => {
                 let mut guard = guard.context("waiting for heap events")?;
-                read_heap_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut heap);
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                read_heap_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
                 guard.clear_ready();
             }
             guard = stack_samples.readable_mut() => {
                 let mut guard = guard.context("waiting for stack samples")?;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
                 read_stack_samples(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
                 drain_once(&mut probes, &procs, &mut window.cpu).await;
                 // The kernel wakes us for stack samples only when their ring
                 // fills up; collect the rest here.
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
-                read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                read_heap_events(heap_events.get_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
                 probes.update_stack_tops(&unwinder.take_stack_tops());
                 for pid in exec_rescan.drain(..) {
@@ -220,12 +219,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += settings.interval;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
                 drain_once(&mut probes, &procs, &mut window.cpu).await;
-                let new_images = read_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
-                read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
+                read_heap_events(heap_events.get_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
                 read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-                apply_new_images(new_images, &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 let closed = std::mem::replace(&mut window, Window::new());
                 write_window(&settings, &publisher, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
                 retention.as_mut().map(Retention::run);
@@ -239,32 +237,30 @@ pub async fn run(settings: Settings) -> Result<()> {
     log_run_stats(&probes);
     probes.stop_sampling();
     tracing::info!("stopping ({stop:?}): writing the last window");
-    // Heap events first: a process's exit event must not forget the live
-    // allocations its last events report.
-    read_heap_events(heap_events.get_mut(), &mut procs, &mut unwinder, &mut heap);
-    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-    let new_images = read_proc_events(
+    take_proc_events(
         events.get_mut(),
         &mut procs,
         &mut probes,
         &mut heap,
         &mut exec_rescan,
         settings.unwind,
+        &mut window.cpu,
+    )
+    .await;
+    read_heap_events(
+        heap_events.get_mut(),
+        &mut procs,
+        &mut probes,
+        &mut unwinder,
+        &mut heap,
     );
+    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
     drain_once(&mut probes, &procs, &mut window.cpu).await;
     read_stack_samples(
         stack_samples.get_mut(),
         &mut procs,
         &mut unwinder,
         &mut window.cpu,
-    );
-    apply_new_images(
-        new_images,
-        &mut procs,
-        &mut probes,
-        &mut heap,
-        &mut exec_rescan,
-        settings.unwind,
     );
     // The active buffer may hold samples written during the grace period.
     drain_once(&mut probes, &procs, &mut window.cpu).await;
@@ -343,10 +339,31 @@ async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &mut CpuWind
     }
 }
 
-/// Applies process events. A new image under a known pid (an exec, or a
-/// new process reusing the pid of one that exited) is returned instead:
-/// the caller first reads the samples already taken, so that they keep the
-/// image they ran, then applies it with [`apply_new_images`].
+/// Reads and applies the process events. A new image under a known pid (an
+/// exec, or a new process reusing the pid of one that exited) is applied
+/// after the aggregated CPU counts are drained: they carry no time, so the
+/// counts taken so far are charged to the old image. Records of the rings
+/// carry their time, and are given the image that ran then whenever they
+/// are read.
+#[allow(clippy::too_many_arguments)]
+async fn take_proc_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    heap: &mut HeapTable,
+    exec_rescan: &mut Vec<u32>,
+    unwind: UnwindMode,
+    cpu: &mut CpuWindow,
+) {
+    let new_images = read_proc_events(ring, procs, probes, heap, exec_rescan, unwind);
+    if !new_images.is_empty() {
+        drain_once(probes, procs, cpu).await;
+        apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
+    }
+}
+
+/// Applies process events, but for new images under known pids, which are
+/// returned for [`apply_new_images`] (see [`take_proc_events`]).
 fn read_proc_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
@@ -423,7 +440,7 @@ fn apply_new_images(
     for NewImage { event, exited } in images {
         let gone = heap.forget_process(event.tgid);
         probes.forget_live(event.tgid, &gone);
-        procs.retire(event.tgid);
+        procs.retire(event.tgid, event.time_ns);
         if !exited {
             new_image(event, procs, probes, exec_rescan, unwind);
         }
@@ -524,8 +541,9 @@ fn add_stack_sample<const N: usize>(
     cpu: &mut CpuWindow,
 ) {
     procs.ensure(sample.tgid);
+    let generation = procs.generation_at(sample.tgid, sample.time_ns);
     let stack_len = (sample.stack_len as usize).min(N);
-    let user = match procs.get(sample.tgid) {
+    let user = match procs.get_image(sample.tgid, generation) {
         Some(info) => {
             let (unwound, _) = unwinder.unwind_hinted(
                 info,
@@ -547,7 +565,7 @@ fn add_stack_sample<const N: usize>(
     let kernel = kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
     cpu.add(SampleId {
         tgid: sample.tgid,
-        generation: procs.generation(sample.tgid),
+        generation,
         tid: sample.tid,
         thread: sample.comm,
         user,
@@ -560,6 +578,7 @@ fn add_stack_sample<const N: usize>(
 fn read_heap_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
+    probes: &mut Probes,
     unwinder: &mut Unwinder,
     heap: &mut HeapTable,
 ) {
@@ -577,10 +596,10 @@ fn read_heap_events(
         }
         // Two record forms, told apart by their length.
         if let Some(alloc) = record::<HeapAlloc>(&item) {
-            add_heap_alloc(alloc, procs, unwinder, heap);
+            add_heap_alloc(alloc, procs, probes, unwinder, heap);
         } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            add_heap_alloc(alloc, procs, unwinder, heap);
+            add_heap_alloc(alloc, procs, probes, unwinder, heap);
         }
     }
 }
@@ -588,16 +607,22 @@ fn read_heap_events(
 fn add_heap_alloc<const N: usize>(
     alloc: &HeapAlloc<N>,
     procs: &mut ProcessTable,
+    probes: &mut Probes,
     unwinder: &mut Unwinder,
     heap: &mut HeapTable,
 ) {
     procs.ensure(alloc.tgid);
+    let generation = procs.generation_at(alloc.tgid, alloc.time_ns);
     // The registers are those at the allocator's return: the leaf is the
     // call site, one byte back from the return address.
     let user = event_user_stack(
         procs,
         unwinder,
-        (alloc.tgid, alloc.tid),
+        Thread {
+            tgid: alloc.tgid,
+            generation,
+            tid: alloc.tid,
+        },
         (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
         &alloc.stack[..(alloc.stack_len as usize).min(N)],
         &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
@@ -605,14 +630,33 @@ fn add_heap_alloc<const N: usize>(
     );
     let id = SampleId {
         tgid: alloc.tgid,
-        generation: procs.generation(alloc.tgid),
+        generation,
         tid: alloc.tid,
         thread: alloc.comm,
         user,
         kernel: Stack::None,
         object: 0,
     };
-    heap.allocated(id, alloc.addr, alloc.size, alloc.live != 0);
+    // An allocation read after its image was replaced or its process
+    // exited is no longer in use: that address space is gone (its live
+    // set was forgotten then), so it is counted as allocated only.
+    let mut live = alloc.live != 0;
+    if live
+        && (generation != procs.generation(alloc.tgid)
+            || procs.peek(alloc.tgid).is_none_or(|info| info.is_exited()))
+    {
+        live = false;
+        probes.forget_live(alloc.tgid, &[alloc.addr]);
+    }
+    heap.allocated(id, alloc.addr, alloc.size, live);
+}
+
+/// The thread a record came from, and the image its process ran then.
+#[derive(Clone, Copy)]
+struct Thread {
+    tgid: u32,
+    generation: u32,
+    tid: u32,
 }
 
 /// The user stack of an event that carries either a stack copy (unwound
@@ -622,7 +666,7 @@ fn add_heap_alloc<const N: usize>(
 fn event_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
-    thread: (u32, u32),
+    thread: Thread,
     regs: (u64, u64, u64),
     stack: &[u8],
     frames: &[u64],
@@ -641,7 +685,11 @@ fn event_user_stack(
 fn hinted_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
-    (tgid, tid): (u32, u32),
+    Thread {
+        tgid,
+        generation,
+        tid,
+    }: Thread,
     (ip, sp, bp): (u64, u64, u64),
     stack: &[u8],
     frames: &[u64],
@@ -649,7 +697,7 @@ fn hinted_user_stack(
     matched: Option<u64>,
 ) -> (Stack, Option<(WalkHintKey, WalkHint)>) {
     if !stack.is_empty() || matched.is_some() {
-        return match procs.get(tgid) {
+        return match procs.get_image(tgid, generation) {
             Some(info) => {
                 let (unwound, hint) = unwinder.unwind_hinted(info, tid, ip, sp, bp, stack, matched);
                 let stack = if unwound.truncated {
@@ -705,7 +753,7 @@ impl Waits {
         &mut self,
         procs: &mut ProcessTable,
         unwinder: &mut Unwinder,
-        thread: (u32, u32),
+        thread: Thread,
         regs: (u64, u64, u64),
         stack: &[u8],
         frames: &[u64],
@@ -792,12 +840,17 @@ fn read_wait_events(
         };
         let event = head;
         procs.ensure(event.tgid);
+        let generation = procs.generation_at(event.tgid, event.time_ns);
         // Registers saved at the system call: an exact instruction pointer;
         // a goroutine's frames start with the return address it parked at.
         let user = waits.user_stack(
             procs,
             unwinder,
-            (event.tgid, event.tid),
+            Thread {
+                tgid: event.tgid,
+                generation,
+                tid: event.tid,
+            },
             (event.ip, event.sp, event.bp),
             stack,
             frames,
@@ -805,7 +858,7 @@ fn read_wait_events(
         );
         let id = SampleId {
             tgid: event.tgid,
-            generation: procs.generation(event.tgid),
+            generation,
             tid: event.tid,
             thread: event.comm,
             user,
@@ -829,13 +882,19 @@ fn read_offcpu_event(
     waits: &mut Waits,
 ) {
     procs.ensure(event.tgid);
+    // The stacks are those at the switch-out.
+    let generation = procs.generation_at(event.tgid, event.start_ns);
     let user = match event.sp {
         // A kernel thread.
         0 => Stack::None,
         _ => waits.user_stack(
             procs,
             unwinder,
-            (event.tgid, event.tid),
+            Thread {
+                tgid: event.tgid,
+                generation,
+                tid: event.tid,
+            },
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
             &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
@@ -846,7 +905,7 @@ fn read_offcpu_event(
         kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
     let id = SampleId {
         tgid: event.tgid,
-        generation: procs.generation(event.tgid),
+        generation,
         tid: event.tid,
         thread: event.comm,
         user,

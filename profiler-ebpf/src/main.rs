@@ -170,6 +170,14 @@ static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
 /// the thread, so the map holds at most one per live targeted thread.
 #[btf_map]
 static FUTEX_CALLS: TaskStorage<FutexCall> = TaskStorage::new();
+/// Where the thread's exec is (ns), from its point of no return until it
+/// completes: when it passed that point, then when the thread took the
+/// new program's name. The EXEC event carries the latter: records taken
+/// from then on show the new name, as `perf` charges samples after an
+/// exec's COMM event to the new program; the exec's own end comes some
+/// 100 us later.
+#[btf_map]
+static EXEC_STARTS: TaskStorage<u64> = TaskStorage::new();
 /// The latest kept wake-up per futex word (process, address).
 #[map]
 static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
@@ -250,7 +258,19 @@ fn send_proc_event(kind: u32, tgid: u32) {
 
 #[inline(always)]
 fn send_proc_event_from(kind: u32, tgid: u32, parent: u32) {
-    let event = ProcEvent { kind, tgid, parent };
+    // SAFETY: plain helper.
+    send_proc_event_at(kind, tgid, parent, unsafe { bpf_ktime_get_ns() });
+}
+
+#[inline(always)]
+fn send_proc_event_at(kind: u32, tgid: u32, parent: u32, time_ns: u64) {
+    let event = ProcEvent {
+        kind,
+        tgid,
+        parent,
+        _pad: 0,
+        time_ns,
+    };
     if PROC_EVENTS.output::<ProcEvent>(&event, 0).is_err() {
         count(counter::PROC_EVENTS_LOST);
     }
@@ -410,6 +430,7 @@ fn send_stack_sample_in<const N: usize>(
     unsafe {
         (*out).tgid = tgid;
         (*out).tid = tid;
+        (*out).time_ns = bpf_ktime_get_ns();
         (*out).ip = ip;
         (*out).sp = sp;
         (*out).bp = bp;
@@ -864,6 +885,7 @@ fn send_heap_alloc_in<const N: usize>(
         (*out).function = function;
         (*out).live = u32::from(live);
         (*out)._pad = 0;
+        (*out).time_ns = bpf_ktime_get_ns();
         (*out).addr = addr;
         (*out).size = size;
         (*out).ip = (*regs).rip;
@@ -1152,6 +1174,8 @@ fn send_wait_stack(
         sp,
         bp,
         hint_id: 0,
+        // SAFETY: plain helper.
+        time_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     };
     if let Some(id) = hinted_words_match(hint_key(tgid, ip, sp, bp)) {
@@ -1614,6 +1638,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
             sp: park.sp,
             bp: park.bp,
             hint_id: 0,
+            time_ns: park.start_ns + waited,
             comm: park.comm,
         };
         (*out).stack_len = 0;
@@ -1690,15 +1715,54 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Notes when an exec passed its point of no return (Linux 6.10+; older
+/// kernels lack the tracepoint, and the EXEC event then carries its own
+/// time).
+#[tracepoint]
+pub fn sched_prepare_exec(_ctx: TracePointContext) -> u32 {
+    if let Some(start) = EXEC_STARTS.current(true) {
+        // SAFETY: the current thread's value.
+        unsafe { *start = bpf_ktime_get_ns() };
+    }
+    0
+}
+
+/// Notes when an exec in progress gave the thread its new name. Renames
+/// outside an exec (prctl, /proc/PID/comm) find no exec to note.
+#[tracepoint]
+pub fn task_rename(_ctx: TracePointContext) -> u32 {
+    if let Some(start) = EXEC_STARTS.current(false) {
+        // SAFETY: the current thread's value.
+        unsafe {
+            if *start != 0 {
+                *start = bpf_ktime_get_ns();
+            }
+        }
+    }
+    0
+}
+
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let forked = FORKED.remove(tgid).is_ok();
+    // SAFETY: plain helper.
+    let mut started = unsafe { bpf_ktime_get_ns() };
+    if let Some(start) = EXEC_STARTS.current(false) {
+        // SAFETY: the current thread's value; taken, so that a later exec
+        // on a kernel without the prepare tracepoint cannot reuse it.
+        unsafe {
+            if *start != 0 && *start <= started {
+                started = *start;
+            }
+            *start = 0;
+        }
+    }
     // SAFETY: presence check only.
     if (global_u8(&REPORT_PROCESS_EVENTS) != 0 && is_target(tgid))
         || unsafe { SEEN.get(tgid).is_some() }
     {
-        send_proc_event(proc_event::EXEC, tgid);
+        send_proc_event_at(proc_event::EXEC, tgid, 0, started);
     } else if forked {
         send_proc_event(proc_event::FORGET_FORK, tgid);
     }

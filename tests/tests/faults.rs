@@ -641,6 +641,122 @@ fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
         "every sample of the pid names one of the two binaries{}",
         d()
     );
+    // Copies unwound in the daemon carry their time: none is given the
+    // other image. (Frame-pointer counts carry none: those taken between
+    // the exec and the daemon reading it go to the old image.)
+    if extra.is_empty() {
+        check_images_match_threads(tag, &samples, d);
+    }
+}
+
+/// Every sample's process name (`comm`, from the image the daemon gave the
+/// sample) is its thread's name when it was taken (`thread`, from the
+/// kernel): for a single-threaded program that execs, the two differ only
+/// when a sample was given the wrong image.
+fn check_images_match_threads(tag: &str, samples: &[FlatSample], d: impl Fn() -> String) {
+    let wrong: Vec<String> = samples
+        .iter()
+        .filter(|s| s.label("comm") != s.label("thread"))
+        .map(|s| {
+            format!(
+                "{} x{}: {}",
+                s.label("comm").unwrap_or("-"),
+                s.count,
+                s.label("thread").unwrap_or("-")
+            )
+        })
+        .collect();
+    println!(
+        "{tag}: {} samples, {} given another image than the one that ran",
+        total_count(samples),
+        wrong.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "samples given another image than the one that ran (comm x count: thread): {wrong:?}{}",
+        d()
+    );
+}
+
+/// A chain of 12 execs, 0.15 s apart, alternating between two names of
+/// one program, sampled at 999 Hz: each exec is read by the daemon a few
+/// milliseconds after it happened, while samples of the new image keep
+/// coming; every one of them must get the image that ran (the kernel's
+/// time of each sample against that of the exec).
+#[test]
+fn exec_chain_gives_every_sample_the_image_that_ran() {
+    require_root();
+    let tmp = temp_dir();
+    let a = build_c("exec_burn.c", tmp.path(), "exec_chain_a");
+    let b = tmp.path().join("exec_chain_b");
+    fs::copy(&a, &b).expect("copying the program");
+    let last = Workload::ShortLived.build(tmp.path(), "exec_chain_end");
+    let out = tmp.path().join("out");
+    let (a, b, last) = (
+        a.to_str().unwrap().to_string(),
+        b.to_str().unwrap().to_string(),
+        last.to_str().unwrap().to_string(),
+    );
+    // exec_chain_a 0.15 0 --wait-stdin -- exec_chain_b 0.15 0 -- ... -- exec_chain_end 0.3
+    let mut args: Vec<String> = vec!["0.15".into(), "0".into(), "--wait-stdin".into()];
+    for link in 1..12 {
+        let next = if link % 2 == 1 { &b } else { &a };
+        args.extend(["--".into(), next.clone(), "0.15".into(), "0".into()]);
+    }
+    args.extend(["--".into(), last, "0.3".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut target = Running::start(Path::new(&a), &args);
+    let pid = target.pid();
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid.to_string(),
+        "--cpu-frequency",
+        "999",
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    daemon.wait_ready();
+    target.release();
+    let stdout = target.finish(Duration::from_secs(30));
+    // Each of the 12 links and the last program print their pid.
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| *l == format!("pid={pid}"))
+            .count(),
+        13,
+        "every exec kept the pid: {stdout}"
+    );
+    daemon.wait_success(Duration::from_secs(10));
+
+    let files = read_profiles(&out, "cpu");
+    check_cpu_files(&files, 999);
+    let samples = of_pid(&flatten_all(&files), pid);
+    let d = || {
+        format!(
+            "\nchain: {} files{}",
+            files.len(),
+            diag(&samples, &files, &daemon)
+        )
+    };
+    // About 0.15 s x 12 + 0.3 s at 999 Hz: far more than needed to see
+    // the samples right after each exec.
+    assert!(
+        total_count(&samples) >= 500,
+        "only {} samples of the chain{}",
+        total_count(&samples),
+        d()
+    );
+    for name in ["exec_chain_a", "exec_chain_b", "exec_chain_end"] {
+        assert!(
+            samples.iter().any(|s| s.label("comm") == Some(name)),
+            "no sample of {name}{}",
+            d()
+        );
+    }
+    check_images_match_threads("chain", &samples, d);
 }
 
 /// A new process that gets the pid of one that exited (forced with clone3's
