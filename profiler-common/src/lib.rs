@@ -455,6 +455,38 @@ pub struct WalkHint {
     pub words: [u64; WALK_HINT_WORDS],
 }
 
+/// POSIX condition variable waits probed for the block profile (uprobe
+/// cookie): at their entry the thread notes which condition it is about to
+/// wait on, so that its futex wait names the condition, not only a word
+/// inside it.
+pub mod cond_fn {
+    pub const WAIT: u64 = 0;
+    pub const TIMEDWAIT: u64 = 1;
+    pub const CLOCKWAIT: u64 = 2;
+    /// Symbol names, indexed by the constants above (every symbol version).
+    pub const NAMES: [&str; 3] = [
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "pthread_cond_clockwait",
+    ];
+}
+
+/// Bytes of a `pthread_cond_t` (x86_64 glibc and musl): a futex wait on a
+/// word within this span of the condition a thread entered a wait on is
+/// that condition's wait; the wait to take the mutex again is not.
+pub const COND_BYTES: u64 = 48;
+
+/// The condition variable wait a thread entered last (the `COND_WAITS`
+/// task storage).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CondWait {
+    /// The `pthread_cond_t`'s address.
+    pub cond: u64,
+    /// The mutex given with it.
+    pub mutex: u64,
+}
+
 /// Go runtime park points probed for the block profile (uprobe cookie).
 pub mod go_fn {
     /// `runtime.gopark`: the current goroutine parks.
@@ -508,6 +540,9 @@ pub struct WaitHead {
     pub hint_id: u64,
     /// When the wait ended or the wake-up happened (ns, CLOCK_MONOTONIC).
     pub time_ns: u64,
+    /// BLOCK: the condition variable waited on, when the futex word lies
+    /// in the one the thread entered `pthread_cond_*wait` with; else 0.
+    pub cond: u64,
     pub comm: [u8; COMM_LEN],
 }
 

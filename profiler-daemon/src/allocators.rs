@@ -83,7 +83,7 @@ pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
 
 /// The file offset of `address` and the function's bytes (`size`, or a
 /// bounded prefix when the symbol has no size).
-fn code_at<'d>(
+pub(crate) fn code_at<'d>(
     file: &object::File<'d>,
     data: &'d [u8],
     address: u64,

@@ -38,6 +38,8 @@ pub struct SampleId {
     pub kernel: Stack,
     /// The futex word a block or mutex event was about (0: none).
     pub object: u64,
+    /// The condition variable a block event waited on (0: none).
+    pub cond: u64,
 }
 
 impl SampleId {
@@ -113,6 +115,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         user,
         kernel,
         object: 0,
+        cond: 0,
     }
 }
 
@@ -159,6 +162,7 @@ mod tests {
             user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000])),
             kernel: Stack::None,
             object: 0,
+            cond: 0,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

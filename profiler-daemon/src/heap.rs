@@ -146,6 +146,7 @@ mod tests {
             user: Stack::Frames(Arc::from(frames)),
             kernel: Stack::None,
             object: 0,
+            cond: 0,
         }
     }
 

@@ -2,6 +2,7 @@
 //! flow; docs/ARCHITECTURE.md maps them.
 
 pub mod allocators;
+pub mod cond_park;
 pub mod config;
 pub mod drain;
 pub mod environment;

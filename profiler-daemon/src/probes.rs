@@ -133,6 +133,8 @@ pub struct Probes {
     allocators: Option<UprobeLinks>,
     /// The Go park probes' program and links (when block profiles are on).
     go_parks: Option<UprobeLinks>,
+    /// The condition variable probes' program and links (likewise).
+    cond_parks: Option<UprobeLinks>,
 }
 
 impl Probes {
@@ -223,6 +225,16 @@ impl Probes {
             )),
             false => None,
         };
+        let cond_parks = match config.block {
+            true => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "cond_wait_probe", false)?,
+                "condition variable",
+                crate::cond_park::find,
+                &profiler_common::cond_fn::NAMES,
+                config.filter_targets,
+            )),
+            false => None,
+        };
 
         let targets = hash(take_map(&mut ebpf, "TARGETS")?, "TARGETS")?;
         let targets_fd = targets
@@ -276,6 +288,7 @@ impl Probes {
             heap_live,
             allocators,
             go_parks,
+            cond_parks,
         };
         for name in [
             "sched_process_fork",
@@ -507,10 +520,14 @@ impl Probes {
         self.allocators.as_mut()
     }
 
-    /// Every set of uprobe links (heap allocators, Go park points) that is
-    /// on: each looks at new processes and files.
+    /// Every set of uprobe links (heap allocators, Go and condition
+    /// variable park points) that is on: each looks at new processes and
+    /// files.
     pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
-        self.allocators.iter_mut().chain(self.go_parks.iter_mut())
+        self.allocators
+            .iter_mut()
+            .chain(self.go_parks.iter_mut())
+            .chain(self.cond_parks.iter_mut())
     }
 
     /// Removes a process's sampled addresses from the kernel's live map
@@ -619,6 +636,7 @@ impl Probes {
         for (name, links) in [
             ("heap_probe", &self.allocators),
             ("go_park_probe", &self.go_parks),
+            ("cond_wait_probe", &self.cond_parks),
         ] {
             if let Some((runs, time)) = links.as_ref().and_then(|a| a.program().run_stats()) {
                 stats.push((name.to_string(), runs, time));

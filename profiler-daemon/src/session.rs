@@ -571,6 +571,7 @@ fn add_stack_sample<const N: usize>(
         user,
         kernel,
         object: 0,
+        cond: 0,
     });
 }
 
@@ -636,6 +637,7 @@ fn add_heap_alloc<const N: usize>(
         user,
         kernel: Stack::None,
         object: 0,
+        cond: 0,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -864,6 +866,7 @@ fn read_wait_events(
             user,
             kernel: Stack::None,
             object: event.uaddr,
+            cond: event.cond,
         };
         if kind == wait_event::BLOCK {
             waits.block.add(id, event.value, waits.block_rate_ns);
@@ -911,6 +914,7 @@ fn read_offcpu_event(
         user,
         kernel,
         object: 0,
+        cond: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -1210,6 +1214,10 @@ fn sample_labels(
         // Which lock or condition: the futex word's address (a mutex's own
         // address; inside a condition variable).
         labels.push(("lock".to_string(), format!("{:#x}", id.object)));
+    }
+    if id.cond != 0 {
+        // The pthread_cond_t itself, which the futex word lies in.
+        labels.push(("cond".to_string(), format!("{:#x}", id.cond)));
     }
     labels.extend(
         procs

@@ -134,6 +134,7 @@ mod tests {
             user: Stack::Frames(Arc::from(vec![frame])),
             kernel: Stack::None,
             object: 0,
+            cond: 0,
         }
     }
 

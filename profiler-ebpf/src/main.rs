@@ -42,15 +42,15 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
-    GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
-    HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
-    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
-    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
-    STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack,
-    StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS,
-    WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn, control, counter,
-    futex_call, futex_op, go_fn, heap_event, proc_event,
+    COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait, FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES,
+    FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES,
+    HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey,
+    MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES,
+    OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES,
+    STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey,
+    Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS,
+    WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn,
+    control, counter, futex_call, futex_op, go_fn, heap_event, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -178,6 +178,11 @@ static FUTEX_CALLS: TaskStorage<FutexCall> = TaskStorage::new();
 /// 100 us later.
 #[btf_map]
 static EXEC_STARTS: TaskStorage<u64> = TaskStorage::new();
+/// The condition variable each thread last entered a wait on (the
+/// `cond_wait_probe` at `pthread_cond_*wait`); made at a thread's first
+/// such wait and freed with the thread.
+#[btf_map]
+static COND_WAITS: TaskStorage<CondWait> = TaskStorage::new();
 /// The latest kept wake-up per futex word (process, address).
 #[map]
 static FUTEX_WAKERS: LruHashMap<FutexKey, FutexWaker> =
@@ -1176,8 +1181,12 @@ fn send_wait_stack(
         hint_id: 0,
         // SAFETY: plain helper.
         time_ns: unsafe { bpf_ktime_get_ns() },
+        cond: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     };
+    if kind == wait_event::BLOCK {
+        head.cond = cond_of(uaddr);
+    }
     if let Some(id) = hinted_words_match(hint_key(tgid, ip, sp, bp)) {
         head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
         head.hint_id = id;
@@ -1541,6 +1550,57 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
     }
 }
 
+/// `pthread_cond_wait`, `pthread_cond_timedwait` and
+/// `pthread_cond_clockwait` (every symbol version), entry only.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub fn cond_wait_probe(ctx: *mut core::ffi::c_void) -> u32 {
+    cond_wait_run(ProbeContext::new(ctx));
+    0
+}
+
+/// At `pthread_cond_*wait`'s entry: the thread notes the condition and
+/// mutex it is about to wait with (the first two arguments).
+#[inline(always)]
+fn cond_wait_run(ctx: ProbeContext) {
+    if global_u8(&BLOCK_ON) == 0 {
+        return;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+        return;
+    }
+    let regs = ctx.regs;
+    // SAFETY: checked context loads of the user's pt_regs.
+    let wait = unsafe {
+        CondWait {
+            cond: (*regs).rdi,
+            mutex: (*regs).rsi,
+        }
+    };
+    if let Some(slot) = COND_WAITS.current(true) {
+        // SAFETY: the current thread's value; only its own programs touch it.
+        unsafe { *slot = wait };
+    }
+}
+
+/// The condition variable a wait on futex word `uaddr` belongs to: the one
+/// the thread last entered a wait on, when the word lies within it (the
+/// wait to take its mutex again, or any later wait elsewhere, does not).
+#[inline(always)]
+fn cond_of(uaddr: u64) -> u64 {
+    let Some(slot) = COND_WAITS.current(false) else {
+        return 0;
+    };
+    // SAFETY: the current thread's value.
+    let cond = unsafe { (*slot).cond };
+    if cond != 0 && uaddr >= cond && uaddr - cond < COND_BYTES {
+        cond
+    } else {
+        0
+    }
+}
+
 /// Go's park points for the block profile, attached to runtime.gopark and
 /// runtime.ready of Go executables (the cookie says which). A goroutine
 /// that parks (channel, select, sync) is remembered by its `g` (R14 in
@@ -1639,6 +1699,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
             bp: park.bp,
             hint_id: 0,
             time_ns: park.start_ns + waited,
+            cond: 0,
             comm: park.comm,
         };
         (*out).stack_len = 0;

@@ -47,6 +47,12 @@ pub enum Workload {
     /// -pthread`, no frame pointers;
     /// `[--wait-stdin] [--iterations N] [--hold-us U]`.
     MutexHold,
+    /// `cond_wait.c`: a thread waits on a condition variable (alternately
+    /// pthread_cond_wait and pthread_cond_timedwait) that another signals
+    /// every few milliseconds, timing each wait and printing the
+    /// condition's address; `gcc -O2 -pthread`, no frame pointers;
+    /// `[--wait-stdin] [--iterations N] [--period-us U]`.
+    CondWait,
     /// `mixed.c`: CPU in mixed_burn, malloc/free in mixed_alloc, and two
     /// threads taking turns on a mutex in mixed_lock (futex waits, wake-ups,
     /// blocking switches), so every profile type gets samples;
@@ -73,6 +79,7 @@ impl Workload {
             Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
             Workload::BlockSites => "block_sites.c",
             Workload::MutexHold => "mutex_hold.c",
+            Workload::CondWait => "cond_wait.c",
             Workload::Mixed => "mixed.c",
             Workload::Churn => "churn.c",
         };
@@ -110,7 +117,11 @@ impl Workload {
                 }
                 c
             }
-            Workload::BlockSites | Workload::MutexHold | Workload::Mixed | Workload::Churn => {
+            Workload::BlockSites
+            | Workload::MutexHold
+            | Workload::CondWait
+            | Workload::Mixed
+            | Workload::Churn => {
                 // Built like a distribution's C program: the waits' stacks
                 // are unwound through glibc and the workload without frame
                 // pointers.

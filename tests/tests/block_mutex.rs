@@ -525,6 +525,8 @@ struct MutexTruth {
     lock_ns: u64,
     /// Locks that waited for an unlock (took at least half a hold).
     blocked: u64,
+    /// The pthread_mutex_t's address.
+    mutex: u64,
 }
 
 /// Runs `mutex_hold --iterations N` (built in `dir` as `exe_name`) under
@@ -565,6 +567,7 @@ fn profile_mutex_hold(
     let truth = MutexTruth {
         lock_ns: field(&waiter, "lock_ns"),
         blocked: field(&waiter, "blocked"),
+        mutex: field(&parse_report(&stdout, "addr"), "addr"),
     };
     let run = WaitRun::read(&out, fraction, pid, &stdout, daemon);
     (run, truth, comm_of(&exe))
@@ -677,12 +680,16 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
             "{what}: {share:.3} of the delay at {site} has the stack libc <- {site} <- {thread} <- {THREAD_ROOT} (expected ≥ 0.95); e.g. {example}{}",
             run.diag()
         );
+        // The futex word of a pthread mutex is the mutex itself: its
+        // address names the lock in both profiles.
+        let lock = format!("{:#x}", truth.mutex);
         for s in &mine {
             assert!(
                 s.label("thread") == Some(thread)
                     && s.label("comm") == Some(comm)
-                    && s.tid() != run.pid,
-                "labels of a {what} sample at {site}: expected thread {thread}, comm {comm}, a tid other than the pid {}: {:?}",
+                    && s.tid() != run.pid
+                    && s.label("lock") == Some(lock.as_str()),
+                "labels of a {what} sample at {site}: expected thread {thread}, comm {comm}, lock {lock}, a tid other than the pid {}: {:?}",
                 run.pid,
                 s.labels
             );
@@ -713,6 +720,129 @@ fn mutex_held_one_wakeup_in_five() {
     // About 4.5 s: 2000 holds of 2 ms.
     let (run, truth, comm) = profile_mutex_hold(tmp.path(), "mutex_hold_5", 2000, 5, "1s");
     assert_mutex_hold(&run, truth, 5, &comm);
+}
+
+// ---------------------------------------------------------------------------
+// Condition variables: the park point names the condition.
+
+/// The sites of cond_wait, and its waiting thread's name.
+const COND_SITES: [&str; 2] = ["sleeper_wait", "sleeper_timedwait"];
+const SLEEPER: &str = "sleeper";
+
+/// A thread waiting on a condition variable (pthread_cond_wait and
+/// pthread_cond_timedwait, 2 ms per wait): the block profile charges the
+/// waits to the two sites within MUTEX_TOLERANCE of the time the thread
+/// measured, and labels them with the condition's own address (`cond`,
+/// from the probe at `pthread_cond_*wait`'s entry), where the futex word
+/// (`lock`) is a word inside the condition; the mutex the wait takes again
+/// is not labelled as the condition.
+#[test]
+fn condition_waits_name_their_condition() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::CondWait.build(tmp.path(), "cond_wait");
+    let out = tmp.path().join("out");
+    // About 1.2 s: 600 signals 2 ms apart.
+    let mut workload = Running::start(&exe, &["--wait-stdin", "--iterations", "600"]);
+    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
+    let pid = workload.pid();
+    let mut args = wait_args(MUTEX_BLOCK_RATE, 1, "60s", &out);
+    args.extend(["--pid".to_string(), pid.to_string()]);
+    let mut daemon = Daemon::start(&args);
+    daemon.wait_ready();
+    workload.release();
+    let stdout = workload.finish(WORKLOAD_TIMEOUT);
+    workload.kill();
+    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let cond = field(&parse_report(&stdout, "addr"), "addr");
+    let mutex = field(&parse_report(&stdout, "addr"), "mutex");
+    let tally = parse_report(&stdout, "waits");
+    let truth_ns = field(&tally, "wait_ns") + field(&tally, "timed_wait_ns");
+    let waits = field(&tally, "waits") + field(&tally, "timed_waits");
+    let run = WaitRun::read(&out, 1, pid, &stdout, daemon);
+    let (cond_label, mutex_label) = (format!("{cond:#x}"), format!("{mutex:#x}"));
+
+    let at_sites: Vec<&FlatSample> = run
+        .block
+        .iter()
+        .filter(|s| COND_SITES.iter().any(|f| s.has_function(f)))
+        .collect();
+    let total = wait_of(at_sites.iter().copied());
+    let labelled = wait_of(
+        at_sites
+            .iter()
+            .copied()
+            .filter(|s| s.label("cond") == Some(cond_label.as_str())),
+    );
+    let table = format!(
+        "sleeper: {waits} waits, {:.1} ms measured; block at the sites: {} contentions, {:.1} ms ({:.3}); with cond={cond_label}: {:.1} ms",
+        ms(truth_ns as f64),
+        total.contentions,
+        ms(total.delay as f64),
+        ratio(total.delay, truth_ns),
+        ms(labelled.delay as f64),
+    );
+    println!("{table}");
+    assert!(
+        within(total.delay, truth_ns, MUTEX_TOLERANCE),
+        "the block profile's delay at the condition's sites differs from the sleeper's measure\n{table}{}",
+        run.diag()
+    );
+    // Nearly all the time is the wait for the signal (the rest: taking the
+    // mutex again while the signaler holds it).
+    assert!(
+        labelled.delay as f64 >= 0.9 * total.delay as f64,
+        "only {:.1} of {:.1} ms at the sites carry cond={cond_label}\n{table}{}",
+        ms(labelled.delay as f64),
+        ms(total.delay as f64),
+        run.diag()
+    );
+    for site in COND_SITES {
+        let w = wait_of(
+            at_sites
+                .iter()
+                .copied()
+                .filter(|s| s.has_function(site) && s.label("cond") == Some(cond_label.as_str())),
+        );
+        assert!(
+            w.samples > 0,
+            "no sample at {site} labelled cond={cond_label}\n{table}{}",
+            run.diag()
+        );
+    }
+    for s in run.block.iter().filter(|s| s.label("cond").is_some()) {
+        // The futex word lies in the condition; the thread is the sleeper;
+        // the wait is in glibc under one of the sites.
+        let word = s
+            .label("lock")
+            .and_then(|l| u64::from_str_radix(l.trim_start_matches("0x"), 16).ok())
+            .unwrap_or(0);
+        assert!(
+            s.label("cond") == Some(cond_label.as_str())
+                && (cond..cond + 48).contains(&word)
+                && s.label("thread") == Some(SLEEPER)
+                && COND_SITES
+                    .iter()
+                    .any(|site| leaf_in_libc_then(s, &[site, SLEEPER])),
+            "a sample labelled with a condition: {:?}: {}\n{table}{}",
+            s.labels,
+            s.stack_text(),
+            run.diag()
+        );
+    }
+    // Waits for the mutex keep its address and no condition.
+    for s in run
+        .block
+        .iter()
+        .filter(|s| s.label("lock") == Some(mutex_label.as_str()))
+    {
+        assert!(
+            s.label("cond").is_none(),
+            "a wait for the mutex labelled with a condition: {:?}{}",
+            s.labels,
+            run.diag()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

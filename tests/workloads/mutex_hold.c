@@ -21,6 +21,7 @@
  *     L calls of pthread_mutex_lock that took T ns in all; B of them took
  *     at least half a hold (they waited for an unlock), BT ns in all
  *   work pid=P start_ns=S end_ns=E   (CLOCK_REALTIME around the work)
+ *   mutex addr=A   (decimal address of the pthread_mutex_t)
  *
  * Build: gcc -O2 -g -pthread -o mutex_hold mutex_hold.c
  */
@@ -168,5 +169,6 @@ int main(int argc, char **argv)
            (unsigned long long)tally.blocked, (unsigned long long)tally.blocked_ns);
     printf("work pid=%d start_ns=%llu end_ns=%llu\n", (int)getpid(),
            (unsigned long long)start_ns, (unsigned long long)end_ns);
+    printf("mutex addr=%llu\n", (unsigned long long)(uintptr_t)&mu);
     return 0;
 }

@@ -11,6 +11,10 @@
  *                              VCSW" over the process's life (futex calls,
  *                              round trips, voluntary switches), and waits
  *                              for stdin to close
+ *   waits condpingpong MS REPS CPU   the same, the token passed through a
+ *                              pthread mutex and condition variable
+ *                              (pthread_cond_wait / pthread_cond_signal)
+ *                              instead of a bare futex word
  *   waits rate OPS SECS CPU    after a line on stdin: round trips paced at
  *                              OPS futex calls per second for SECS seconds,
  *                              printing "rate CALLS NS WOKEN VCSW" (futex
@@ -42,6 +46,10 @@
 static _Atomic int word;
 static _Atomic int stop;
 static int cpu = -1;
+/* condpingpong: the token goes through a condition variable. */
+static int use_cond;
+static pthread_mutex_t cond_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond_cv = PTHREAD_COND_INITIALIZER;
 
 /* Per-thread tallies, summed by the main thread between batches (the
  * partner's are read while it waits, after a release store). */
@@ -57,6 +65,16 @@ static uint64_t now_ns(void) {
 }
 
 static void wait_while(int value, struct tally *t) {
+    if (use_cond) {
+        pthread_mutex_lock(&cond_mu);
+        while (atomic_load_explicit(&word, memory_order_acquire) == value) {
+            pthread_cond_wait(&cond_cv, &cond_mu);
+            atomic_fetch_add_explicit(&t->calls, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&t->woken, 1, memory_order_relaxed);
+        }
+        pthread_mutex_unlock(&cond_mu);
+        return;
+    }
     while (atomic_load_explicit(&word, memory_order_acquire) == value) {
         long r = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, value, NULL, NULL, 0);
         atomic_fetch_add_explicit(&t->calls, 1, memory_order_relaxed);
@@ -68,6 +86,15 @@ static void wait_while(int value, struct tally *t) {
 }
 
 static void set_and_wake(int value, struct tally *t) {
+    if (use_cond) {
+        pthread_mutex_lock(&cond_mu);
+        atomic_store_explicit(&word, value, memory_order_release);
+        pthread_cond_signal(&cond_cv);
+        pthread_mutex_unlock(&cond_mu);
+        atomic_fetch_add_explicit(&t->calls, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&t->wakes_hit, 1, memory_order_relaxed);
+        return;
+    }
     atomic_store_explicit(&word, value, memory_order_release);
     long r = syscall(SYS_futex, &word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
     atomic_fetch_add_explicit(&t->calls, 1, memory_order_relaxed);
@@ -154,6 +181,10 @@ static void hold_until_eof(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "condpingpong") == 0) {
+        use_cond = 1;
+        argv[1] = "pingpong";
+    }
     if (argc == 5 && strcmp(argv[1], "pingpong") == 0) {
         uint64_t batch_ns = (uint64_t)atol(argv[2]) * 1000000u;
         int reps = atoi(argv[3]);
@@ -233,6 +264,6 @@ int main(int argc, char **argv) {
         hold_until_eof();
         return 0;
     }
-    fprintf(stderr, "usage: waits pingpong N REPS CPU | waits rate OPS SECS CPU\n");
+    fprintf(stderr, "usage: waits pingpong|condpingpong N REPS CPU | waits rate OPS SECS CPU\n");
     return 2;
 }

@@ -16,7 +16,10 @@
 //!   `/pid == N/` predicate (like profilerd's in-kernel filter, it runs on
 //!   every event of the system): the floors;
 //! - profilerd --profiles block,mutex, offcpu, and block,mutex,offcpu, at
-//!   the default rates.
+//!   the default rates;
+//! - the same ping-pong through a pthread condition variable, bare and
+//!   under profilerd --profiles block,mutex (which then also runs its
+//!   probe at pthread_cond_wait's entry).
 //!
 //! Timed rounds run with kernel.bpf_stats_enabled off, as its clock reads
 //! add to every program run; one more round with it on gives the BPF run
@@ -65,9 +68,11 @@ enum Setup {
     BlockMutex,
     Offcpu,
     All,
+    CondBare,
+    CondBlockMutex,
 }
 
-const SETUPS: [Setup; 8] = [
+const SETUPS: [Setup; 10] = [
     Setup::Bare,
     Setup::BareFree,
     Setup::TraceFutex,
@@ -76,6 +81,8 @@ const SETUPS: [Setup; 8] = [
     Setup::BlockMutex,
     Setup::Offcpu,
     Setup::All,
+    Setup::CondBare,
+    Setup::CondBlockMutex,
 ];
 
 impl Setup {
@@ -89,7 +96,29 @@ impl Setup {
             Setup::BlockMutex => "profilerd --profiles block,mutex",
             Setup::Offcpu => "profilerd --profiles offcpu",
             Setup::All => "profilerd --profiles block,mutex,offcpu",
+            Setup::CondBare => "no profiler, condition variable",
+            Setup::CondBlockMutex => "profilerd --profiles block,mutex, condition variable",
         }
+    }
+
+    /// The workload's mode: a bare futex word, or a condition variable.
+    fn mode(self) -> &'static str {
+        match self {
+            Setup::CondBare | Setup::CondBlockMutex => "condpingpong",
+            _ => "pingpong",
+        }
+    }
+
+    /// The setup without any profiler for the same workload mode.
+    fn baseline(self) -> Setup {
+        match self.mode() {
+            "condpingpong" => Setup::CondBare,
+            _ => Setup::Bare,
+        }
+    }
+
+    fn is_bare(self) -> bool {
+        matches!(self, Setup::Bare | Setup::BareFree | Setup::CondBare)
     }
 
     fn tracepoints(self) -> Vec<&'static str> {
@@ -103,7 +132,7 @@ impl Setup {
 
     fn profiles(self) -> Option<&'static str> {
         match self {
-            Setup::BlockMutex => Some("block,mutex"),
+            Setup::BlockMutex | Setup::CondBlockMutex => Some("block,mutex"),
             Setup::Offcpu => Some("offcpu"),
             Setup::All => Some("block,mutex,offcpu"),
             _ => None,
@@ -219,7 +248,7 @@ pub fn measure(bin: &Path, work: &Path) -> Result<String> {
             // Rotating the order spreads drifts over every setup.
             let i = (k + round) % SETUPS.len();
             let setup = SETUPS[i];
-            let bare = matches!(setup, Setup::Bare | Setup::BareFree);
+            let bare = setup.is_bare();
             if (stats_round && bare) || figures[i].unavailable.is_some() {
                 continue;
             }
@@ -472,7 +501,7 @@ fn run_pingpong(
     let mut bench = Bench::spawn(
         exe,
         &[
-            "pingpong".into(),
+            setup.mode().into(),
             BATCH_MS.to_string(),
             REPS.to_string(),
             cpu.to_string(),
@@ -835,6 +864,7 @@ fn report(
             .filter(|f| f.unavailable.is_none() && !f.batches.is_empty())
     };
     let bare = get(Setup::Bare).map(Figures::trip);
+    let baseline = |s: Setup| get(s.baseline()).map(Figures::trip);
     let command: Vec<String> = std::env::args().skip(1).collect();
     let mut out = format!(
         "# Futex wait/wake and context-switch cost (block, mutex, offcpu)\n\n\
@@ -842,7 +872,8 @@ fn report(
          | command | `cargo xtask {}` |\n\
          | machine | kernel {}, {} CPUs |\n\
          | workload | xtask/bench/waits.c: two threads pass a token through a futex word \
-         (FUTEX_WAIT_PRIVATE / FUTEX_WAKE_PRIVATE), both pinned to CPU {cpu} under SCHED_BATCH |\n",
+         (FUTEX_WAIT_PRIVATE / FUTEX_WAKE_PRIVATE), or through a pthread mutex and condition \
+         variable (the condition variable rows), both pinned to CPU {cpu} under SCHED_BATCH |\n",
         command.join(" "),
         fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
@@ -881,7 +912,7 @@ fn report(
         let trips: Vec<f64> = f.batches.iter().map(|b| b.ns_per_trip).collect();
         let trip = median(&trips);
         let added = |base: Option<f64>| match base {
-            Some(b) if !matches!(setup, Setup::Bare | Setup::BareFree) => {
+            Some(b) if !setup.is_bare() => {
                 format!("{:+.0}", (trip - b) / 2.0)
             }
             _ => "–".into(),
@@ -897,7 +928,7 @@ fn report(
             "| {label} | {} | {:.0} | {} | {} | {:.2} / {:.2} / {:.3} | {runs} | {bpf_ns} |\n",
             spread(&trips),
             trip / 2.0,
-            added(bare),
+            added(baseline(*setup)),
             added(floor),
             f.of(|b| b.woken_per_trip),
             f.of(|b| b.vcsw_per_trip),
@@ -938,7 +969,9 @@ fn report(
          | empty sched_switch: added per context switch vs no profiler | {} |\n\
          | block+mutex+offcpu: added per pair (one wait, one wake, one switch) vs no profiler \
          | {} |\n\
-         | block+mutex+offcpu: added per pair vs empty programs on all three | {} |\n",
+         | block+mutex+offcpu: added per pair vs empty programs on all three | {} |\n\
+         | block+mutex, condition variable: added per pthread_cond_wait/signal pair vs no \
+         profiler (the futex pair and the probe at pthread_cond_wait) | {} |\n",
         ns(per_pair(Setup::BlockMutex, None)),
         ns(per_pair(Setup::BlockMutex, Some(Setup::TraceFutex))),
         ns(per_pair(Setup::TraceFutex, None)),
@@ -947,6 +980,7 @@ fn report(
         ns(per_switch(Setup::TraceSwitch, None)),
         ns(per_pair(Setup::All, None)),
         ns(per_pair(Setup::All, Some(Setup::TraceBoth))),
+        ns(per_pair(Setup::CondBlockMutex, Some(Setup::CondBare))),
     );
     out += "\nThe daemon meanwhile (every thread, from \"go\" to the last batch; medians over \
             the timed processes). Its own context switches also run the sched_switch program.\n\n\
