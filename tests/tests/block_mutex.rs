@@ -262,6 +262,31 @@ fn wait_args(block_rate: &str, fraction: u64, interval: &str, out: &Path) -> Vec
     .to_vec()
 }
 
+/// Starts `exe ARGS --wait-stdin` and, once it is ready, `profilerd --pid`
+/// with `args` (from [`wait_args`]); lets the workload run to its end,
+/// reaps it as its parent would (the daemon then sees its target gone,
+/// writes the last window and exits 0), and returns its pid and stdout
+/// with the daemon.
+fn profile_workload(
+    exe: &Path,
+    workload_args: &[&str],
+    mut args: Vec<String>,
+) -> (u32, String, Daemon) {
+    let mut all = vec!["--wait-stdin"];
+    all.extend(workload_args);
+    let mut workload = Running::start(exe, &all);
+    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
+    let pid = workload.pid();
+    args.extend(["--pid".to_string(), pid.to_string()]);
+    let mut daemon = Daemon::start(&args);
+    daemon.wait_ready();
+    workload.release();
+    let stdout = workload.finish(WORKLOAD_TIMEOUT);
+    workload.kill();
+    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    (pid, stdout, daemon)
+}
+
 // ---------------------------------------------------------------------------
 // The bias example.
 
@@ -542,22 +567,11 @@ fn profile_mutex_hold(
 ) -> (WaitRun, MutexTruth, String) {
     let exe = Workload::MutexHold.build(dir, exe_name);
     let out = dir.join("out");
-    let mut workload = Running::start(
+    let (pid, stdout, daemon) = profile_workload(
         &exe,
-        &["--wait-stdin", "--iterations", &iterations.to_string()],
+        &["--iterations", &iterations.to_string()],
+        wait_args(MUTEX_BLOCK_RATE, fraction, interval, &out),
     );
-    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
-    let pid = workload.pid();
-    let mut args = wait_args(MUTEX_BLOCK_RATE, fraction, interval, &out);
-    args.extend(["--pid".to_string(), pid.to_string()]);
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
-    workload.release();
-    let stdout = workload.finish(WORKLOAD_TIMEOUT);
-    // Reaped, as its parent would do; the daemon then sees its target gone,
-    // writes the last window and exits 0.
-    workload.kill();
-    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
     assert_eq!(
         field(&parse_report(&stdout, "pid"), "pid"),
         u64::from(pid),
@@ -743,17 +757,11 @@ fn condition_waits_name_their_condition() {
     let exe = Workload::CondWait.build(tmp.path(), "cond_wait");
     let out = tmp.path().join("out");
     // About 1.2 s: 600 signals 2 ms apart.
-    let mut workload = Running::start(&exe, &["--wait-stdin", "--iterations", "600"]);
-    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
-    let pid = workload.pid();
-    let mut args = wait_args(MUTEX_BLOCK_RATE, 1, "60s", &out);
-    args.extend(["--pid".to_string(), pid.to_string()]);
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
-    workload.release();
-    let stdout = workload.finish(WORKLOAD_TIMEOUT);
-    workload.kill();
-    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let (pid, stdout, daemon) = profile_workload(
+        &exe,
+        &["--iterations", "600"],
+        wait_args(MUTEX_BLOCK_RATE, 1, "60s", &out),
+    );
     let cond = field(&parse_report(&stdout, "addr"), "addr");
     let mutex = field(&parse_report(&stdout, "addr"), "mutex");
     let tally = parse_report(&stdout, "waits");
@@ -868,17 +876,7 @@ fn go_goroutines_blocked_on_a_channel() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/chan_block.go");
     let exe = profiler_tests::workloads::compile(cmd, &src, &tmp.path().join("chan_block"));
     let out = tmp.path().join("out");
-    let mut workload = Running::start(&exe, &["--wait-stdin"]);
-    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
-    let pid = workload.pid();
-    let mut args = wait_args("10us", 100, "60s", &out);
-    args.extend(["--pid".to_string(), pid.to_string()]);
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
-    workload.release();
-    let stdout = workload.finish(WORKLOAD_TIMEOUT);
-    workload.kill();
-    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+    let (pid, stdout, daemon) = profile_workload(&exe, &[], wait_args("10us", 100, "60s", &out));
     let blocked_ns = field(&parse_report(&stdout, "blocked_ns"), "blocked_ns");
     let run = WaitRun::read(&out, 100, pid, &stdout, daemon);
     let at_receive = |s: &FlatSample| {
