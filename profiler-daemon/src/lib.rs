@@ -10,6 +10,7 @@ pub mod frames;
 pub mod go_park;
 pub mod heap;
 pub mod limits;
+pub mod link_closer;
 pub mod map_syscalls;
 pub mod metrics;
 pub mod notify;

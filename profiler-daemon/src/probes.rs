@@ -5,6 +5,7 @@
 use std::fs;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
@@ -16,6 +17,7 @@ use profiler_common::{
     LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
 };
 
+use crate::link_closer::LinkCloser;
 use crate::map_syscalls::{self, BatchError};
 use crate::stack_tops::TopUpdate;
 use crate::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
@@ -135,6 +137,8 @@ pub struct Probes {
     go_parks: Option<UprobeLinks>,
     /// The condition variable probes' program and links (likewise).
     cond_parks: Option<UprobeLinks>,
+    /// Closes the uprobe links that are let go.
+    closer: Arc<LinkCloser>,
 }
 
 impl Probes {
@@ -205,6 +209,7 @@ impl Probes {
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.
+        let closer = LinkCloser::new();
         let allocators = match config.heap_sample_bytes {
             Some(_) => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "heap_probe", true)?,
@@ -212,6 +217,7 @@ impl Probes {
                 crate::allocators::find,
                 &profiler_common::alloc_fn::NAMES,
                 config.filter_targets,
+                Arc::clone(&closer),
             )),
             None => None,
         };
@@ -222,6 +228,7 @@ impl Probes {
                 crate::go_park::find,
                 &profiler_common::go_fn::NAMES,
                 config.filter_targets,
+                Arc::clone(&closer),
             )),
             false => None,
         };
@@ -232,6 +239,7 @@ impl Probes {
                 crate::cond_park::find,
                 &profiler_common::cond_fn::NAMES,
                 config.filter_targets,
+                Arc::clone(&closer),
             )),
             false => None,
         };
@@ -289,6 +297,7 @@ impl Probes {
             allocators,
             go_parks,
             cond_parks,
+            closer,
         };
         for name in [
             "sched_process_fork",
@@ -427,6 +436,7 @@ impl Probes {
         for links in self.uprobe_links() {
             links.detach_all();
         }
+        self.closer.finish();
         for name in [
             "futex_enter",
             "futex_wait_enter",
@@ -518,6 +528,17 @@ impl Probes {
     /// The heap probes' links, when heap profiles are on.
     pub fn allocators(&mut self) -> Option<&mut UprobeLinks> {
         self.allocators.as_mut()
+    }
+
+    /// Uprobe links closed on the event loop's thread, the closer's queue
+    /// being full.
+    pub fn links_closed_inline(&self) -> u64 {
+        self.closer.closed_inline()
+    }
+
+    /// The condition variable probes' links, when block profiles are on.
+    pub fn cond_parks(&mut self) -> Option<&mut UprobeLinks> {
+        self.cond_parks.as_mut()
     }
 
     /// Every set of uprobe links (heap allocators, Go and condition

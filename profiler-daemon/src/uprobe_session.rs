@@ -27,6 +27,8 @@ use aya::maps::Map;
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type};
 use thiserror::Error;
 
+use crate::link_closer::LinkCloser;
+
 /// Files whose probe points are remembered (found or not).
 const MAX_FILES: usize = 4096;
 /// Links kept at once (files times target processes).
@@ -205,6 +207,8 @@ pub struct UprobeLinks {
     per_process: bool,
     files: HashMap<FileId, Option<Arc<ProbePoints>>>,
     links: HashMap<(FileId, u32), OwnedFd>,
+    /// Where dropped links go to be closed (see `link_closer`).
+    closer: Arc<LinkCloser>,
     stats: AttachStats,
     failure_logged: bool,
 }
@@ -216,6 +220,7 @@ impl UprobeLinks {
         find: Finder,
         names: &'static [&'static str],
         per_process: bool,
+        closer: Arc<LinkCloser>,
     ) -> Self {
         UprobeLinks {
             program,
@@ -225,6 +230,7 @@ impl UprobeLinks {
             per_process,
             files: HashMap::new(),
             links: HashMap::new(),
+            closer,
             stats: AttachStats::default(),
             failure_logged: false,
         }
@@ -341,7 +347,9 @@ impl UprobeLinks {
             .attach(&c_path, &probes.offsets, &probes.cookies, pid)
         {
             Ok(link) => {
-                self.links.insert((id, pid), link);
+                if let Some(old) = self.links.insert((id, pid), link) {
+                    self.closer.close(old);
+                }
             }
             // The process may have exited meanwhile (ESRCH, ENOENT).
             Err(e) => self.note_failure(path, &e.to_string()),
@@ -350,8 +358,10 @@ impl UprobeLinks {
 
     /// Takes a link that a child made for itself before exec.
     pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
-        if let Ok(meta) = fs::metadata(path) {
-            self.links.insert(((meta.dev(), meta.ino()), pid), link);
+        if let Ok(meta) = fs::metadata(path)
+            && let Some(old) = self.links.insert(((meta.dev(), meta.ino()), pid), link)
+        {
+            self.closer.close(old);
         }
     }
 
@@ -370,13 +380,18 @@ impl UprobeLinks {
     /// Drops the links of a process that exited.
     pub fn forget_process(&mut self, pid: u32) {
         if pid != 0 {
-            self.links.retain(|&(_, owner), _| owner != pid);
+            for (_, link) in self.links.extract_if(|&(_, owner), _| owner == pid) {
+                self.closer.close(link);
+            }
         }
     }
 
-    /// Detaches everything.
+    /// Detaches everything (the links are closed by the closer: see
+    /// [`LinkCloser::finish`]).
     pub fn detach_all(&mut self) {
-        self.links.clear();
+        for (_, link) in self.links.drain() {
+            self.closer.close(link);
+        }
     }
 }
 
