@@ -278,7 +278,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         r.log_totals();
     }
     reported.report(&probes);
-    log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap);
+    log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap, &waits);
     observe(
         &publisher.metrics,
         &mut probes,
@@ -869,6 +869,7 @@ fn read_wait_events(
             cond: event.cond,
         };
         if kind == wait_event::BLOCK {
+            waits.mutex.note_cond_word(&id);
             waits.block.add(id, event.value, waits.block_rate_ns);
         } else {
             waits.mutex.wake(event.value, id);
@@ -1315,7 +1316,18 @@ fn log_summary(
     symbolizer: &Symbolizer,
     procs: &ProcessTable,
     heap: &HeapTable,
+    waits: &Waits,
 ) {
+    if let Some(conds) = probes.cond_parks() {
+        let a = conds.stats();
+        tracing::info!(
+            condition_links = a.links,
+            condition_attach_failures = a.failures,
+            mutex_orphan_delays = waits.mutex.orphan_delays,
+            cond_words_cleared = waits.mutex.cond_words_cleared,
+            "wait summary"
+        );
+    }
     if let Some(allocators) = probes.allocators() {
         let a = allocators.stats();
         let c = probes.counters();
@@ -1369,6 +1381,7 @@ fn log_summary(
         processes = p.processes,
         open_handles = p.open_handles,
         handle_limit_hits = p.handle_limit_hits,
+        uprobe_links_closed_inline = probes.links_closed_inline(),
         symbol_cache_evictions = s.cache_evictions,
         unwind_evictions = u.evictions,
         "summary"

@@ -17,6 +17,8 @@ use crate::rescale::{block_event, mutex_event};
 const MAX_WAKES: usize = 16_384;
 /// Delays kept while their wake-up's own event has not arrived yet.
 const MAX_EARLY_DELAYS: usize = 16_384;
+/// Futex words known to lie in a condition variable.
+const MAX_COND_WORDS: usize = 16_384;
 
 /// Estimated contentions and delay (ns) of one stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -64,8 +66,14 @@ pub struct MutexTable {
     /// Delays whose wake-up has not been seen yet.
     early: HashMap<u64, u64>,
     window: HashMap<Arc<SampleId>, Weight>,
+    /// The condition variable of each futex word that waits inside
+    /// `pthread_cond_*wait` were seen on, by (process, image, word): a
+    /// wake-up on such a word is a signal or broadcast of that condition.
+    cond_words: HashMap<(u32, u32, u64), u64>,
     /// Delays whose wake-up was never seen (dropped by a full ring).
     pub orphan_delays: u64,
+    /// Times the table of condition words was full and started afresh.
+    pub cond_words_cleared: u64,
 }
 
 impl MutexTable {
@@ -76,8 +84,26 @@ impl MutexTable {
             wake_order: VecDeque::new(),
             early: HashMap::default(),
             window: HashMap::default(),
+            cond_words: HashMap::default(),
             orphan_delays: 0,
+            cond_words_cleared: 0,
         }
+    }
+
+    /// A wait on futex word `id.object` was made inside a wait on condition
+    /// `id.cond` (the waker's side names no condition: it calls
+    /// pthread_cond_signal or _broadcast, which are not probed, as they
+    /// are often called with nobody waiting).
+    pub fn note_cond_word(&mut self, id: &SampleId) {
+        if id.cond == 0 || id.object == 0 {
+            return;
+        }
+        if self.cond_words.len() >= MAX_COND_WORDS {
+            self.cond_words.clear();
+            self.cond_words_cleared += 1;
+        }
+        self.cond_words
+            .insert((id.tgid, id.generation, id.object), id.cond);
     }
 
     /// A kept wake-up that woke someone, made at `id`'s stack.
@@ -115,8 +141,26 @@ impl MutexTable {
         }
     }
 
+    /// The window's wake-ups, each on a condition's word labelled with
+    /// that condition.
     pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
-        self.window.drain().collect()
+        let cond_words = &self.cond_words;
+        self.window
+            .drain()
+            .map(|(id, weight)| {
+                let cond = cond_words.get(&(id.tgid, id.generation, id.object));
+                match cond {
+                    Some(&cond) if id.cond == 0 => (
+                        Arc::new(SampleId {
+                            cond,
+                            ..(*id).clone()
+                        }),
+                        weight,
+                    ),
+                    _ => (id, weight),
+                }
+            })
+            .collect()
     }
 }
 
@@ -158,6 +202,28 @@ mod tests {
         assert_eq!(rows[&2].contentions, 1.0);
         assert_eq!(rows[&2].delay_ns, 5_000_000.0);
         assert!(w.close().is_empty());
+    }
+
+    #[test]
+    fn wakes_on_a_condition_word_name_the_condition() {
+        let mut m = MutexTable::new(1);
+        let word = |frame, object, cond| SampleId {
+            object,
+            cond,
+            ..id(frame)
+        };
+        // A wait inside pthread_cond_wait on word 0x1008 of condition
+        // 0x1000; wake-ups on that word and on another.
+        m.note_cond_word(&word(1, 0x1008, 0x1000));
+        m.wake(1, word(2, 0x1008, 0));
+        m.wake(2, word(3, 0x2000, 0));
+        let mut rows: Vec<(u64, u64)> = m
+            .close()
+            .iter()
+            .map(|(id, _)| (id.object, id.cond))
+            .collect();
+        rows.sort();
+        assert_eq!(rows, [(0x1008, 0x1000), (0x2000, 0)]);
     }
 
     #[test]

@@ -742,6 +742,7 @@ fn mutex_held_one_wakeup_in_five() {
 /// The sites of cond_wait, and its waiting thread's name.
 const COND_SITES: [&str; 2] = ["sleeper_wait", "sleeper_timedwait"];
 const SLEEPER: &str = "sleeper";
+const SIGNALER: &str = "signaler";
 
 /// A thread waiting on a condition variable (pthread_cond_wait and
 /// pthread_cond_timedwait, 2 ms per wait): the block profile charges the
@@ -749,7 +750,8 @@ const SLEEPER: &str = "sleeper";
 /// measured, and labels them with the condition's own address (`cond`,
 /// from the probe at `pthread_cond_*wait`'s entry), where the futex word
 /// (`lock`) is a word inside the condition; the mutex the wait takes again
-/// is not labelled as the condition.
+/// is not labelled as the condition. The mutex profile charges the same
+/// time to the signaler's wake-ups, also labelled with the condition.
 #[test]
 fn condition_waits_name_their_condition() {
     require_root();
@@ -838,15 +840,48 @@ fn condition_waits_name_their_condition() {
             run.diag()
         );
     }
-    // Waits for the mutex keep its address and no condition.
+    // The mutex profile charges the waiting to the signaler, every
+    // contended wake-up kept (fraction 1); its wake-ups on the condition's
+    // words are named by the condition, learnt from the waits on them.
+    let signals: Vec<&FlatSample> = run
+        .mutex
+        .iter()
+        .filter(|s| s.has_function(SIGNALER))
+        .collect();
+    let woke = wait_of(signals.iter().copied());
+    let named = wait_of(
+        signals
+            .iter()
+            .copied()
+            .filter(|s| s.label("cond") == Some(cond_label.as_str())),
+    );
+    println!(
+        "mutex at {SIGNALER}: {} contentions, {:.1} ms ({:.3}); with cond={cond_label}: {:.1} ms",
+        woke.contentions,
+        ms(woke.delay as f64),
+        ratio(woke.delay, truth_ns),
+        ms(named.delay as f64)
+    );
+    assert!(
+        within(woke.delay, truth_ns, MUTEX_TOLERANCE)
+            && named.delay as f64 >= 0.9 * woke.delay as f64,
+        "mutex profile at {SIGNALER}: {:.1} ms of delay ({:.1} ms with cond={cond_label}), the sleeper measured {:.1} ms\n{table}{}",
+        ms(woke.delay as f64),
+        ms(named.delay as f64),
+        ms(truth_ns as f64),
+        run.diag()
+    );
+    // Waits for the mutex, and wake-ups of its waiters, keep its address
+    // and no condition.
     for s in run
         .block
         .iter()
+        .chain(&run.mutex)
         .filter(|s| s.label("lock") == Some(mutex_label.as_str()))
     {
         assert!(
             s.label("cond").is_none(),
-            "a wait for the mutex labelled with a condition: {:?}{}",
+            "a wait for the mutex, or a wake-up of its waiters, labelled with a condition: {:?}{}",
             s.labels,
             run.diag()
         );

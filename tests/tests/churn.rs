@@ -319,6 +319,13 @@ fn check_common(run: &ChurnRun, files: usize) {
     ] {
         run.summary_field("heap summary", key);
     }
+    for key in [
+        "condition_attach_failures",
+        "mutex_orphan_delays",
+        "cond_words_cleared",
+    ] {
+        run.summary_field("wait summary", key);
+    }
 }
 
 /// Bounds under churn. Measured peaks are printed by the tests (see
