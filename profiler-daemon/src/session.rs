@@ -641,11 +641,12 @@ fn add_heap_alloc<const N: usize>(
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
-    // set was forgotten then), so it is counted as allocated only.
+    // set was forgotten then), so it is counted as allocated only. (A
+    // process that could not be read is taken as live.)
     let mut live = alloc.live != 0;
     if live
         && (generation != procs.generation(alloc.tgid)
-            || procs.peek(alloc.tgid).is_none_or(|info| info.is_exited()))
+            || procs.peek(alloc.tgid).is_some_and(|info| info.is_exited()))
     {
         live = false;
         probes.forget_live(alloc.tgid, &[alloc.addr]);
