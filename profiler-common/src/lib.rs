@@ -111,6 +111,10 @@ pub struct SampleKey {
     pub kernel_stack: StackHash,
     /// The thread's name at the time of the sample.
     pub comm: [u8; COMM_LEN],
+    /// When the process's image started (ns, CLOCK_MONOTONIC, as the
+    /// NEW or EXEC event of that image has it; 0: unknown): tells the
+    /// daemon which image ran, whenever the counts are drained.
+    pub image_since: u64,
 }
 
 /// What a [`ProcEvent`] reports.

@@ -60,7 +60,9 @@ pub struct CpuWindow {
 
 impl CpuWindow {
     /// Merges one drained buffer into the window.
-    pub fn absorb(&mut self, drained: Drained, generation: impl Fn(u32) -> u32) {
+    /// Adds drained counts; `generation(tgid, image_since)` names the image
+    /// each key's process ran (see `ProcessTable::generation_at`).
+    pub fn absorb(&mut self, drained: Drained, generation: impl Fn(u32, u64) -> u32) {
         let Drained { counts, stacks } = drained;
         // Stacks shared by several keys are shared in memory too.
         let stacks: HashMap<StackHash, Arc<[u64]>> = stacks
@@ -89,7 +91,7 @@ impl CpuWindow {
             };
             let kernel = resolve(key.kernel_stack);
             let mut id = sample_id(&key, user, kernel);
-            id.generation = generation(key.tgid);
+            id.generation = generation(key.tgid, key.image_since);
             *self.samples.entry(id).or_insert(0) += count;
         }
         self.missing_stacks += missing;
@@ -132,6 +134,7 @@ mod tests {
             user_stack: user,
             kernel_stack: kernel,
             comm,
+            image_since: 0,
         }
     }
 
@@ -150,7 +153,7 @@ mod tests {
                     ],
                     stacks,
                 },
-                |_| 0,
+                |_, _| 0,
             );
         }
         assert_eq!(window.total(), 16);

@@ -170,29 +170,29 @@ pub async fn run(settings: Settings) -> Result<()> {
             // (records carry their time; see ProcessTable::generation_at).
             guard = events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                take_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 guard.clear_ready();
             }
             guard = wait_events.readable_mut() => {
                 let mut guard = guard.context("waiting for wait events")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_wait_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut waits);
                 guard.clear_ready();
             }
             guard = heap_events.readable_mut() => {
                 let mut guard = guard.context("waiting for heap events")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_heap_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
                 guard.clear_ready();
             }
             guard = stack_samples.readable_mut() => {
                 let mut guard = guard.context("waiting for stack samples")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 drain_once(&mut probes, &procs, &mut window.cpu).await;
                 // The kernel wakes us for stack samples only when their ring
                 // fills up; collect the rest here.
@@ -219,7 +219,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += settings.interval;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind, &mut window.cpu).await;
+                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 drain_once(&mut probes, &procs, &mut window.cpu).await;
                 read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
                 read_heap_events(heap_events.get_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
@@ -244,9 +244,7 @@ pub async fn run(settings: Settings) -> Result<()> {
         &mut heap,
         &mut exec_rescan,
         settings.unwind,
-        &mut window.cpu,
-    )
-    .await;
+    );
     read_heap_events(
         heap_events.get_mut(),
         &mut procs,
@@ -334,32 +332,29 @@ async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &mut CpuWind
     };
     tokio::time::sleep(FLIP_GRACE).await;
     match probes.drain(buffer) {
-        Ok(drained) => cpu.absorb(drained, |tgid| procs.generation(tgid)),
+        Ok(drained) => cpu.absorb(drained, |tgid, since| match since {
+            0 => procs.generation(tgid),
+            since => procs.generation_at(tgid, since),
+        }),
         Err(e) => tracing::warn!("{e}"),
     }
 }
 
-/// Reads and applies the process events. A new image under a known pid (an
-/// exec, or a new process reusing the pid of one that exited) is applied
-/// after the aggregated CPU counts are drained: they carry no time, so the
-/// counts taken so far are charged to the old image. Records of the rings
-/// carry their time, and are given the image that ran then whenever they
-/// are read.
-#[allow(clippy::too_many_arguments)]
-async fn take_proc_events(
+/// Reads and applies the process events, new images under known pids (an
+/// exec, or a new process reusing the pid of one that exited) included.
+/// Every record of a process carries the kernel time it was taken (ring
+/// records) or the start of the image it ran (aggregated CPU counts), and
+/// is given the image that ran then, whenever it is read.
+fn take_proc_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
-    cpu: &mut CpuWindow,
 ) {
     let new_images = read_proc_events(ring, procs, probes, heap, exec_rescan, unwind);
-    if !new_images.is_empty() {
-        drain_once(probes, procs, cpu).await;
-        apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
-    }
+    apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
 }
 
 /// Applies process events, but for new images under known pids, which are

@@ -116,8 +116,11 @@ static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+/// Processes the daemon knows, each with the kernel time its current image
+/// started (its first sample, or its latest exec's rename): aggregated CPU
+/// counts carry it, as they carry no time of their own.
 #[map]
-static SEEN: LruHashMap<u32, u8> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
+static SEEN: LruHashMap<u32, u64> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
 /// Tasks forked by a known process that have not exec'd: their exec must
 /// reach the daemon, which symbolizes them with their parent's mappings
 /// until then.
@@ -281,15 +284,31 @@ fn send_proc_event_at(kind: u32, tgid: u32, parent: u32, time_ns: u64) {
     }
 }
 
-/// Tells the daemon about a process the first time it is sampled.
+/// Tells the daemon about a process the first time it is sampled; returns
+/// when its current image started (the NEW event's time, or its exec's).
 #[inline(always)]
-fn note_process(tgid: u32) {
+fn note_process(tgid: u32) -> u64 {
+    // SAFETY: the value is copied out.
+    if let Some(&since) = unsafe { SEEN.get(tgid) } {
+        return since;
+    }
+    // SAFETY: plain helper.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // BPF_NOEXIST: when two CPUs race here, only one sends the event.
+    if SEEN.insert(tgid, now, BPF_NOEXIST as u64).is_ok() {
+        send_proc_event_at(proc_event::NEW, tgid, 0, now);
+        return now;
+    }
+    // SAFETY: the value is copied out.
+    unsafe { SEEN.get(tgid) }.copied().unwrap_or(0)
+}
+
+/// A known process's image started at `since` (its exec).
+#[inline(always)]
+fn note_image(tgid: u32, since: u64) {
     // SAFETY: presence check only.
-    if unsafe { SEEN.get(tgid).is_none() } {
-        // BPF_NOEXIST: when two CPUs race here, only one sends the event.
-        if SEEN.insert(tgid, 1u8, BPF_NOEXIST as u64).is_ok() {
-            send_proc_event(proc_event::NEW, tgid);
-        }
+    if unsafe { SEEN.get(tgid).is_some() } {
+        let _ = SEEN.insert(tgid, since, 0);
     }
 }
 
@@ -303,7 +322,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     count(counter::SAMPLES);
-    note_process(tgid);
+    let image_since = note_process(tgid);
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
@@ -333,6 +352,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
         user_stack,
         kernel_stack,
         comm,
+        image_since,
     };
     match counts.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map; no other writer.
@@ -1794,11 +1814,14 @@ pub fn sched_prepare_exec(_ctx: TracePointContext) -> u32 {
 pub fn task_rename(_ctx: TracePointContext) -> u32 {
     if let Some(start) = EXEC_STARTS.current(false) {
         // SAFETY: the current thread's value.
-        unsafe {
-            if *start != 0 {
-                *start = bpf_ktime_get_ns();
+        let renamed = unsafe {
+            if *start == 0 {
+                return 0;
             }
-        }
+            *start = bpf_ktime_get_ns();
+            *start
+        };
+        note_image((bpf_get_current_pid_tgid() >> 32) as u32, renamed);
     }
     0
 }
@@ -1819,6 +1842,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
             *start = 0;
         }
     }
+    note_image(tgid, started);
     // SAFETY: presence check only.
     if (global_u8(&REPORT_PROCESS_EVENTS) != 0 && is_target(tgid))
         || unsafe { SEEN.get(tgid).is_some() }

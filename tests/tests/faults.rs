@@ -641,12 +641,9 @@ fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
         "every sample of the pid names one of the two binaries{}",
         d()
     );
-    // Copies unwound in the daemon carry their time: none is given the
-    // other image. (Frame-pointer counts carry none: those taken between
-    // the exec and the daemon reading it go to the old image.)
-    if extra.is_empty() {
-        check_images_match_threads(tag, &samples, d);
-    }
+    // Copies carry their time, counts the start of their image: none is
+    // given the other image.
+    check_images_match_threads(tag, &samples, d);
 }
 
 /// Every sample's process name (`comm`, from the image the daemon gave the
@@ -681,10 +678,17 @@ fn check_images_match_threads(tag: &str, samples: &[FlatSample], d: impl Fn() ->
 /// A chain of 12 execs, 0.15 s apart, alternating between two names of
 /// one program, sampled at 999 Hz: each exec is read by the daemon a few
 /// milliseconds after it happened, while samples of the new image keep
-/// coming; every one of them must get the image that ran (the kernel's
-/// time of each sample against that of the exec).
+/// coming; every one of them must get the image that ran. Both ways of
+/// capturing stacks: copies, which carry the kernel's time of the sample
+/// (auto), and counts aggregated in the kernel, which carry the start of
+/// the image they ran (fp).
 #[test]
 fn exec_chain_gives_every_sample_the_image_that_ran() {
+    exec_chain_run("auto", &[]);
+    exec_chain_run("fp", &["--unwind", "fp"]);
+}
+
+fn exec_chain_run(tag: &str, extra: &[&str]) {
     require_root();
     let tmp = temp_dir();
     let a = build_c("exec_burn.c", tmp.path(), "exec_chain_a");
@@ -707,16 +711,19 @@ fn exec_chain_gives_every_sample_the_image_that_ran() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut target = Running::start(Path::new(&a), &args);
     let pid = target.pid();
-    let mut daemon = Daemon::start(&[
+    let pid_arg = pid.to_string();
+    let mut args = vec![
         "--pid",
-        &pid.to_string(),
+        pid_arg.as_str(),
         "--cpu-frequency",
         "999",
         "--interval",
         "60s",
         "--output-dir",
         out.to_str().unwrap(),
-    ]);
+    ];
+    args.extend(extra);
+    let mut daemon = Daemon::start(&args);
     daemon.wait_ready();
     target.release();
     let stdout = target.finish(Duration::from_secs(30));
@@ -736,7 +743,7 @@ fn exec_chain_gives_every_sample_the_image_that_ran() {
     let samples = of_pid(&flatten_all(&files), pid);
     let d = || {
         format!(
-            "\nchain: {} files{}",
+            "\nchain {tag}: {} files{}",
             files.len(),
             diag(&samples, &files, &daemon)
         )
@@ -756,7 +763,7 @@ fn exec_chain_gives_every_sample_the_image_that_ran() {
             d()
         );
     }
-    check_images_match_threads("chain", &samples, d);
+    check_images_match_threads(&format!("chain {tag}"), &samples, d);
 }
 
 /// A new process that gets the pid of one that exited (forced with clone3's
