@@ -118,7 +118,10 @@ static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
 /// Processes the daemon knows, each with the kernel time its current image
 /// started (its first sample, or its latest exec's rename): aggregated CPU
-/// counts carry it, as they carry no time of their own.
+/// counts carry it, as they carry no time of their own. A process whose
+/// main thread exited is kept as [`EXITED`] until its pid is given to a
+/// new task, so that the last samples of its exit are not taken for a new
+/// process under the same pid.
 #[map]
 static SEEN: LruHashMap<u32, u64> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
 /// Tasks forked by a known process that have not exec'd: their exec must
@@ -284,13 +287,17 @@ fn send_proc_event_at(kind: u32, tgid: u32, parent: u32, time_ns: u64) {
     }
 }
 
+/// The value of a `SEEN` process whose main thread exited.
+const EXITED: u64 = u64::MAX;
+
 /// Tells the daemon about a process the first time it is sampled; returns
-/// when its current image started (the NEW event's time, or its exec's).
+/// when its current image started (the NEW event's time, or its exec's; 0
+/// for a process on its way out, whose image the daemon knows).
 #[inline(always)]
 fn note_process(tgid: u32) -> u64 {
     // SAFETY: the value is copied out.
     if let Some(&since) = unsafe { SEEN.get(tgid) } {
-        return since;
+        return if since == EXITED { 0 } else { since };
     }
     // SAFETY: plain helper.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -303,7 +310,8 @@ fn note_process(tgid: u32) -> u64 {
     unsafe { SEEN.get(tgid) }.copied().unwrap_or(0)
 }
 
-/// A known process's image started at `since` (its exec).
+/// A known process's image started at `since` (its exec). A process whose
+/// old main thread exited (an exec from another thread) lives on.
 #[inline(always)]
 fn note_image(tgid: u32, since: u64) {
     // SAFETY: presence check only.
@@ -1758,6 +1766,15 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: the offset comes from this kernel's format file.
+    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
+    // SAFETY: reading a field of the tracepoint record.
+    let child: i32 = match unsafe { ctx.read_at(offset) } {
+        Ok(c) => c,
+        Err(_) => return 0,
+    };
+    // The pid of a process that exited is someone else's from now on.
+    let _ = SEEN.remove(child as u32);
     // SAFETY: presence check only.
     let parent_seen = unsafe { SEEN.get(parent_tgid).is_some() };
     let follow = global_u8(&FOLLOW_FORKS) != 0
@@ -1766,13 +1783,6 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
     if !parent_seen && !follow {
         return 0;
     }
-    // SAFETY: the offset comes from this kernel's format file.
-    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
-    // SAFETY: reading a field of the tracepoint record.
-    let child: i32 = match unsafe { ctx.read_at(offset) } {
-        Ok(c) => c,
-        Err(_) => return 0,
-    };
     if parent_seen && child as u32 != parent_tgid && FORKED.insert(child as u32, 1u8, 0).is_ok() {
         // Sent before the child can run, so before its NEW event: a child
         // that is gone before the daemon reads its mappings is symbolized
@@ -1875,7 +1885,9 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     // The process is gone: a new process that gets its pid is someone else,
     // not a target (the daemon's own clean-up comes up to a second later).
     let _ = TARGETS.remove(tgid);
-    if SEEN.remove(tgid).is_ok() {
+    // SAFETY: the value is copied out.
+    if unsafe { SEEN.get(tgid) }.is_some_and(|&v| v != EXITED) {
+        let _ = SEEN.insert(tgid, EXITED, 0);
         send_proc_event(proc_event::EXIT, tgid);
     }
     0
