@@ -341,10 +341,11 @@ async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &mut CpuWind
 }
 
 /// Reads and applies the process events, new images under known pids (an
-/// exec, or a new process reusing the pid of one that exited) included.
-/// Every record of a process carries the kernel time it was taken (ring
-/// records) or the start of the image it ran (aggregated CPU counts), and
-/// is given the image that ran then, whenever it is read.
+/// exec, or a new process reusing the pid of one that exited) last, once
+/// the batch has said which of them exited already. Every record of a
+/// process carries the kernel time it was taken (ring records) or the
+/// start of the image it ran (aggregated CPU counts), and is given the
+/// image that ran then, whenever it is read.
 fn take_proc_events(
     ring: &mut RingBuf<MapData>,
     procs: &mut ProcessTable,
@@ -353,20 +354,6 @@ fn take_proc_events(
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
 ) {
-    let new_images = read_proc_events(ring, procs, probes, heap, exec_rescan, unwind);
-    apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
-}
-
-/// Applies process events, but for new images under known pids, which are
-/// returned for [`apply_new_images`] (see [`take_proc_events`]).
-fn read_proc_events(
-    ring: &mut RingBuf<MapData>,
-    procs: &mut ProcessTable,
-    probes: &mut Probes,
-    heap: &mut HeapTable,
-    exec_rescan: &mut Vec<u32>,
-    unwind: UnwindMode,
-) -> Vec<NewImage> {
     let mut new_images: Vec<NewImage> = Vec::new();
     while let Some(item) = ring.next() {
         let Some(event) = read_record::<ProcEvent>(&item) else {
@@ -410,10 +397,10 @@ fn read_proc_events(
             _ => {}
         }
     }
-    new_images
+    apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
 }
 
-/// Applies new images under known pids (see [`read_proc_events`]): the
+/// Applies new images under known pids (see [`take_proc_events`]): the
 /// old image's snapshot is kept for its samples, and its live heap set is
 /// forgotten, as at an exit (its address space is gone).
 /// A new image under a known pid, waiting for the samples of the old one
