@@ -1884,9 +1884,15 @@ pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
     }
     // The process is gone: a new process that gets its pid is someone else,
     // not a target (the daemon's own clean-up comes up to a second later).
-    let _ = TARGETS.remove(tgid);
+    let was_target = TARGETS.remove(tgid).is_ok();
     // SAFETY: the value is copied out.
-    if unsafe { SEEN.get(tgid) }.is_some_and(|&v| v != EXITED) {
+    let seen = unsafe { SEEN.get(tgid) }.copied();
+    // A target the daemon heard of (it holds probes for it) is reported even
+    // if it was never sampled, or its probes would outlive it.
+    let reported_target = was_target && global_u8(&REPORT_PROCESS_EVENTS) != 0;
+    if seen.is_some_and(|v| v != EXITED) || (seen.is_none() && reported_target) {
+        // Marked, so that the samples of its exit path are not taken for a
+        // new process.
         let _ = SEEN.insert(tgid, EXITED, 0);
         send_proc_event(proc_event::EXIT, tgid);
     }

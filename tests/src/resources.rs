@@ -26,6 +26,8 @@ pub struct Usage {
     pub anon_kib: u64,
     /// Open file descriptors.
     pub fds: u64,
+    /// Of those, BPF links (each probe attachment holds one).
+    pub links: u64,
 }
 
 /// Reads `pid`'s memory and descriptor count now; None once it is gone.
@@ -38,12 +40,19 @@ pub fn read_usage(pid: u32, at: Duration) -> Option<Usage> {
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|n| n.parse::<u64>().ok())
     };
-    let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    let (mut fds, mut links) = (0, 0);
+    for entry in fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten() {
+        fds += 1;
+        if fs::read_link(entry.path()).is_ok_and(|t| t.as_os_str() == "anon_inode:bpf_link") {
+            links += 1;
+        }
+    }
     Some(Usage {
         at,
         rss_kib: kib("VmRSS:")?,
         anon_kib: kib("RssAnon:")?,
         fds,
+        links,
     })
 }
 
@@ -138,15 +147,16 @@ pub fn mean_between(
 /// The readings as a table (one line per reading), for failure messages
 /// and reports.
 pub fn table(samples: &[Usage]) -> String {
-    let mut out = String::from("    s   rss_kib  anon_kib   fds\n");
+    let mut out = String::from("    s   rss_kib  anon_kib   fds links\n");
     for u in samples {
         let _ = writeln!(
             out,
-            "{:>5} {:>9} {:>9} {:>5}",
+            "{:>5} {:>9} {:>9} {:>5} {:>5}",
             u.at.as_secs(),
             u.rss_kib,
             u.anon_kib,
-            u.fds
+            u.fds,
+            u.links
         );
     }
     out

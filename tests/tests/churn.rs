@@ -605,6 +605,21 @@ fn check_soak(usage: &[Usage], out: &Path, daemon: &Daemon, stdout: &str) {
         "RssAnon grew from a mean of {middle:.0} KiB (30-60 s) to {last:.0} KiB (60-90 s){}",
         d()
     );
+    // Each churned process gets its own probe links; they must go with it,
+    // sampled or not, rather than pile up until the daemon stops.
+    let links = |u: &Usage| u.links;
+    let (Some(middle), Some(last)) = (
+        mean_between(usage, secs(30), secs(60), links),
+        mean_between(usage, secs(60), secs(90), links),
+    ) else {
+        panic!("too few readings of the daemon{}", d());
+    };
+    println!("soak (short): mean BPF links {middle:.0} over 30-60 s, {last:.0} over 60-90 s");
+    assert!(
+        last <= middle * 1.25 + 32.0,
+        "the daemon's BPF links grew from a mean of {middle:.0} (30-60 s) to {last:.0} (60-90 s){}",
+        d()
+    );
     assert!(
         !read_profiles(out, "cpu").is_empty(),
         "no cpu profile written{}",
