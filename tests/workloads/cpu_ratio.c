@@ -30,9 +30,13 @@
 
 #define NOINLINE __attribute__((noinline, noclone))
 
-/* Thread CPU time of each slice: burn_a gets three times burn_b's share. */
-#define SLICE_A_NS 3000000ULL
-#define SLICE_B_NS 1000000ULL
+/* Thread CPU time of each slice: burn_a gets three times burn_b's share.
+ * A cycle of 3.6 ms is no multiple of the tests' sampling periods (2.004 ms
+ * at 499 Hz, 10.1 ms at 99 Hz): with a 4 ms cycle, two periods at 499 Hz
+ * nearly matched one cycle, the samples stayed in phase with the slices,
+ * and the profiled split wandered with that phase (0.72-0.82 for 0.75). */
+#define SLICE_A_NS 2700000ULL
+#define SLICE_B_NS 900000ULL
 /* Multiply-add steps between two reads of the thread clock (tens of us). */
 #define CHUNK 40000
 

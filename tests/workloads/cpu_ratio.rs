@@ -16,8 +16,10 @@ use std::hint::black_box;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-const SLICE_A_NS: u64 = 3_000_000;
-const SLICE_B_NS: u64 = 1_000_000;
+// A 3.6 ms cycle, no multiple of the tests' sampling periods (see
+// cpu_ratio.c).
+const SLICE_A_NS: u64 = 2_700_000;
+const SLICE_B_NS: u64 = 900_000;
 const CHUNK: u32 = 40_000;
 
 #[repr(C)]
