@@ -134,6 +134,54 @@ pub mod proc_event {
     /// A child reported by [`FORK`] exec'd (sent when [`EXEC`] is not):
     /// its parent's mappings no longer stand for it.
     pub const FORGET_FORK: u32 = 5;
+    /// An [`super::ImageAnchors`] record: where some of a young image's
+    /// files are mapped, for when its mappings cannot be read.
+    pub const ANCHORS: u32 = 6;
+}
+
+/// Frames of an [`ImageAnchors`] record.
+pub const ANCHOR_FRAMES: usize = 8;
+
+/// How long after an image starts (its first sample, or its exec) its CPU
+/// samples send [`ImageAnchors`]: the daemon reads the mappings of a new
+/// image within milliseconds, unless the process is gone by then.
+pub const ANCHOR_WINDOW_NS: u64 = 100_000_000;
+
+/// One frame as `bpf_get_stack` gives it with `BPF_F_USER_BUILD_ID`
+/// (`struct bpf_stack_build_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildIdFrame {
+    /// `BPF_STACK_BUILD_ID_VALID` (1) when `build_id` and `offset` hold.
+    pub status: i32,
+    /// The mapped file's GNU build ID, zero-padded.
+    pub build_id: [u8; 20],
+    /// The frame's file offset in that file (its address if not valid).
+    pub offset: u64,
+}
+
+/// `BuildIdFrame::status` of a frame whose file and offset are known.
+pub const BUILD_ID_VALID: i32 = 1;
+
+/// The first user frames of a CPU sample twice over: as addresses and as
+/// (build ID, file offset) pairs, which together place each file in the
+/// process. Sent through the process event ring during an image's first
+/// [`ANCHOR_WINDOW_NS`], so that a process gone before its mappings could be
+/// read is still symbolized with files the daemon knows by build ID. The
+/// header matches [`ProcEvent`]'s.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageAnchors {
+    /// [`proc_event::ANCHORS`].
+    pub kind: u32,
+    pub tgid: u32,
+    /// Entries of `ips` and `frames` in use.
+    pub len: u32,
+    pub _pad: u32,
+    /// When the image started (as [`ProcEvent::time_ns`]).
+    pub time_ns: u64,
+    pub ips: [u64; ANCHOR_FRAMES],
+    pub frames: [BuildIdFrame; ANCHOR_FRAMES],
 }
 
 /// A process life-cycle event sent to the daemon through the ring buffer.
@@ -200,8 +248,10 @@ pub mod counter {
     pub const STACK_BYTES_COPIED: u32 = 19;
     /// Stack copies made (all events).
     pub const STACK_COPIES: u32 = 20;
+    /// Image anchor records dropped: the process event ring was half full.
+    pub const ANCHORS_LOST: u32 = 21;
     /// Number of counters.
-    pub const COUNT: u32 = 21;
+    pub const COUNT: u32 = 22;
 }
 
 /// Index of the one-element `CONTROL` array entries.
@@ -648,6 +698,8 @@ mod user {
     unsafe impl aya::Pod for super::SampleKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ImageAnchors {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::Stack {}
     // SAFETY: as above.

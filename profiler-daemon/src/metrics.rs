@@ -52,7 +52,8 @@ const BPF_EVENTS: [(u32, &str); 6] = [
 /// Kernel counters of losses, as (`map`, `lost`) labels of
 /// `profilerd_bpf_dropped_total`: the map or ring that was full (or the
 /// stack walk), and what was lost.
-const BPF_DROPS: [(u32, &str, &str); 13] = [
+const BPF_DROPS: [(u32, &str, &str); 14] = [
+    (counter::ANCHORS_LOST, "proc_events", "image_anchors"),
     (counter::COUNTS_FULL, "counts", "cpu_samples"),
     (counter::USER_STACK_LOST, "stacks", "user_stacks"),
     (counter::KERNEL_STACK_LOST, "stacks", "kernel_stacks"),

@@ -23,6 +23,8 @@ use procfs::ProcError;
 use procfs::process::{LimitValue, MMPermissions, MMapPath, MemoryMap, Process};
 use tracing::{debug, warn};
 
+use profiler_common::{ANCHOR_FRAMES, BUILD_ID_VALID, ImageAnchors};
+
 use crate::environment::Environment;
 use crate::frames::Mapping;
 
@@ -95,6 +97,11 @@ pub struct ProcessStats {
     pub inherited: u64,
     /// Fork records (child to parent) dropped because the table was full.
     pub fork_evictions: u64,
+    /// Processes gone before their mappings were read, placed instead from
+    /// the kernel's image anchors and files known by build ID.
+    pub anchored: u64,
+    /// Anchored files whose build ID matched no file the daemon holds.
+    pub anchor_files_unknown: u64,
     /// Processes in the table now.
     pub processes: usize,
     /// File handles held now.
@@ -221,9 +228,21 @@ pub struct ProcessInfo {
     /// Tick of the last lookup; drives LRU eviction and pruning.
     last_used: Cell<u64>,
     snapshot_at: Instant,
+    /// Where the mappings came from.
+    origin: Origin,
+}
+
+/// Where a snapshot's mappings came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The process's own /proc/PID/maps.
+    Read,
     /// A copy of the parent's snapshot, for a forked child gone before its
     /// own could be read.
-    inherited: bool,
+    Parent,
+    /// Placed from image anchors (see [`ProcessTable::anchor_image`]), for
+    /// an image gone before its mappings could be read.
+    Anchors,
 }
 
 impl ProcessInfo {
@@ -256,6 +275,9 @@ impl ProcessInfo {
 #[derive(Debug)]
 struct ObjectCache {
     by_inode: HashMap<(u64, u64), Weak<ObjectFile>>,
+    /// The same files by build ID, with the path a process mapped them
+    /// under: image anchors name files this way.
+    by_build_id: HashMap<Arc<str>, (Weak<ObjectFile>, String)>,
     open_handles: Arc<AtomicUsize>,
     max_handles: usize,
     sweep_at: usize,
@@ -273,9 +295,39 @@ impl ObjectCache {
         self.by_inode.insert(key, Arc::downgrade(object));
     }
 
+    /// Notes that `object`, which has a build ID, is mapped as `path`.
+    fn note_build_id(&mut self, object: &Arc<ObjectFile>, path: &str) {
+        let Some(id) = object.build_id() else {
+            return;
+        };
+        if self
+            .by_build_id
+            .get(id)
+            .is_some_and(|(known, _)| known.strong_count() > 0)
+        {
+            return;
+        }
+        if self.by_build_id.len() >= self.sweep_at {
+            self.sweep();
+        }
+        self.by_build_id
+            .insert(Arc::clone(id), (Arc::downgrade(object), path.to_owned()));
+    }
+
+    /// A held file with this build ID (the kernel's zero-padded bytes; GNU
+    /// build IDs are 20, 16 or 8 bytes long), and the path it was mapped as.
+    fn by_build_id(&self, padded: &[u8; 20]) -> Option<(Arc<ObjectFile>, &str)> {
+        [20, 16, 8].into_iter().find_map(|len| {
+            let (known, path) = self.by_build_id.get(hex(&padded[..len]).as_str())?;
+            Some((known.upgrade()?, path.as_str()))
+        })
+    }
+
     fn sweep(&mut self) {
         self.by_inode.retain(|_, object| object.strong_count() > 0);
-        self.sweep_at = (self.by_inode.len() * 2).max(1024);
+        self.by_build_id
+            .retain(|_, (object, _)| object.strong_count() > 0);
+        self.sweep_at = (self.by_inode.len().max(self.by_build_id.len()) * 2).max(1024);
     }
 
     /// Takes one unit of the handle budget, if any is left.
@@ -368,6 +420,7 @@ impl ProcessTable {
             procs: HashMap::new(),
             objects: ObjectCache {
                 by_inode: HashMap::new(),
+                by_build_id: HashMap::new(),
                 open_handles: Arc::new(AtomicUsize::new(0)),
                 max_handles,
                 sweep_at: 1024,
@@ -465,7 +518,7 @@ impl ProcessTable {
                     info.mappings = mappings;
                     // A live process under a known pid: exec, or pid reuse.
                     info.exited = None;
-                    info.inherited = false;
+                    info.origin = Origin::Read;
                     info.last_used.set(tick);
                     info.snapshot_at = now;
                 } else {
@@ -482,7 +535,7 @@ impl ProcessTable {
                             exited: None,
                             last_used: Cell::new(tick),
                             snapshot_at: now,
-                            inherited: false,
+                            origin: Origin::Read,
                         },
                     );
                 }
@@ -610,7 +663,11 @@ impl ProcessTable {
     /// stand for it. A snapshot taken from the parent is dropped too.
     pub fn forget_fork(&mut self, tgid: u32) {
         self.forks.remove(&tgid);
-        if self.procs.get(&tgid).is_some_and(|info| info.inherited) {
+        if self
+            .procs
+            .get(&tgid)
+            .is_some_and(|info| info.origin == Origin::Parent)
+        {
             self.procs.remove(&tgid);
         }
     }
@@ -636,7 +693,7 @@ impl ProcessTable {
             exited: Some(tick),
             last_used: Cell::new(tick),
             snapshot_at: from.snapshot_at,
-            inherited: true,
+            origin: Origin::Parent,
         };
         if self.procs.len() >= self.max_processes {
             self.evict_one();
@@ -644,6 +701,116 @@ impl ProcessTable {
         self.procs.insert(tgid, info);
         self.stats.inherited += 1;
         true
+    }
+
+    /// Places the files named by an image's anchors (see
+    /// [`profiler_common::ImageAnchors`]) when that image is gone before its
+    /// own mappings could be read: each anchored frame's address less its
+    /// file offset is where its file lies, and a file known by build ID
+    /// from another process's snapshot is read for its symbols. Only the
+    /// current image of the pid is placed, and only if nothing better is
+    /// known of it; anchors of a live process take a snapshot instead.
+    pub fn anchor_image(&mut self, anchors: &ImageAnchors) {
+        let tgid = anchors.tgid;
+        if self.generation_at(tgid, anchors.time_ns) != self.generation(tgid) {
+            return;
+        }
+        match self.procs.get(&tgid).map(|info| info.origin) {
+            Some(Origin::Anchors) => {}
+            Some(_) => return,
+            None => {
+                if self.snapshot(tgid) || self.procs.contains_key(&tgid) {
+                    return;
+                }
+            }
+        }
+        let known: Vec<(u64, u64)> = self
+            .procs
+            .get(&tgid)
+            .map(|info| {
+                info.mappings
+                    .iter()
+                    .map(|m| (m.mapping.start, m.object.as_ref().map_or(0, |o| o.id())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let len = (anchors.len as usize).min(ANCHOR_FRAMES);
+        let mut placed: Vec<MappedObject> = Vec::new();
+        for (ip, frame) in anchors.ips[..len].iter().zip(&anchors.frames[..len]) {
+            if frame.status != BUILD_ID_VALID || frame.offset > *ip {
+                continue;
+            }
+            let Some((object, path)) = self.objects.by_build_id(&frame.build_id) else {
+                self.stats.anchor_files_unknown += 1;
+                continue;
+            };
+            if known.iter().any(|&(_, id)| id == object.id())
+                || placed
+                    .iter()
+                    .any(|m| m.object.as_ref().is_some_and(|o| o.id() == object.id()))
+            {
+                continue;
+            }
+            // Where the file's offset 0 lies; the mapping starts at the
+            // frame's page, so that the unwinder places the object through
+            // the segment that holds the frame.
+            let bias = ip - frame.offset;
+            let file_offset = frame.offset & !(crate::unwind::PAGE_SIZE - 1);
+            let size = std::fs::metadata(object.elf_path()).map_or(0, |m| m.len());
+            if size <= file_offset {
+                continue;
+            }
+            let mapping = Mapping {
+                start: bias + file_offset,
+                limit: bias.saturating_add(size),
+                file_offset,
+                path: path.to_owned(),
+                build_id: object.build_id().map(|id| id.to_string()),
+            };
+            placed.push(MappedObject {
+                mapping: Arc::new(mapping),
+                object: Some(object),
+            });
+        }
+        // Kept even if empty: the process is gone, and its next anchors
+        // need not try to read it again.
+        let tick = self.bump();
+        if !self.procs.contains_key(&tgid) {
+            if self.procs.len() >= self.max_processes {
+                self.evict_one();
+            }
+            self.procs.insert(
+                tgid,
+                ProcessInfo {
+                    tgid,
+                    comm: String::new(),
+                    mappings: Vec::new(),
+                    labels: Vec::new(),
+                    exited: Some(tick),
+                    last_used: Cell::new(tick),
+                    snapshot_at: Instant::now(),
+                    origin: Origin::Anchors,
+                },
+            );
+        }
+        if let Some(info) = self.procs.get_mut(&tgid)
+            && !placed.is_empty()
+        {
+            if info.mappings.is_empty() {
+                self.stats.anchored += 1;
+            }
+            info.mappings.extend(placed);
+            info.mappings.sort_by_key(|m| m.mapping.start);
+            // Placed from file sizes: keep them from overlapping.
+            for i in 1..info.mappings.len() {
+                let next = info.mappings[i].mapping.start;
+                let previous = &mut info.mappings[i - 1].mapping;
+                if previous.limit > next {
+                    Arc::make_mut(previous).limit = next;
+                }
+            }
+            info.snapshot_at = Instant::now();
+        }
     }
 
     /// Snapshot if not known yet.
@@ -832,6 +999,9 @@ impl ProcessTable {
             MMapPath::Other(name) => (format!("[{name}]"), None),
             _ => (ANON_NAME.to_owned(), None),
         };
+        if let Some(object) = &object {
+            self.objects.note_build_id(object, &path);
+        }
         let mapping = Mapping {
             start,
             limit,
@@ -1065,11 +1235,17 @@ pub(crate) mod tests {
         assert_eq!(table.stats().snapshots, 2);
     }
 
-    #[test]
-    fn vanished_forked_child_takes_its_parents_snapshot_until_it_execs() {
+    /// The pid of a process that has exited and been reaped.
+    fn gone_pid() -> u32 {
         let mut child = Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn vanished_forked_child_takes_its_parents_snapshot_until_it_execs() {
+        let pid = gone_pid();
         let me = std::process::id();
         let mut table = ProcessTable::new(8);
         assert!(table.snapshot(me));
@@ -1091,10 +1267,81 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn vanished_image_is_placed_from_its_anchors() {
+        use profiler_common::{BuildIdFrame, proc_event};
+        let pid = gone_pid();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        // This test's own text, as a gone image running the same file
+        // elsewhere would give it.
+        let own = table
+            .get(me)
+            .unwrap()
+            .mappings()
+            .iter()
+            .find(|m| m.object.as_ref().is_some_and(|o| o.build_id().is_some()))
+            .cloned()
+            .expect("a mapping with a build ID");
+        let hex_id = own.object.as_ref().unwrap().build_id().unwrap().to_string();
+        let mut build_id = [0u8; 20];
+        for (i, byte) in build_id.iter_mut().enumerate().take(hex_id.len() / 2) {
+            *byte = u8::from_str_radix(&hex_id[2 * i..2 * i + 2], 16).unwrap();
+        }
+        let shift = 0x10_0000_0000;
+        let ip = own.mapping.start + 0x10 + shift;
+        let offset = own.file_offset(ip - shift);
+        let unplaced = BuildIdFrame {
+            status: 2,
+            build_id: [0; 20],
+            offset: 0,
+        };
+        let mut frames = [unplaced; ANCHOR_FRAMES];
+        frames[0] = BuildIdFrame {
+            status: BUILD_ID_VALID,
+            build_id,
+            offset,
+        };
+        let mut anchors = ImageAnchors {
+            kind: proc_event::ANCHORS,
+            tgid: pid,
+            len: 2,
+            _pad: 0,
+            time_ns: 0,
+            ips: [ip, 0x1000, 0, 0, 0, 0, 0, 0],
+            frames,
+        };
+        table.anchor_image(&anchors);
+        let placed = table.get(pid).expect("placed from the anchors");
+        assert!(placed.is_exited());
+        assert_eq!(placed.mappings().len(), 1);
+        let found = placed.find(ip).expect("the anchored frame's file");
+        assert_eq!(found.file_offset(ip), offset);
+        assert_eq!(
+            found.object.as_ref().unwrap().id(),
+            own.object.as_ref().unwrap().id()
+        );
+        assert_eq!(table.stats().anchored, 1);
+        // A process read from /proc keeps its own mappings.
+        anchors.tgid = me;
+        let before = table.get(me).unwrap().mappings().len();
+        table.anchor_image(&anchors);
+        assert_eq!(table.get(me).unwrap().mappings().len(), before);
+        // A build ID no held file has places nothing, and is counted.
+        anchors.tgid = pid + 1_000_000;
+        anchors.frames[0].build_id = [0xee; 20];
+        table.anchor_image(&anchors);
+        assert!(
+            table
+                .get(pid + 1_000_000)
+                .is_none_or(|i| i.mappings().is_empty())
+        );
+        assert_eq!(table.stats().anchor_files_unknown, 1);
+    }
+
+    #[test]
     fn vanished_and_kernel_thread() {
-        let mut child = Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
+        let pid = gone_pid();
         let mut table = ProcessTable::new(4);
         assert!(!table.snapshot(pid));
         assert!(!table.refresh(pid));

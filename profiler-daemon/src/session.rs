@@ -14,9 +14,10 @@ use anyhow::{Context, Result, bail};
 use aya::Pod;
 use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
-    HeapAlloc, HeapFree, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES,
-    OffcpuRecord, ProcEvent, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample, WaitHead, WaitStack,
-    WalkHint, WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
+    HeapAlloc, HeapFree, ImageAnchors, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
+    OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
+    WaitHead, WaitStack, WalkHint, WalkHintKey, counter, heap_event, proc_event, unwind_mode,
+    wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -355,11 +356,19 @@ fn take_proc_events(
     unwind: UnwindMode,
 ) {
     let mut new_images: Vec<NewImage> = Vec::new();
+    let mut anchors: Vec<ImageAnchors> = Vec::new();
     while let Some(item) = ring.next() {
         let Some(event) = read_record::<ProcEvent>(&item) else {
             continue;
         };
         match event.kind {
+            proc_event::ANCHORS => {
+                if let Some(record) = read_record::<ImageAnchors>(&item)
+                    && anchors.len() < MAX_PROCESSES
+                {
+                    anchors.push(record);
+                }
+            }
             proc_event::NEW | proc_event::EXEC => {
                 let known = procs.peek(event.tgid);
                 let replaces = match event.kind {
@@ -398,6 +407,10 @@ fn take_proc_events(
         }
     }
     apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
+    // After the images they name are known.
+    for record in &anchors {
+        procs.anchor_image(record);
+    }
 }
 
 /// Applies new images under known pids (see [`take_proc_events`]): the
@@ -1181,6 +1194,8 @@ fn sample_labels(
     let comm = procs
         .get_image(id.tgid, id.generation)
         .map(|p| p.comm.clone())
+        // Empty for an image placed from anchors: its name was never read.
+        .filter(|comm| !comm.is_empty())
         .unwrap_or_else(|| {
             if id.tgid == id.tid {
                 id.thread_name()
@@ -1222,7 +1237,11 @@ struct Losses {
 }
 
 /// Every kernel loss counter and what its loss means, for the log.
-const LOSSES: [(u32, &str); 13] = [
+const LOSSES: [(u32, &str); 14] = [
+    (
+        counter::ANCHORS_LOST,
+        "image anchors dropped: process event ring full",
+    ),
     (counter::COUNTS_FULL, "samples dropped: count map full"),
     (
         counter::USER_STACK_LOST,
@@ -1360,6 +1379,9 @@ fn log_summary(
         process_snapshot_failures = p.failures,
         process_evictions = p.evictions,
         processes_inherited_from_parent = p.inherited,
+        processes_anchored = p.anchored,
+        anchor_files_unknown = p.anchor_files_unknown,
+        anchors_lost = c[counter::ANCHORS_LOST as usize],
         fork_record_evictions = p.fork_evictions,
         processes = p.processes,
         open_handles = p.open_handles,

@@ -60,7 +60,7 @@ const MAX_SECTION_BYTES: u64 = 128 << 20;
 const MAX_SECTION_HEADERS: usize = 1 << 16;
 /// x86_64 page size: the loader maps each PT_LOAD from its page-aligned
 /// file offset.
-const PAGE_SIZE: u64 = 4096;
+pub(crate) const PAGE_SIZE: u64 = 4096;
 /// Bound of the distinct files remembered as users of one cached object.
 const MAX_USERS: usize = 64;
 

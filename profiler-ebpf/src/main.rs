@@ -42,15 +42,16 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
 use profiler_common::{
-    COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait, FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES,
-    FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES,
-    HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread, LiveKey as FutexKey, LiveKey,
-    MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES,
-    OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES,
-    STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey,
-    Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS,
-    WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn,
-    control, counter, futex_call, futex_op, go_fn, heap_event, proc_event,
+    ANCHOR_FRAMES, ANCHOR_WINDOW_NS, BuildIdFrame, COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait,
+    FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark,
+    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
+    ImageAnchors, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
+    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
+    SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
+    STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
+    WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack,
+    WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event,
+    proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -310,6 +311,54 @@ fn note_process(tgid: u32) -> u64 {
     unsafe { SEEN.get(tgid) }.copied().unwrap_or(0)
 }
 
+/// Sends the sample's first user frames as addresses and as (build ID, file
+/// offset) pairs: see [`ImageAnchors`]. The kernel walks the frame-pointer
+/// chain twice over the same memory, so both lists name the same frames.
+#[inline(always)]
+fn send_anchors(ctx: &PerfEventContext, tgid: u32, since: u64) {
+    /// `BPF_F_USER_BUILD_ID`.
+    const USER_BUILD_ID: u64 = 1 << 11;
+    // Anchors must never crowd out the process events themselves (an exit
+    // lost leaves probes behind): they use at most half of the ring.
+    if PROC_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > u64::from(PROC_EVENTS_BYTES / 2) {
+        count(counter::ANCHORS_LOST);
+        return;
+    }
+    let Some(mut entry) = PROC_EVENTS.reserve::<ImageAnchors>(0) else {
+        count(counter::ANCHORS_LOST);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted or discarded.
+    let (ips, frames) = unsafe {
+        (*out).kind = proc_event::ANCHORS;
+        (*out).tgid = tgid;
+        (*out)._pad = 0;
+        (*out).time_ns = since;
+        let ips = bpf_get_stack(
+            ctx.as_ptr(),
+            (*out).ips.as_mut_ptr().cast(),
+            (ANCHOR_FRAMES * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        );
+        let frames = bpf_get_stack(
+            ctx.as_ptr(),
+            (*out).frames.as_mut_ptr().cast(),
+            (ANCHOR_FRAMES * core::mem::size_of::<BuildIdFrame>()) as u32,
+            BPF_F_USER_STACK as u64 | USER_BUILD_ID,
+        );
+        (ips, frames)
+    };
+    if ips <= 0 || frames <= 0 {
+        entry.discard(0);
+        return;
+    }
+    let len = (ips as u64 / 8).min(frames as u64 / core::mem::size_of::<BuildIdFrame>() as u64);
+    // SAFETY: as above.
+    unsafe { (*out).len = len as u32 };
+    entry.submit(0);
+}
+
 /// A known process's image started at `since` (its exec). A process whose
 /// old main thread exited (an exec from another thread) lives on.
 #[inline(always)]
@@ -331,6 +380,12 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     }
     count(counter::SAMPLES);
     let image_since = note_process(tgid);
+    // SAFETY: plain helper.
+    if image_since != 0
+        && unsafe { bpf_ktime_get_ns() }.wrapping_sub(image_since) < ANCHOR_WINDOW_NS
+    {
+        send_anchors(&ctx, tgid, image_since);
+    }
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {

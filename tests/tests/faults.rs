@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use profiler_tests::daemon::{Daemon, profilerd_bin, require_root};
 use profiler_tests::http::{Exposition, get, parse_exposition};
-use profiler_tests::process::{Guarded, process_alive, run_with_timeout, wait_until};
+use profiler_tests::process::{Guarded, mkfifo, process_alive, run_with_timeout, wait_until};
 use profiler_tests::profiles::{
     FlatSample, ProfileFile, dir_entries, flatten_all, of_pid, parse_file_name, read_profiles,
     share_with, summary, total_count,
@@ -553,6 +553,104 @@ fn target_killed_mid_window_keeps_its_samples() {
         "short_lived_burn in {burn:.3} of the dead target's cpu{}",
         d()
     );
+}
+
+/// Children that exec a binary and are gone before the daemon can read
+/// their mappings (it is stopped meanwhile) are symbolized all the same:
+/// their first samples tell where the binary lies, and the daemon reads it
+/// through a live process that maps it. A forked child that has not exec'd
+/// takes its parent's mappings instead (see churn.rs).
+#[test]
+fn exec_and_exit_before_the_snapshot_is_symbolized() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::ShortLived.build(tmp.path(), "gone_unread");
+    let out = tmp.path().join("out");
+    let go = tmp.path().join("go");
+    let holder = tmp.path().join("holder");
+    mkfifo(&go);
+    // The holder outlives the stop, so the daemon reads it and holds the
+    // binary; each child burns 50 ms and exits while the daemon is stopped.
+    let script = format!(
+        "read go < '{go}'; '{exe}' 4 > '{holder}' & i=0; \
+         while [ $i -lt {CHILDREN} ]; do '{exe}' 0.05 > /dev/null; i=$((i+1)); done; wait",
+        go = go.display(),
+        exe = exe.display(),
+        holder = holder.display(),
+    );
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--interval",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    daemon.wait_ready();
+    daemon.signal(libc::SIGSTOP);
+    let resume = Resume(daemon.pid());
+    let children_run = Instant::now();
+    fs::write(&go, "go\n").expect("the script reads the FIFO");
+    // The children's 0.5 s of burning, with room for their start-up.
+    pause(Duration::from_millis(1500));
+    let stopped_for = children_run.elapsed();
+    drop(resume);
+    daemon.wait_success(Duration::from_secs(30));
+
+    let holder_pid: u32 = fs::read_to_string(&holder)
+        .ok()
+        .and_then(|t| t.trim().strip_prefix("pid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("the holder printed no pid\n{}", daemon.describe()));
+    let files = read_profiles(&out, "cpu");
+    let comm = comm_of(&exe);
+    let children: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.label("comm") == Some(comm.as_str()) && s.pid() != holder_pid)
+        .collect();
+    let d = || diag(&children, &files, &daemon);
+    let pids: std::collections::BTreeSet<u32> = children.iter().map(|s| s.pid()).collect();
+    assert!(
+        pids.len() >= CHILDREN / 2 && total_count(&children) >= 15,
+        "{} samples of {} children (of {CHILDREN} run while the daemon was stopped for {stopped_for:?}){}",
+        total_count(&children),
+        pids.len(),
+        d()
+    );
+    let burn = share_with(&children, "short_lived_burn");
+    assert!(
+        burn >= 0.7,
+        "short_lived_burn in {burn:.3} of the cpu of children gone before they were read{}",
+        d()
+    );
+    let anchored = daemon.summary_field("processes_anchored");
+    println!(
+        "gone before read: {} samples of {} children, short_lived_burn in {burn:.3}, {anchored} placed from anchors",
+        total_count(&children),
+        pids.len()
+    );
+    assert!(
+        anchored >= pids.len() as u64 / 2,
+        "{anchored} processes placed from anchors for {} children{}",
+        pids.len(),
+        d()
+    );
+}
+
+/// Children of [`exec_and_exit_before_the_snapshot_is_symbolized`].
+const CHILDREN: usize = 10;
+
+/// Sends SIGCONT to a stopped process when dropped, a failing test
+/// included.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall; the pid is the test's own daemon, which
+        // is not reaped while this guard lives.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }
 
 /// A `--pid` target that execs another binary: the samples taken after the

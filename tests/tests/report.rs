@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, profilerd_bin, require_root};
 use profiler_tests::pprof_tool::go_binary;
-use profiler_tests::process::run_with_timeout;
+use profiler_tests::process::{mkfifo, run_with_timeout};
 use profiler_tests::profiles::{dir_entries, read_profiles};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{Running, Workload, field, parse_report};
@@ -468,9 +468,7 @@ fn bad_input_is_one_line_and_writes_nothing() {
         "not a regular file",
     );
     let fifo = tmp.path().join("fifo");
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    mkfifo(&fifo);
     assert_fails(
         &["flamegraph", "-o", fifo.to_str().unwrap(), &cpu],
         1,

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, profilerd_bin, require_root};
 use profiler_tests::pprof_tool::go_binary;
-use profiler_tests::process::{Guarded, Lines, run_with_timeout, wait_until};
+use profiler_tests::process::{Guarded, Lines, mkfifo, run_with_timeout, wait_until};
 use profiler_tests::profiles::{
     FlatSample, Frame, ProfileFile, assert_only_profiles, flatten_all, function_matches, of_pid,
     read_profiles, summary, total_count, total_cpu,
@@ -350,19 +350,6 @@ struct PerfRecord {
     // Held open so that the FIFOs outlive perf's use of them.
     _ctl: File,
     _ack: File,
-}
-
-fn mkfifo(path: &Path) {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .expect("no NUL in temporary paths");
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        panic!(
-            "mkfifo {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-    }
 }
 
 /// `perf record -e cpu-clock -F HZ --call-graph dwarf -p PID`, recording
