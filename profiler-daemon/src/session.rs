@@ -386,7 +386,15 @@ fn take_proc_events(
                 }
                 new_image(event, procs, probes, exec_rescan, unwind);
             }
-            proc_event::FORK => procs.note_fork(event.tgid, event.parent),
+            proc_event::FORK => {
+                // The child maps what its parent maps now: a new image of
+                // the parent waiting in this batch comes first.
+                if new_images.iter().any(|i| i.event.tgid == event.parent) {
+                    let images = std::mem::take(&mut new_images);
+                    apply_new_images(images, procs, probes, heap, exec_rescan, unwind);
+                }
+                procs.note_fork(event.tgid, event.parent);
+            }
             proc_event::FORGET_FORK => procs.forget_fork(event.tgid),
             proc_event::EXIT => {
                 // A new image that exited already: not to be probed or read.

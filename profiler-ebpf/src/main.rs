@@ -125,6 +125,23 @@ static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0)
 /// process under the same pid.
 #[map]
 static SEEN: LruHashMap<u32, u64> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
+
+/// Anchor records sent for a young image (see [`anchor_young_image`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AnchorsSent {
+    /// The image's start, as in `SEEN`.
+    since: u64,
+    sent: u64,
+}
+
+/// Anchor records sent per image: the first samples name its main files,
+/// and a burst of new images must not fill the process event ring.
+const ANCHORS_PER_IMAGE: u64 = 3;
+
+/// Anchor records sent per young image, by process.
+#[map]
+static ANCHORS_SENT: LruHashMap<u32, AnchorsSent> = LruHashMap::with_max_entries(4096, 0);
 /// Tasks forked by a known process that have not exec'd: their exec must
 /// reach the daemon, which symbolizes them with their parent's mappings
 /// until then.
@@ -311,11 +328,37 @@ fn note_process(tgid: u32) -> u64 {
     unsafe { SEEN.get(tgid) }.copied().unwrap_or(0)
 }
 
-/// Sends the sample's first user frames as addresses and as (build ID, file
-/// offset) pairs: see [`ImageAnchors`]. The kernel walks the frame-pointer
-/// chain twice over the same memory, so both lists name the same frames.
+/// During the first [`ANCHOR_WINDOW_NS`] of an image that started at
+/// `since` (0: none known), sends anchors of the current user stack, at
+/// most [`ANCHORS_PER_IMAGE`] times.
 #[inline(always)]
-fn send_anchors(ctx: &PerfEventContext, tgid: u32, since: u64) {
+fn anchor_young_image(ctx: *mut core::ffi::c_void, tgid: u32, since: u64) {
+    // SAFETY: plain helper.
+    if since == 0 || unsafe { bpf_ktime_get_ns() }.wrapping_sub(since) >= ANCHOR_WINDOW_NS {
+        return;
+    }
+    match ANCHORS_SENT.get_ptr_mut(tgid) {
+        // SAFETY: a value of the map; a race between CPUs only sends one
+        // record more.
+        Some(sent) if unsafe { (*sent).since } == since => unsafe {
+            if (*sent).sent >= ANCHORS_PER_IMAGE {
+                return;
+            }
+            (*sent).sent += 1;
+        },
+        _ => {
+            let _ = ANCHORS_SENT.insert(tgid, AnchorsSent { since, sent: 1 }, 0);
+        }
+    }
+    send_anchors(ctx, tgid, since);
+}
+
+/// Sends the first user frames of `ctx`'s stack as addresses and as (build
+/// ID, file offset) pairs: see [`ImageAnchors`]. The kernel walks the
+/// frame-pointer chain twice over the same memory, so both lists name the
+/// same frames.
+#[inline(always)]
+fn send_anchors(ctx: *mut core::ffi::c_void, tgid: u32, since: u64) {
     /// `BPF_F_USER_BUILD_ID`.
     const USER_BUILD_ID: u64 = 1 << 11;
     // Anchors must never crowd out the process events themselves (an exit
@@ -336,13 +379,13 @@ fn send_anchors(ctx: &PerfEventContext, tgid: u32, since: u64) {
         (*out)._pad = 0;
         (*out).time_ns = since;
         let ips = bpf_get_stack(
-            ctx.as_ptr(),
+            ctx,
             (*out).ips.as_mut_ptr().cast(),
             (ANCHOR_FRAMES * 8) as u32,
             BPF_F_USER_STACK as u64,
         );
         let frames = bpf_get_stack(
-            ctx.as_ptr(),
+            ctx,
             (*out).frames.as_mut_ptr().cast(),
             (ANCHOR_FRAMES * core::mem::size_of::<BuildIdFrame>()) as u32,
             BPF_F_USER_STACK as u64 | USER_BUILD_ID,
@@ -380,12 +423,7 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
     }
     count(counter::SAMPLES);
     let image_since = note_process(tgid);
-    // SAFETY: plain helper.
-    if image_since != 0
-        && unsafe { bpf_ktime_get_ns() }.wrapping_sub(image_since) < ANCHOR_WINDOW_NS
-    {
-        send_anchors(&ctx, tgid, image_since);
-    }
+    anchor_young_image(ctx.as_ptr(), tgid, image_since);
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
@@ -884,7 +922,8 @@ fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
     }
     count(counter::HEAP_SAMPLES);
     // So that the daemon snapshots the process and hears of its exit.
-    note_process(tgid);
+    let image_since = note_process(tgid);
+    anchor_young_image(ctx.as_ptr(), tgid, image_since);
     let key = LiveKey {
         tgid,
         _pad: 0,

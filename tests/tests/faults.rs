@@ -589,14 +589,8 @@ fn exec_and_exit_before_the_snapshot_is_symbolized() {
         &script,
     ]);
     daemon.wait_ready();
-    daemon.signal(libc::SIGSTOP);
-    let resume = Resume(daemon.pid());
-    let children_run = Instant::now();
-    fs::write(&go, "go\n").expect("the script reads the FIFO");
     // The children's 0.5 s of burning, with room for their start-up.
-    pause(Duration::from_millis(1500));
-    let stopped_for = children_run.elapsed();
-    drop(resume);
+    let stopped_for = with_the_daemon_stopped(&daemon, &go, Duration::from_millis(1500));
     daemon.wait_success(Duration::from_secs(30));
 
     let holder_pid: u32 = fs::read_to_string(&holder)
@@ -635,6 +629,99 @@ fn exec_and_exit_before_the_snapshot_is_symbolized() {
         "{anchored} processes placed from anchors for {} children{}",
         pids.len(),
         d()
+    );
+}
+
+/// Stops the daemon (SIGSTOP), lets a script go by writing to its FIFO
+/// `go`, and resumes the daemon after `stopped`: what the script runs
+/// meanwhile is read only after. Returns how long the daemon was stopped.
+fn with_the_daemon_stopped(daemon: &Daemon, go: &Path, stopped: Duration) -> Duration {
+    daemon.signal(libc::SIGSTOP);
+    let _resume = Resume(daemon.pid());
+    let started = Instant::now();
+    fs::write(go, "go\n").expect("the script reads the FIFO");
+    pause(stopped);
+    started.elapsed()
+}
+
+/// The same for heap samples of children too short-lived for any CPU
+/// sample: `churn procs` forks children that allocate in churn_alloc and
+/// exit within a few milliseconds, every other one after an exec of the
+/// program. A forked child takes its parent's mappings; an exec'd one is
+/// placed from the anchors its sampled allocations send.
+#[test]
+fn heap_of_exec_and_exit_before_the_snapshot_is_symbolized() {
+    require_root();
+    let tmp = temp_dir();
+    let churn = Workload::Churn.build(tmp.path(), "gone_heap");
+    let out = tmp.path().join("out");
+    let go = tmp.path().join("go");
+    mkfifo(&go);
+    // System-wide, so that the allocator probes cover every child without
+    // the daemon. 1.5 s of children; the daemon runs again while the parent
+    // still lives, so that it reads the parent and holds the program.
+    let script = format!(
+        "read go < '{go}'; exec '{churn}' procs 100 1.5 > /dev/null",
+        go = go.display(),
+        churn = churn.display(),
+    );
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().unwrap(),
+        "--interval",
+        "60s",
+        "--profiles",
+        "cpu,heap",
+        "--heap-sample-bytes",
+        "16384",
+    ]);
+    daemon.wait_ready();
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script]);
+    let mut run = Guarded::spawn(cmd, "churn script");
+    let stopped_for = with_the_daemon_stopped(&daemon, &go, Duration::from_millis(800));
+    run.wait_timeout(Duration::from_secs(30));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_success(Duration::from_secs(30));
+    let files = read_profiles(&out, "heap");
+    let comm = comm_of(&churn);
+    let samples: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.label("thread") == Some(comm.as_str()))
+        .collect();
+    let parent = samples
+        .iter()
+        .map(|s| s.pid())
+        .min()
+        .unwrap_or_else(|| panic!("no heap samples of {comm}\n{}", daemon.describe()));
+    // Children's allocations: 24 blocks of 1-16 KiB each, in churn_alloc.
+    let children: Vec<&FlatSample> = samples.iter().filter(|s| s.pid() != parent).collect();
+    let with_alloc = children
+        .iter()
+        .filter(|s| s.has_function("churn_alloc"))
+        .count();
+    let anchored = daemon.summary_field("processes_anchored");
+    println!(
+        "heap gone before read: {with_alloc} of {} children's samples in churn_alloc, {anchored} placed from anchors (stopped for {stopped_for:?})",
+        children.len()
+    );
+    assert!(
+        children.len() >= 40,
+        "{} heap samples of children\n{}",
+        children.len(),
+        daemon.describe()
+    );
+    assert!(
+        with_alloc as f64 >= 0.85 * children.len() as f64,
+        "{with_alloc} of {} heap samples of children in churn_alloc\n{}\n{}",
+        children.len(),
+        summary(&samples),
+        daemon.describe()
+    );
+    assert!(
+        anchored >= 10,
+        "{anchored} processes placed from anchors\n{}",
+        daemon.describe()
     );
 }
 
