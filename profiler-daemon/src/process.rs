@@ -522,22 +522,16 @@ impl ProcessTable {
                     info.last_used.set(tick);
                     info.snapshot_at = now;
                 } else {
-                    if self.procs.len() >= self.max_processes {
-                        self.evict_one();
-                    }
-                    self.procs.insert(
+                    self.admit(ProcessInfo {
                         tgid,
-                        ProcessInfo {
-                            tgid,
-                            comm,
-                            mappings,
-                            labels: labels.unwrap_or_default(),
-                            exited: None,
-                            last_used: Cell::new(tick),
-                            snapshot_at: now,
-                            origin: Origin::Read,
-                        },
-                    );
+                        comm,
+                        mappings,
+                        labels: labels.unwrap_or_default(),
+                        exited: None,
+                        last_used: Cell::new(tick),
+                        snapshot_at: now,
+                        origin: Origin::Read,
+                    });
                 }
                 true
             }
@@ -695,10 +689,7 @@ impl ProcessTable {
             snapshot_at: from.snapshot_at,
             origin: Origin::Parent,
         };
-        if self.procs.len() >= self.max_processes {
-            self.evict_one();
-        }
-        self.procs.insert(tgid, info);
+        self.admit(info);
         self.stats.inherited += 1;
         true
     }
@@ -776,22 +767,16 @@ impl ProcessTable {
         // need not try to read it again.
         let tick = self.bump();
         if !self.procs.contains_key(&tgid) {
-            if self.procs.len() >= self.max_processes {
-                self.evict_one();
-            }
-            self.procs.insert(
+            self.admit(ProcessInfo {
                 tgid,
-                ProcessInfo {
-                    tgid,
-                    comm: String::new(),
-                    mappings: Vec::new(),
-                    labels: Vec::new(),
-                    exited: Some(tick),
-                    last_used: Cell::new(tick),
-                    snapshot_at: Instant::now(),
-                    origin: Origin::Anchors,
-                },
-            );
+                comm: String::new(),
+                mappings: Vec::new(),
+                labels: Vec::new(),
+                exited: Some(tick),
+                last_used: Cell::new(tick),
+                snapshot_at: Instant::now(),
+                origin: Origin::Anchors,
+            });
         }
         if let Some(info) = self.procs.get_mut(&tgid)
             && !placed.is_empty()
@@ -928,6 +913,14 @@ impl ProcessTable {
             open_handles: self.objects.open_handles.load(Ordering::Relaxed),
             ..self.stats
         }
+    }
+
+    /// Adds a process not in the table, making room first if it is full.
+    fn admit(&mut self, info: ProcessInfo) {
+        if self.procs.len() >= self.max_processes {
+            self.evict_one();
+        }
+        self.procs.insert(info.tgid, info);
     }
 
     /// Drops the process that exited first, else the least recently used.
