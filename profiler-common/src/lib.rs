@@ -143,8 +143,9 @@ pub mod proc_event {
 pub const ANCHOR_FRAMES: usize = 8;
 
 /// How long after an image starts (its first sample, or its exec) its CPU
-/// samples send [`ImageAnchors`]: the daemon reads the mappings of a new
-/// image within milliseconds, unless the process is gone by then.
+/// samples and sampled allocations send [`ImageAnchors`]: the daemon reads
+/// the mappings of a new image within milliseconds, unless the process is
+/// gone by then.
 pub const ANCHOR_WINDOW_NS: u64 = 100_000_000;
 
 /// One frame as `bpf_get_stack` gives it with `BPF_F_USER_BUILD_ID`
@@ -163,12 +164,12 @@ pub struct BuildIdFrame {
 /// `BuildIdFrame::status` of a frame whose file and offset are known.
 pub const BUILD_ID_VALID: i32 = 1;
 
-/// The first user frames of a CPU sample twice over: as addresses and as
-/// (build ID, file offset) pairs, which together place each file in the
-/// process. Sent through the process event ring during an image's first
-/// [`ANCHOR_WINDOW_NS`], so that a process gone before its mappings could be
-/// read is still symbolized with files the daemon knows by build ID. The
-/// header matches [`ProcEvent`]'s.
+/// The first user frames of a CPU sample or a sampled allocation twice
+/// over: as addresses and as (build ID, file offset) pairs, which together
+/// place each file in the process. Sent through the process event ring
+/// during an image's first [`ANCHOR_WINDOW_NS`], so that a process gone
+/// before its mappings could be read is still symbolized with files the
+/// daemon knows by build ID. The header matches [`ProcEvent`]'s.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageAnchors {

@@ -715,13 +715,14 @@ impl ProcessTable {
                 }
             }
         }
-        let known: Vec<(u64, u64)> = self
+        // Objects already placed by earlier anchors of this image.
+        let known: Vec<u64> = self
             .procs
             .get(&tgid)
             .map(|info| {
                 info.mappings
                     .iter()
-                    .map(|m| (m.mapping.start, m.object.as_ref().map_or(0, |o| o.id())))
+                    .filter_map(|m| m.object.as_ref().map(|o| o.id()))
                     .collect()
             })
             .unwrap_or_default();
@@ -735,7 +736,7 @@ impl ProcessTable {
                 self.stats.anchor_files_unknown += 1;
                 continue;
             };
-            if known.iter().any(|&(_, id)| id == object.id())
+            if known.contains(&object.id())
                 || placed
                     .iter()
                     .any(|m| m.object.as_ref().is_some_and(|o| o.id() == object.id()))

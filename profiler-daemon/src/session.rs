@@ -1248,7 +1248,7 @@ struct Losses {
 const LOSSES: [(u32, &str); 14] = [
     (
         counter::ANCHORS_LOST,
-        "image anchors dropped: process event ring full",
+        "image anchors dropped: process event ring half full",
     ),
     (counter::COUNTS_FULL, "samples dropped: count map full"),
     (
