@@ -251,8 +251,14 @@ pub mod counter {
     pub const STACK_COPIES: u32 = 20;
     /// Image anchor records dropped: the process event ring was half full.
     pub const ANCHORS_LOST: u32 = 21;
+    /// Wait and off-CPU records sent with a matched walk hint's frames
+    /// instead of a stack copy.
+    pub const BRIEF_RECORDS: u32 = 22;
+    /// Walk hints whose words matched but whose seal did not (the daemon
+    /// replaced the hint while it was read): a full record was sent.
+    pub const HINTS_TORN: u32 = 23;
     /// Number of counters.
-    pub const COUNT: u32 = 22;
+    pub const COUNT: u32 = 24;
 }
 
 /// Index of the one-element `CONTROL` array entries.
@@ -462,14 +468,20 @@ pub mod wait_flags {
     /// The first frame is a return address (a Go goroutine's park point),
     /// not the thread's instruction pointer.
     pub const RETURN_ADDRESS: u32 = 1;
-    /// The copied stack holds, at every offset of the walk hint
-    /// `hint_id` of the record, the word the hint expects: the daemon's
-    /// remembered walk applies without reading the copy.
+    /// The thread's stack holds, at every offset of the daemon's walk hint
+    /// `hint_id`, the word the hint expects, and the record carries that
+    /// walk's frames (after the instruction pointer): `frames` and
+    /// `frames_len` of a [`super::WaitBrief`] or [`super::OffcpuRecord`].
+    /// The daemon uses them as they are: it needs no state of its own to
+    /// read the record.
     pub const HINT_MATCHED: u32 = 2;
-    /// With `HINT_MATCHED`: no stack copy follows (a [`WaitHead`] alone, or
-    /// an off-CPU record with an empty copy). The kernel checked the
+    /// With `HINT_MATCHED`: no stack copy follows (a [`super::WaitBrief`],
+    /// or an off-CPU record with an empty copy). The kernel checked the
     /// hinted words in user memory itself.
     pub const BRIEF: u32 = 4;
+    /// With `HINT_MATCHED`: the remembered walk stopped before the root
+    /// (its stack is shown as truncated, as the walk's was).
+    pub const WALK_TRUNCATED: u32 = 8;
 }
 
 /// Words a walk hint checks: a remembered walk that read more is not
@@ -489,25 +501,70 @@ pub struct WalkHintKey {
     pub bp: u64,
 }
 
-/// The stack words a remembered walk read, so that the kernel, which has
-/// just copied the stack and holds it in its cache, can tell the daemon
-/// that the walk applies; the daemon then never touches the copy, whose
-/// cache lines sit on the CPU that wrote them.
+/// A remembered walk as the kernel holds it: the stack words it read, so
+/// that the kernel, which reads them in the thread's memory, can tell that
+/// the walk applies, and its frames (as indices of those words: every
+/// return address a walk finds is a word it read), so that a record sent
+/// without a stack copy carries its own stack. The daemon then never reads
+/// a copy, and never needs to remember a walk to answer a record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct WalkHint {
     /// The daemon's id of the remembered walk.
     pub id: u64,
+    /// [`WalkHint::seal`] of the rest: the kernel recomputes it over what
+    /// it read and trusts the hint only if the two agree, so a value the
+    /// daemon replaced while a program read it (LRU map elements are
+    /// reused at once) is never taken for a match.
+    pub check: u64,
     /// Words in use.
     pub len: u32,
     /// Bytes from `sp` that hold every word read (the last offset + 8):
     /// all the kernel copies when it finds this hint, as the walk needs
     /// nothing beyond, however far the thread's stack goes on.
     pub span: u32,
+    /// Frames of the walk after its first (the instruction pointer).
+    pub frames_len: u32,
+    /// `wait_flags::WALK_TRUNCATED` when the walk stopped before the root.
+    pub flags: u32,
     /// Byte offsets from `sp` (multiples of 8) of the words read.
     pub offsets: [u16; WALK_HINT_WORDS],
+    /// For each frame after the first, the index in `words` of its return
+    /// address.
+    pub frame_words: [u8; WALK_HINT_WORDS],
     /// The word the walk found at each offset.
     pub words: [u64; WALK_HINT_WORDS],
+}
+
+/// One step of [`WalkHint::seal`]; the kernel folds the same values in the
+/// same order as it checks a hint.
+#[inline(always)]
+pub const fn hint_mix(h: u64, value: u64) -> u64 {
+    (h ^ value)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(29)
+}
+
+/// Where [`WalkHint::seal`] starts.
+pub const HINT_SEAL_SEED: u64 = 0x5157_a1b0_c0de_f00d;
+
+impl WalkHint {
+    /// The check value of this hint: its id, each (offset, word) in use,
+    /// each frame's word, then the frame count and flags, folded with
+    /// [`hint_mix`].
+    pub fn seal(&self) -> u64 {
+        let mut h = hint_mix(HINT_SEAL_SEED, self.id);
+        let len = (self.len as usize).min(WALK_HINT_WORDS);
+        for i in 0..len {
+            h = hint_mix(h, self.words[i] ^ u64::from(self.offsets[i]));
+        }
+        let frames = (self.frames_len as usize).min(WALK_HINT_WORDS);
+        for i in 0..frames {
+            let index = self.frame_words[i] as usize & (WALK_HINT_WORDS - 1);
+            h = hint_mix(h, self.words[index]);
+        }
+        hint_mix(h, u64::from(self.frames_len) | u64::from(self.flags) << 32)
+    }
 }
 
 /// POSIX condition variable waits probed for the block profile (uprobe
@@ -570,10 +627,9 @@ pub struct GoPark {
 /// Goroutines parked at once whose park points are remembered.
 pub const GO_PARKED_ENTRIES: u32 = 65_536;
 
-/// What every kept wait or wake-up reports. Sent alone (a brief record,
-/// `wait_flags::BRIEF`) when the kernel matched the stack against a walk
-/// hint: the daemon then knows the frames from the hint's id, and no copy
-/// is written to the ring.
+/// What every kept wait or wake-up reports: the head of a
+/// [`WaitStack`], or of a [`WaitBrief`] when the kernel matched the stack
+/// against a walk hint.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct WaitHead {
@@ -599,6 +655,20 @@ pub struct WaitHead {
     /// in the one the thread entered `pthread_cond_*wait` with; else 0.
     pub cond: u64,
     pub comm: [u8; COMM_LEN],
+}
+
+/// A kept wait or wake-up whose stack matched one of the daemon's walk
+/// hints (`wait_flags::HINT_MATCHED | BRIEF`): the walk's frames instead of
+/// a stack copy. Writing a copy into the ring, whose memory is cold in the
+/// writing CPU's cache, was most of a kept wait's cost; a few frames are
+/// not.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitBrief {
+    pub head: WaitHead,
+    /// Frames of `frames` in use: the walk's frames after `head.ip`.
+    pub frames_len: u64,
+    pub frames: [u64; WALK_HINT_WORDS],
 }
 
 /// A kept wait or wake-up with the user stack where it happened (a copy for
@@ -644,11 +714,13 @@ pub struct OffcpuRecord {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    /// With `wait_flags::HINT_MATCHED`: the walk hint the copy matched.
+    /// With `wait_flags::HINT_MATCHED`: the walk hint the stack matched.
     pub hint_id: u64,
-    /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
+    /// Bytes of `stack` copied from `sp` up (0: frames were walked instead,
+    /// or a hint matched).
     pub stack_len: u64,
-    /// Frames of `frames` in use (frame-pointer walk).
+    /// Frames of `frames` in use: a frame-pointer walk, or with
+    /// `wait_flags::HINT_MATCHED` the remembered walk's frames after `ip`.
     pub frames_len: u64,
     /// Frames of `kernel` in use.
     pub kernel_len: u64,
@@ -679,6 +751,8 @@ mod user {
     unsafe impl aya::Pod for super::WaitStack {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::WaitHead {}
+    // SAFETY: as below.
+    unsafe impl aya::Pod for super::WaitBrief {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::MutexDelay {}
     // SAFETY: as below.

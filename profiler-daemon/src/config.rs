@@ -39,6 +39,9 @@
 //!
 //! [limits]                    # sizes of the kernel maps (limits.rs); file only
 //! stack_samples_bytes = 8388608
+//!
+//! [debug]                     # stack optimizations off, to compare (stack_switches.rs)
+//! brief_records = false
 //! ```
 //!
 //! The target (`pid` or `command`) is one setting: if the command line names
@@ -60,6 +63,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 use crate::limits::{LimitsTable, MapLimits};
 use crate::profile_kind::ProfileKind;
+use crate::stack_switches::{DebugTable, StackSwitches};
 
 /// Default for `--interval`.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -142,6 +146,8 @@ pub struct Settings {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sizes of the kernel maps (`[limits]` in the config file).
     pub limits: MapLimits,
+    /// Which stack optimizations are on (`[debug]` in the config file).
+    pub stack_switches: StackSwitches,
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -360,6 +366,7 @@ struct FileConfig {
     push_url: Option<String>,
     metrics_addr: Option<String>,
     limits: Option<LimitsTable>,
+    debug: Option<DebugTable>,
 }
 
 /// `pid = 1234` or `pid = [1234, 5678]`. Kept as i64 (TOML's integer) so an
@@ -733,6 +740,11 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         })?,
         None => MapLimits::default(),
     };
+    let stack_switches = fc
+        .debug
+        .as_ref()
+        .map(DebugTable::switches)
+        .unwrap_or_default();
 
     Ok(Settings {
         pids,
@@ -751,6 +763,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         push_url,
         metrics_addr,
         limits,
+        stack_switches,
     })
 }
 
@@ -1098,6 +1111,7 @@ mod tests {
                 push_url: None,
                 metrics_addr: None,
                 limits: MapLimits::default(),
+                stack_switches: StackSwitches::default(),
             }
         );
     }

@@ -25,6 +25,7 @@ pub mod report;
 pub mod rescale;
 pub mod retention;
 pub mod session;
+pub mod stack_switches;
 pub mod stack_tops;
 pub mod symbolize;
 pub mod text;

@@ -14,6 +14,7 @@
 //! heap_live_entries = 2097152     # sampled allocations tracked as live
 //! counts_entries = 16384          # distinct CPU sample keys per window
 //! stacks_entries = 16384          # distinct kernel-walked stacks per window
+//! walk_memo_entries = 4096        # remembered stack walks per generation (0: none)
 //! ```
 
 use serde::Deserialize;
@@ -45,6 +46,11 @@ pub struct MapLimits {
     pub counts_entries: u32,
     /// Entries of each of `STACKS_0` and `STACKS_1`.
     pub stacks_entries: u32,
+    /// Stack walks the daemon remembers per generation (walk_memo.rs; 0
+    /// turns the memo, and with it walk hints, off). Not a kernel map:
+    /// the kernel's `WALK_HINTS` holds at most as many as the memo's
+    /// current table, and its bound stays.
+    pub walk_memo_entries: u32,
 }
 
 impl Default for MapLimits {
@@ -56,6 +62,7 @@ impl Default for MapLimits {
             heap_live_entries: HEAP_LIVE_ENTRIES,
             counts_entries: COUNTS_ENTRIES,
             stacks_entries: STACKS_ENTRIES,
+            walk_memo_entries: crate::walk_memo::DEFAULT_MAX_WALKS as u32,
         }
     }
 }
@@ -86,6 +93,7 @@ pub struct LimitsTable {
     heap_live_entries: Option<i64>,
     counts_entries: Option<i64>,
     stacks_entries: Option<i64>,
+    walk_memo_entries: Option<i64>,
 }
 
 /// A `[limits]` value out of range: the key, the value and what is expected.
@@ -113,6 +121,10 @@ impl LimitsTable {
                 .unwrap_or(d.counts_entries),
             stacks_entries: entries("stacks_entries", self.stacks_entries)?
                 .unwrap_or(d.stacks_entries),
+            walk_memo_entries: match self.walk_memo_entries {
+                Some(0) => 0,
+                other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
+            },
         })
     }
 }
@@ -173,6 +185,17 @@ mod tests {
         assert_eq!(limits.counts_entries, 1);
         assert_eq!(limits.heap_live_entries, 8);
         assert_eq!(limits.wait_events_bytes, WAIT_EVENTS_BYTES);
+        // The memo may be off, not negative.
+        let memo = |text: &str| table(text).expect("parse").validate();
+        assert_eq!(
+            memo("walk_memo_entries = 0").map(|l| l.walk_memo_entries),
+            Ok(0)
+        );
+        assert_eq!(
+            memo("walk_memo_entries = 3").map(|l| l.walk_memo_entries),
+            Ok(3)
+        );
+        assert!(memo("walk_memo_entries = -1").is_err());
         let sizes = limits.map_sizes();
         assert!(sizes.contains(&("COUNTS_1", 1)), "{sizes:?}");
     }

@@ -40,13 +40,17 @@ pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Kernel counters that count work done, as `event` labels of
 /// `profilerd_bpf_events_total`.
-const BPF_EVENTS: [(u32, &str); 6] = [
+const BPF_EVENTS: [(u32, &str); 8] = [
     (counter::SAMPLES, "cpu_samples"),
     (counter::STACK_SAMPLES, "stack_copies"),
     (counter::HEAP_SAMPLES, "heap_samples"),
     (counter::FUTEX_WAITS, "futex_waits"),
     (counter::OFFCPU_SWITCHES, "offcpu_switches"),
     (counter::FORKS_FOLLOWED, "forks_followed"),
+    // Wait and off-CPU records sent with a remembered walk's frames, and
+    // hints found replaced while read (a full record was sent instead).
+    (counter::BRIEF_RECORDS, "brief_records"),
+    (counter::HINTS_TORN, "walk_hints_torn"),
 ];
 
 /// Kernel counters of losses, as (`map`, `lost`) labels of

@@ -96,6 +96,8 @@ pub struct ProbeConfig {
     pub mutex_fraction: Option<u64>,
     /// Sizes of the maps and rings (`[limits]`).
     pub limits: crate::limits::MapLimits,
+    /// Which stack optimizations the kernel uses (`[debug]`).
+    pub stack_switches: crate::stack_switches::StackSwitches,
 }
 
 /// One buffer's worth of drained data.
@@ -177,6 +179,10 @@ impl Probes {
         let offcpu_on = u8::from(config.offcpu);
         let mutex_on = u8::from(config.mutex_fraction.is_some());
         let mutex_fraction = config.mutex_fraction.unwrap_or(1);
+        let switches = config.stack_switches;
+        let brief_records = u8::from(switches.brief_records);
+        let short_records = u8::from(switches.short_records && switches.stack_tops);
+        let stack_tops = u8::from(switches.stack_tops);
         let mut loader = EbpfLoader::new();
         // FUTEX_CALLS is task-local storage, which aya creates but does not
         // wrap; only the kernel reads and writes it.
@@ -206,6 +212,9 @@ impl Probes {
             )
             .override_global("HEAP_EVENTS_RING", &config.limits.heap_events_bytes, true)
             .override_global("WAIT_EVENTS_RING", &config.limits.wait_events_bytes, true)
+            .override_global("BRIEF_RECORDS", &brief_records, true)
+            .override_global("SHORT_RECORDS", &short_records, true)
+            .override_global("USE_STACK_TOPS", &stack_tops, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.

@@ -16,8 +16,8 @@ use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
     HeapAlloc, HeapFree, ImageAnchors, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
     OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
-    WaitHead, WaitStack, WalkHint, WalkHintKey, counter, heap_event, proc_event, unwind_mode,
-    wait_event, wait_flags,
+    WALK_HINT_WORDS, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey, counter, heap_event,
+    proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -36,7 +36,7 @@ use crate::publish::Publisher;
 use crate::push::{Pusher, SHUTDOWN_GRACE};
 use crate::retention::Retention;
 use crate::symbolize::Symbolizer;
-use crate::unwind::Unwinder;
+use crate::unwind::{Matched, Unwinder, UnwoundStack};
 use crate::waits::{BlockWindow, MutexTable, Weight};
 use crate::writer::ProfileWriter;
 
@@ -96,8 +96,15 @@ pub async fn run(settings: Settings) -> Result<()> {
             .contains(&ProfileKind::Mutex)
             .then_some(settings.mutex_fraction),
         limits: settings.limits,
+        stack_switches: settings.stack_switches,
     })?;
     let mut unwinder = Unwinder::new();
+    let switches = settings.stack_switches;
+    unwinder.set_stack_options(
+        settings.limits.walk_memo_entries as usize,
+        switches.walk_hints,
+        switches.stack_tops,
+    );
     for &pid in &settings.pids {
         probes.add_target(pid)?;
         procs.ensure(pid);
@@ -555,7 +562,6 @@ fn add_stack_sample<const N: usize>(
                 sample.sp,
                 sample.bp,
                 &sample.stack[..stack_len],
-                None,
             );
             if unwound.truncated {
                 Stack::Truncated(unwound.frames)
@@ -684,9 +690,23 @@ fn event_user_stack(
     .0
 }
 
-/// As [`event_user_stack`], for an event whose stack the kernel matched
-/// against walk hint `matched` (a brief event has no copy); also returns
-/// a hint for the kernel (see [`Unwinder::unwind_hinted`]).
+/// How a record's stack is given to the daemon: its flags, and the frames
+/// it carries (a frame-pointer walk, or with `HINT_MATCHED` a remembered
+/// walk's frames after the ip; `frames_len` as sent).
+fn matched_walk(flags: u32, frames: &[u64], frames_len: u64) -> Option<Matched<'_>> {
+    (flags & wait_flags::HINT_MATCHED != 0).then(|| Matched {
+        frames: usize::try_from(frames_len)
+            .ok()
+            .filter(|&n| n <= WALK_HINT_WORDS)
+            .and_then(|n| frames.get(..n)),
+        truncated: flags & wait_flags::WALK_TRUNCATED != 0,
+    })
+}
+
+/// As [`event_user_stack`], for an event whose stack the kernel may have
+/// matched against a walk hint (`matched`: the frames the record carries;
+/// a brief event has no copy); also returns a hint for the kernel (see
+/// [`Unwinder::unwind_hinted`]).
 #[allow(clippy::too_many_arguments)]
 fn hinted_user_stack(
     procs: &mut ProcessTable,
@@ -700,18 +720,20 @@ fn hinted_user_stack(
     stack: &[u8],
     frames: &[u64],
     at_return: bool,
-    matched: Option<u64>,
+    matched: Option<Matched<'_>>,
 ) -> (Stack, Option<(WalkHintKey, WalkHint)>) {
-    if !stack.is_empty() || matched.is_some() {
+    let as_stack = |unwound: UnwoundStack| match unwound.truncated {
+        true => Stack::Truncated(unwound.frames),
+        false => Stack::Frames(unwound.frames),
+    };
+    if let Some(matched) = matched {
+        return (as_stack(unwinder.matched(ip, matched)), None);
+    }
+    if !stack.is_empty() {
         return match procs.get_image(tgid, generation) {
             Some(info) => {
-                let (unwound, hint) = unwinder.unwind_hinted(info, tid, ip, sp, bp, stack, matched);
-                let stack = if unwound.truncated {
-                    Stack::Truncated(unwound.frames)
-                } else {
-                    Stack::Frames(unwound.frames)
-                };
-                (stack, hint)
+                let (unwound, hint) = unwinder.unwind_hinted(info, tid, ip, sp, bp, stack);
+                (as_stack(unwound), hint)
             }
             None => (Stack::Truncated(Arc::from(vec![ip])), None),
         };
@@ -751,9 +773,9 @@ impl Waits {
         }
     }
 
-    /// The user stack of a wait or off-CPU event (`flags`, `hint_id`: its
-    /// `wait_flags` and the walk hint the kernel matched); a walk newly
-    /// remembered is handed to the kernel as a hint.
+    /// The user stack of a wait or off-CPU event (`flags`: its
+    /// `wait_flags`; `frames`: the frames it carries, `frames_len` as
+    /// sent); a walk newly remembered is handed to the kernel as a hint.
     #[allow(clippy::too_many_arguments)]
     fn user_stack(
         &mut self,
@@ -762,14 +784,15 @@ impl Waits {
         thread: Thread,
         regs: (u64, u64, u64),
         stack: &[u8],
-        frames: &[u64],
-        (flags, hint_id): (u32, u64),
+        (frames, frames_len): (&[u64], u64),
+        flags: u32,
     ) -> Stack {
-        let matched = (flags & wait_flags::HINT_MATCHED != 0).then_some(hint_id);
+        let matched = matched_walk(flags, frames, frames_len);
         // A goroutine's frames start with the return address it parked at.
         let at_return = flags & wait_flags::RETURN_ADDRESS != 0;
+        let walked = &frames[..(frames_len as usize).min(frames.len())];
         let (user, hint) = hinted_user_stack(
-            procs, unwinder, thread, regs, stack, frames, at_return, matched,
+            procs, unwinder, thread, regs, stack, walked, at_return, matched,
         );
         if let Some((key, hint)) = hint {
             self.hint(key, hint);
@@ -832,18 +855,24 @@ fn read_wait_events(
         let Some(head) = read_record::<WaitHead>(&item) else {
             continue;
         };
-        // A brief record (its walk hint matched) is the head alone.
-        let (stack, frames): (&[u8], &[u64]) = if head.flags & wait_flags::BRIEF != 0 {
-            (&[], &[])
-        } else {
-            let Some(event) = record::<WaitStack>(&item) else {
-                continue;
+        // A brief record (its walk hint matched) carries the walk's frames
+        // instead of a copy.
+        let (stack, frames, frames_len): (&[u8], &[u64], u64) =
+            if head.flags & wait_flags::BRIEF != 0 {
+                let Some(event) = record::<WaitBrief>(&item) else {
+                    continue;
+                };
+                (&[], &event.frames, event.frames_len)
+            } else {
+                let Some(event) = record::<WaitStack>(&item) else {
+                    continue;
+                };
+                (
+                    &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
+                    &event.frames,
+                    event.frames_len.min(MAX_STACK_DEPTH as u64),
+                )
             };
-            (
-                &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
-                &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-            )
-        };
         let event = head;
         procs.ensure(event.tgid);
         let generation = procs.generation_at(event.tgid, event.time_ns);
@@ -859,8 +888,8 @@ fn read_wait_events(
             },
             (event.ip, event.sp, event.bp),
             stack,
-            frames,
-            (event.flags, event.hint_id),
+            (frames, frames_len),
+            event.flags,
         );
         let id = SampleId {
             tgid: event.tgid,
@@ -905,8 +934,8 @@ fn read_offcpu_event(
             },
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
-            &event.frames[..(event.frames_len as usize).min(MAX_STACK_DEPTH)],
-            (event.flags, event.hint_id),
+            (&event.frames, event.frames_len.min(MAX_STACK_DEPTH as u64)),
+            event.flags,
         ),
     };
     let kernel =
@@ -1373,9 +1402,10 @@ fn log_summary(
         offcpu_parked_full = c[counter::OFFCPU_PARKED_FULL as usize],
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
-        unwinds_remembered = u.memo.hits,
+        unwinds_remembered = u.memo.hits + u.memo.matched_in_kernel,
         unwinds_matched_in_kernel = u.memo.matched_in_kernel,
         unwinds_matched_but_forgotten = u.memo.matched_but_forgotten,
+        walk_memo_generations = u.memo.clears,
         stack_copy_count = c[counter::STACK_COPIES as usize],
         stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
         stack_tops_sent = u.tops.sent,
@@ -1390,6 +1420,8 @@ fn log_summary(
         processes_anchored = p.anchored,
         anchor_files_unknown = p.anchor_files_unknown,
         anchors_lost = c[counter::ANCHORS_LOST as usize],
+        brief_records = c[counter::BRIEF_RECORDS as usize],
+        walk_hints_torn = c[counter::HINTS_TORN as usize],
         fork_record_evictions = p.fork_evictions,
         processes = p.processes,
         open_handles = p.open_handles,

@@ -698,6 +698,17 @@ impl ProcessUnwinder {
     }
 }
 
+/// The frames of a remembered walk that the kernel matched, as a record
+/// carries them.
+#[derive(Clone, Copy, Debug)]
+pub struct Matched<'a> {
+    /// The walk's frames after the instruction pointer; `None` when the
+    /// record's frame count is beyond the hint's bound (never sent).
+    pub frames: Option<&'a [u64]>,
+    /// The walk stopped before the root.
+    pub truncated: bool,
+}
+
 /// Unwinds user stacks with DWARF CFI; see the module documentation.
 pub struct Unwinder {
     processes: HashMap<u32, ProcessUnwinder>,
@@ -706,6 +717,10 @@ pub struct Unwinder {
     memo: WalkMemo,
     /// Where threads' stacks end, for the kernel's copies.
     tops: StackTops,
+    /// Whether remembered walks are handed to the kernel as hints.
+    give_hints: bool,
+    /// Whether stack tops are learned from complete walks.
+    learn_tops: bool,
     /// Id of the last process unwinder made.
     next_id: u64,
     /// Logical clock for LRU order and "used since the last release".
@@ -744,6 +759,8 @@ impl Unwinder {
             },
             memo: WalkMemo::new(DEFAULT_MAX_WALKS),
             tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
+            give_hints: true,
+            learn_tops: true,
             next_id: 0,
             tick: 0,
             last_release: 0,
@@ -763,17 +780,40 @@ impl Unwinder {
         bp: u64,
         stack: &[u8],
     ) -> UnwoundStack {
-        self.unwind_hinted(process, 0, ip, sp, bp, stack, None).0
+        self.unwind_hinted(process, 0, ip, sp, bp, stack).0
     }
 
-    /// As [`Self::unwind`], for an event whose stack the kernel found to
-    /// match remembered walk `matched` (its walk hint), if any; a brief
-    /// event has no copy (`stack` is empty). Also returns a hint for the
-    /// kernel: of a walk newly remembered, or of a remembered walk found by
-    /// reading the copy (the kernel did not hold its hint). A walk of
-    /// thread `tid` (0: unknown) also tells where its stack ends
-    /// ([`Self::take_stack_tops`]).
-    #[allow(clippy::too_many_arguments)]
+    /// The stack of an event whose stack the kernel found to match one of
+    /// the walk hints: the walk's frames after `ip`, which the record
+    /// carries. The kernel checked every word the walk read in the
+    /// thread's memory: the walk applies as it is, whatever the daemon
+    /// remembers now, and no process metadata is needed.
+    pub fn matched(&mut self, ip: u64, Matched { frames, truncated }: Matched<'_>) -> UnwoundStack {
+        self.tick += 1;
+        self.stats.unwinds += 1;
+        self.memo.note_matched(frames.is_some());
+        let (frames, truncated) = match frames {
+            Some(rest) => {
+                let mut all = Vec::with_capacity(rest.len() + 1);
+                all.push(ip);
+                all.extend_from_slice(rest);
+                (all, truncated)
+            }
+            None => (vec![ip], true),
+        };
+        if truncated {
+            self.stats.truncated += 1;
+        }
+        UnwoundStack {
+            frames: Arc::from(frames),
+            truncated,
+        }
+    }
+
+    /// As [`Self::unwind`]; also returns a hint for the kernel: of a walk
+    /// newly remembered, or of a remembered walk found by reading the copy
+    /// (the kernel did not hold its hint). A walk of thread `tid` (0:
+    /// unknown) also tells where its stack ends ([`Self::take_stack_tops`]).
     pub fn unwind_hinted(
         &mut self,
         process: &ProcessInfo,
@@ -782,31 +822,9 @@ impl Unwinder {
         sp: u64,
         bp: u64,
         stack: &[u8],
-        matched: Option<u64>,
     ) -> (UnwoundStack, Option<(WalkHintKey, WalkHint)>) {
         self.tick += 1;
         self.stats.unwinds += 1;
-        if let Some(id) = matched
-            && let Some((frames, truncated)) =
-                self.memo.lookup_matched(process.tgid, ip, sp, bp, id)
-        {
-            if truncated {
-                self.stats.truncated += 1;
-            }
-            return (UnwoundStack { frames, truncated }, None);
-        }
-        if matched.is_some() && stack.is_empty() {
-            // A brief record of a forgotten walk: only the ip is known.
-            self.stats.truncated += 1;
-            let frames = Arc::from(vec![ip]);
-            return (
-                UnwoundStack {
-                    frames,
-                    truncated: true,
-                },
-                None,
-            );
-        }
         let tick = self.tick;
         let Self {
             processes,
@@ -816,6 +834,8 @@ impl Unwinder {
             tops,
             stats,
             next_id,
+            give_hints,
+            learn_tops,
             ..
         } = self;
         let entry = process_unwinder(processes, *max_processes, process, tick, stats, next_id);
@@ -833,7 +853,7 @@ impl Unwinder {
                 frames: found.frames,
                 truncated: found.truncated,
             };
-            return (unwound, found.hint);
+            return (unwound, found.hint.filter(|_| *give_hints));
         }
 
         let mut reads: Vec<Read> = Vec::with_capacity(64);
@@ -884,7 +904,7 @@ impl Unwinder {
         match (truncated, reads.last()) {
             // A complete walk: nothing at or above its highest read is
             // needed by any later walk of this thread.
-            (false, Some(_)) => {
+            (false, Some(_)) if *learn_tops => {
                 if let Some(top) = reads.iter().map(|&(addr, _)| addr.saturating_add(8)).max() {
                     tops.learned(tid, top);
                 }
@@ -896,7 +916,20 @@ impl Unwinder {
         }
         let frames: Arc<[u64]> = Arc::from(frames);
         let hint = memo.remember(process.tgid, start, &reads, frames.clone(), truncated);
-        (UnwoundStack { frames, truncated }, hint)
+        (
+            UnwoundStack { frames, truncated },
+            hint.filter(|_| *give_hints),
+        )
+    }
+
+    /// Turns the stack optimizations on or off (`[debug]` and
+    /// `[limits] walk_memo_entries` in the config): a memo of at most
+    /// `memo_walks` walks per generation (0: none), hints for the kernel,
+    /// stack tops learned from walks. Off, the answers must be the same.
+    pub fn set_stack_options(&mut self, memo_walks: usize, give_hints: bool, learn_tops: bool) {
+        self.memo = WalkMemo::new(memo_walks);
+        self.give_hints = give_hints;
+        self.learn_tops = learn_tops;
     }
 
     /// What the kernel should change in its table of stack tops (see
@@ -1193,7 +1226,7 @@ mod tests {
         let tid = 77;
         let walk = |unwinder: &mut Unwinder, stack: &[u8]| {
             unwinder
-                .unwind_hinted(info, tid, sample.ip, sample.sp, sample.bp, stack, None)
+                .unwind_hinted(info, tid, sample.ip, sample.sp, sample.bp, stack)
                 .0
         };
         let full = walk(&mut unwinder, &sample.stack);

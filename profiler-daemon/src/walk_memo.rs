@@ -12,27 +12,26 @@
 //!
 //! Entries belong to one process unwinder (one mapping set); a rebuilt
 //! unwinder has a new id, so stale entries never match. The table is
-//! bounded and emptied when full.
+//! bounded and forgets in two generations: a full table becomes the
+//! previous one, and a walk found again there moves back.
 //!
 //! Checking the words means reading the copy, whose cache lines the kernel
 //! wrote on another CPU: most of the daemon's cost per wait event. So each
-//! remembered walk also has an id and a [`WalkHint`] (its read offsets and
-//! words) that the daemon gives the kernel; the kernel checks the words in
-//! the thread's memory and, when they match, sends a brief record without
-//! a copy, which [`WalkMemo::lookup_matched`] answers from the id alone.
-//!
-//! A brief record can only be answered while its walk is remembered, so
-//! walks are forgotten in two steps: a full table becomes the previous
-//! generation, whose hints the kernel is told to drop
-//! ([`WalkMemo::take_retired`]), and is dropped itself only when the next
-//! table fills. Records the kernel matched before it dropped a hint are
-//! still answered. A walk found again in the previous generation moves
-//! back, and its hint is handed to the kernel again.
+//! remembered walk also has a [`WalkHint`] that the daemon gives the
+//! kernel: its read offsets and words, and its frames as indices of those
+//! words (every return address a walk finds is a word it read). The kernel
+//! checks the words in the thread's memory and, when they match, sends the
+//! frames instead of a copy. Such a record carries its own stack: the
+//! daemon needs no memory of the walk to read it, so a record is never
+//! lost to a walk forgotten, replaced or retired while it sat in the ring
+//! (design doc 001). The hints of walks that leave the current table are
+//! taken back from the kernel ([`WalkMemo::take_retired`]) so that its
+//! table follows the memo's.
 
 use std::sync::Arc;
 
 use foldhash::HashMap;
-use profiler_common::{STACK_COPY_BYTES, WALK_HINT_WORDS, WalkHint, WalkHintKey};
+use profiler_common::{STACK_COPY_BYTES, WALK_HINT_WORDS, WalkHint, WalkHintKey, wait_flags};
 
 /// Default bound of remembered walks per generation.
 pub const DEFAULT_MAX_WALKS: usize = 4096;
@@ -64,14 +63,6 @@ struct Walk {
     hintable: bool,
 }
 
-/// A remembered walk as found by its id.
-struct ById {
-    tgid: u32,
-    regs: (u64, u64, u64),
-    frames: Arc<[u64]>,
-    truncated: bool,
-}
-
 /// A remembered walk's answer.
 #[derive(Clone, Debug)]
 pub struct Remembered {
@@ -91,10 +82,12 @@ pub struct MemoStats {
     pub misses: u64,
     /// Times a full table became the previous generation.
     pub clears: u64,
-    /// Of the hits, those the kernel had checked (the copy was not read).
+    /// Records whose stack the kernel matched against a hint and sent as
+    /// the walk's frames (the copy, if any, was not read).
     pub matched_in_kernel: u64,
-    /// Brief records whose walk was no longer remembered: their stack is
-    /// lost (only the instruction pointer is known).
+    /// Of those, records whose frames could not be read (a frame count
+    /// beyond the hint's bound): only the instruction pointer is kept.
+    /// The kernel never sends one; counted so that a test can say so.
     pub matched_but_forgotten: u64,
 }
 
@@ -102,9 +95,6 @@ pub struct MemoStats {
 pub struct WalkMemo {
     current: HashMap<WalkStart, Walk>,
     previous: HashMap<WalkStart, Walk>,
-    /// Each remembered walk (of either generation) by id, with what a
-    /// brief record needs: one lookup answers it.
-    ids: HashMap<u64, ById>,
     /// Hints the kernel should drop: their walks left the current table.
     retired: Vec<WalkHintKey>,
     max_walks: usize,
@@ -118,7 +108,6 @@ impl WalkMemo {
         Self {
             current: HashMap::default(),
             previous: HashMap::default(),
-            ids: HashMap::default(),
             retired: Vec::new(),
             max_walks,
             next_id: 0,
@@ -152,7 +141,7 @@ impl WalkMemo {
         self.stats.hits += 1;
         let hint = walk
             .hintable
-            .then(|| walk_hint(walk.id, start.sp, &walk.reads))
+            .then(|| walk_hint(walk.id, start, &walk.reads, &walk.frames, walk.truncated))
             .flatten()
             .map(|hint| (hint_key(walk.tgid, start), hint));
         Some(Remembered {
@@ -162,34 +151,12 @@ impl WalkMemo {
         })
     }
 
-    /// The remembered walk with id `id`, which the kernel found to apply to
-    /// a thread of `tgid` at these registers (a walk hint it matched): no
-    /// word is read. The walk may belong to an older unwinder of the same
-    /// process: the kernel checked every word it read. `None` if the walk
-    /// is forgotten.
-    pub fn lookup_matched(
-        &mut self,
-        tgid: u32,
-        ip: u64,
-        sp: u64,
-        bp: u64,
-        id: u64,
-    ) -> Option<(Arc<[u64]>, bool)> {
-        let found = self
-            .ids
-            .get(&id)
-            .filter(|walk| walk.tgid == tgid && walk.regs == (ip, sp, bp))
-            .map(|walk| (walk.frames.clone(), walk.truncated));
-        match found {
-            Some(answer) => {
-                self.stats.hits += 1;
-                self.stats.matched_in_kernel += 1;
-                Some(answer)
-            }
-            None => {
-                self.stats.matched_but_forgotten += 1;
-                None
-            }
+    /// Counts a record whose stack the kernel matched against a hint:
+    /// `readable` when its frames could be read.
+    pub fn note_matched(&mut self, readable: bool) {
+        self.stats.matched_in_kernel += 1;
+        if !readable {
+            self.stats.matched_but_forgotten += 1;
         }
     }
 
@@ -212,8 +179,7 @@ impl WalkMemo {
         }
         self.next_id += 1;
         let id = self.next_id;
-        let hint = walk_hint(id, start.sp, reads);
-        let walk_frames = frames.clone();
+        let hint = walk_hint(id, &start, reads, &frames, truncated);
         let walk = Walk {
             id,
             tgid,
@@ -222,21 +188,8 @@ impl WalkMemo {
             truncated,
             hintable: hint.is_some(),
         };
-        if let Some(old) = self.current.insert(start, walk) {
-            self.ids.remove(&old.id);
-        }
-        if let Some(old) = self.previous.remove(&start) {
-            self.ids.remove(&old.id);
-        }
-        self.ids.insert(
-            id,
-            ById {
-                tgid,
-                regs: (start.ip, start.sp, start.bp),
-                frames: walk_frames,
-                truncated,
-            },
-        );
+        self.current.insert(start, walk);
+        self.previous.remove(&start);
         hint.map(|hint| (hint_key(tgid, &start), hint))
     }
 
@@ -251,9 +204,6 @@ impl WalkMemo {
     fn make_room(&mut self) {
         if self.current.len() < self.max_walks {
             return;
-        }
-        for walk in self.previous.values() {
-            self.ids.remove(&walk.id);
         }
         self.previous = std::mem::take(&mut self.current);
         // Taken after every drain; the bound only guards a caller that
@@ -297,22 +247,37 @@ fn hint_key(tgid: u32, start: &WalkStart) -> WalkHintKey {
     }
 }
 
-/// The kernel's form of remembered walk `id` from `sp` that read `reads`:
-/// `None` when the kernel could not check it (a read outside the copy,
-/// unaligned or beyond the largest copy, or too many reads).
-pub fn walk_hint(id: u64, sp: u64, reads: &[Read]) -> Option<WalkHint> {
-    if reads.len() > WALK_HINT_WORDS {
+/// The kernel's form of remembered walk `id` from `start` that read
+/// `reads` and gave `frames` (`start.ip` first): `None` when the kernel
+/// could not check it (a read outside the copy, unaligned or beyond the
+/// largest copy, or too many reads) or a frame is no word it read.
+pub fn walk_hint(
+    id: u64,
+    start: &WalkStart,
+    reads: &[Read],
+    frames: &[u64],
+    truncated: bool,
+) -> Option<WalkHint> {
+    if reads.len() > WALK_HINT_WORDS || frames.first() != Some(&start.ip) {
         return None;
     }
     let mut hint = WalkHint {
         id,
+        check: 0,
         len: reads.len() as u32,
         span: 0,
+        frames_len: 0,
+        flags: if truncated {
+            wait_flags::WALK_TRUNCATED
+        } else {
+            0
+        },
         offsets: [0; WALK_HINT_WORDS],
+        frame_words: [0; WALK_HINT_WORDS],
         words: [0; WALK_HINT_WORDS],
     };
     for (i, &(addr, word)) in reads.iter().enumerate() {
-        let offset = addr.checked_sub(sp)?;
+        let offset = addr.checked_sub(start.sp)?;
         if offset % 8 != 0 || offset + 8 > STACK_COPY_BYTES as u64 {
             return None;
         }
@@ -320,6 +285,21 @@ pub fn walk_hint(id: u64, sp: u64, reads: &[Read]) -> Option<WalkHint> {
         hint.words[i] = word?;
         hint.span = hint.span.max(offset as u32 + 8);
     }
+    // Each return address is the first word with its value read after the
+    // one before it: walks read the stack upwards, frame by frame. (Any
+    // word with that value would do: the frame is the value.)
+    let returns = &frames[1..];
+    if returns.len() > WALK_HINT_WORDS {
+        return None;
+    }
+    let mut from = 0;
+    for (i, &frame) in returns.iter().enumerate() {
+        let at = from + reads[from..].iter().position(|&(_, w)| w == Some(frame))?;
+        hint.frame_words[i] = u8::try_from(at).ok()?;
+        from = at + 1;
+    }
+    hint.frames_len = returns.len() as u32;
+    hint.check = hint.seal();
     Some(hint)
 }
 
@@ -401,66 +381,90 @@ mod tests {
     }
 
     #[test]
-    fn a_walk_the_kernel_matched_is_answered_by_its_id() {
+    fn a_hint_carries_its_walks_frames() {
         let mut memo = WalkMemo::new(8);
-        let reads = [(0x7008, Some(0x2000)), (0x7018, Some(0x3000))];
+        // A saved frame pointer, then two return addresses.
+        let reads = [
+            (0x7000, Some(0x7040)),
+            (0x7008, Some(0x2000)),
+            (0x7018, Some(0x3000)),
+        ];
         let (key, hint) = memo
-            .remember(TGID, START, &reads, Arc::from(vec![0x1000, 0x2000]), false)
+            .remember(
+                TGID,
+                START,
+                &reads,
+                Arc::from(vec![0x1000, 0x2000, 0x3000]),
+                true,
+            )
             .expect("remembered and hinted");
         assert_eq!(
             (key.tgid, key.ip, key.sp, key.bp),
             (TGID, START.ip, START.sp, START.bp)
         );
-        let id = hint.id;
-        let at = |memo: &mut WalkMemo, tgid, sp, id| {
-            memo.lookup_matched(tgid, START.ip, sp, START.bp, id)
-        };
-        let (frames, truncated) = at(&mut memo, TGID, START.sp, id).expect("hit");
-        assert_eq!((&*frames, truncated), (&[0x1000, 0x2000][..], false));
-        // A stale id (the walk was replaced), another process or other
-        // registers are no answer.
-        let (_, newer) = memo
-            .remember(TGID, START, &reads, Arc::from(vec![0x1000]), false)
-            .expect("remembered");
-        assert_ne!(newer.id, id);
-        assert!(at(&mut memo, TGID, START.sp, id).is_none());
-        assert!(at(&mut memo, TGID + 1, START.sp, newer.id).is_none());
-        assert!(at(&mut memo, TGID, 0x7010, newer.id).is_none());
-        // The process's unwinder was rebuilt (its mappings changed): the
-        // kernel checked every word, so the walk still applies.
-        assert!(at(&mut memo, TGID, START.sp, newer.id).is_some());
+        assert_eq!(hint.len, 3);
+        assert_eq!(&hint.offsets[..3], &[0, 8, 0x18]);
+        assert_eq!(&hint.words[..3], &[0x7040, 0x2000, 0x3000]);
+        // The frames after the ip, as the words the kernel sends.
+        assert_eq!(hint.frames_len, 2);
+        let sent: Vec<u64> = hint.frame_words[..2]
+            .iter()
+            .map(|&i| hint.words[i as usize])
+            .collect();
+        assert_eq!(sent, [0x2000, 0x3000]);
+        assert_eq!(hint.flags, wait_flags::WALK_TRUNCATED);
+        // The seal covers every field the kernel reads.
+        assert_eq!(hint.check, hint.seal());
+        for change in [
+            |h: &mut WalkHint| h.id += 1,
+            |h: &mut WalkHint| h.words[1] ^= 1,
+            |h: &mut WalkHint| h.offsets[2] += 8,
+            |h: &mut WalkHint| h.frame_words[0] = 0,
+            |h: &mut WalkHint| h.frames_len = 1,
+            |h: &mut WalkHint| h.flags = 0,
+        ] {
+            let mut torn = hint;
+            change(&mut torn);
+            assert_ne!(torn.seal(), hint.check);
+        }
+        // Records the kernel matched are counted.
+        memo.note_matched(true);
+        memo.note_matched(false);
         let stats = memo.stats();
         assert_eq!(
             (stats.matched_in_kernel, stats.matched_but_forgotten),
-            (2, 3)
+            (2, 1)
         );
 
-        assert_eq!((hint.id, hint.len), (id, 2));
-        assert_eq!(&hint.offsets[..2], &[8, 0x18]);
-        assert_eq!(&hint.words[..2], &[0x2000, 0x3000]);
         // The kernel copies only up to the last word read, in any order.
         assert_eq!(hint.span, 0x20);
-        let reversed = [reads[1], reads[0]];
+        let two = [0x1000, 0x2000];
+        let hinted = |reads: &[Read], frames: &[u64]| walk_hint(1, &START, reads, frames, false);
         assert_eq!(
-            walk_hint(id, START.sp, &reversed).map(|h| h.span),
+            hinted(&[reads[2], reads[1]], &two).map(|h| h.span),
             Some(0x20)
         );
-        // What the kernel cannot check is not hinted: a word outside the
-        // copy, an unaligned or out-of-reach offset, too many words.
-        assert!(walk_hint(id, START.sp, &[(0x7008, None)]).is_none());
-        assert!(walk_hint(id, START.sp, &[(0x7004, Some(1))]).is_none());
-        assert!(walk_hint(id, START.sp, &[(0x6ff8, Some(1))]).is_none());
+        // What the kernel cannot check or send is not hinted: a word
+        // outside the copy, an unaligned or out-of-reach offset, too many
+        // words, a frame that is no word read (or not in walk order), a
+        // first frame that is not the ip.
+        assert!(hinted(&[(0x7008, None)], &[0x1000]).is_none());
+        assert!(hinted(&[(0x7004, Some(1))], &[0x1000]).is_none());
+        assert!(hinted(&[(0x6ff8, Some(1))], &[0x1000]).is_none());
         let far = START.sp + STACK_COPY_BYTES as u64;
-        assert!(walk_hint(id, START.sp, &[(far, Some(1))]).is_none());
+        assert!(hinted(&[(far, Some(1))], &[0x1000]).is_none());
         let many: Vec<Read> = (0..=WALK_HINT_WORDS as u64)
             .map(|i| (START.sp + 8 * i, Some(i)))
             .collect();
-        assert!(walk_hint(id, START.sp, &many).is_none());
-        assert!(walk_hint(id, START.sp, &many[..WALK_HINT_WORDS]).is_some());
+        assert!(hinted(&many, &[0x1000]).is_none());
+        assert!(hinted(&many[..WALK_HINT_WORDS], &[0x1000]).is_some());
+        assert!(hinted(&reads, &[0x1000, 0x4000]).is_none());
+        assert!(hinted(&reads, &[0x1000, 0x3000, 0x2000]).is_none());
+        assert!(hinted(&reads, &[0x1001, 0x2000]).is_none());
     }
 
     #[test]
-    fn walks_are_forgotten_a_generation_after_their_hints_are_retired() {
+    fn hints_are_taken_back_when_their_walks_leave_the_table() {
         let mut memo = WalkMemo::new(2);
         let start = |ip| WalkStart { ip, ..START };
         let reads = [(0x7000, Some(7))];
@@ -480,12 +484,6 @@ mod tests {
         retired.sort_unstable();
         assert_eq!(retired, [0, 1]);
         assert!(memo.take_retired().is_empty());
-        // Brief records the kernel matched before dropping them are still
-        // answered.
-        assert!(
-            memo.lookup_matched(TGID, 0, START.sp, START.bp, ids[0])
-                .is_some()
-        );
         // Found again through a copy, a walk moves back, with its hint
         // handed to the kernel again.
         let hit = memo
@@ -498,10 +496,6 @@ mod tests {
         // Two more walks fill the table again: the walk at ip 0, two
         // generations old now, is forgotten.
         memo.remember(TGID, start(3), &reads, Arc::from(vec![3]), false);
-        assert!(
-            memo.lookup_matched(TGID, 0, START.sp, START.bp, ids[0])
-                .is_none()
-        );
         assert!(frames(&mut memo, &start(0), &copy).is_none());
         assert_eq!(frames(&mut memo, &start(1), &copy), Some(vec![1]));
         assert!(memo.len() <= 4);
@@ -514,7 +508,6 @@ mod tests {
             let start = WalkStart { ip, ..START };
             memo.remember(TGID, start, &[], Arc::from(vec![ip]), false);
             assert!(memo.len() <= 4);
-            assert!(memo.ids.len() <= 4);
         }
         assert_eq!(memo.stats().clears, 4);
         let too_many: Vec<Read> = (0..=MAX_READS as u64).map(|a| (a, None)).collect();

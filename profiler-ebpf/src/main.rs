@@ -44,14 +44,14 @@ use aya_ebpf::{
 use profiler_common::{
     ANCHOR_FRAMES, ANCHOR_WINDOW_NS, BuildIdFrame, COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait,
     FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark,
-    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
-    ImageAnchors, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
-    OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent,
-    SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
-    STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, TARGETS_ENTRIES,
-    WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitHead, WaitStack,
-    WalkHint, WalkHintKey, alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event,
-    proc_event,
+    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HINT_SEAL_SEED, HeapAlloc,
+    HeapFree, HeapThread, ImageAnchors, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
+    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
+    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
+    STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack,
+    StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS,
+    WALK_HINTS_ENTRIES, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn, control,
+    counter, futex_call, futex_op, go_fn, heap_event, hint_mix, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -114,6 +114,16 @@ static STACK_SAMPLES_RING: u32 = STACK_SAMPLES_BYTES;
 static HEAP_EVENTS_RING: u32 = HEAP_EVENTS_BYTES;
 #[unsafe(no_mangle)]
 static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
+/// Stack optimizations, each on (1) unless the daemon turns it off to
+/// compare (`[debug]` in its config): a matched walk hint sends a record
+/// without a stack copy; a stack known to fit in SHORT_STACK_BYTES goes in
+/// the short record form; copies stop at the thread's known stack top.
+#[unsafe(no_mangle)]
+static BRIEF_RECORDS: u8 = 1;
+#[unsafe(no_mangle)]
+static SHORT_RECORDS: u8 = 1;
+#[unsafe(no_mangle)]
+static USE_STACK_TOPS: u8 = 1;
 
 #[map]
 static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -234,10 +244,12 @@ static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
 #[map]
 static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYTES, 0);
-/// A per-CPU buffer for the stack words a walk hint is checked against.
+/// A per-CPU buffer for the stack words a walk hint is checked against,
+/// and the frames of a matched hint.
 #[repr(C)]
 pub struct HintScratch {
     bytes: [u8; STACK_COPY_BYTES],
+    frames: [u64; WALK_HINT_WORDS],
 }
 
 #[map]
@@ -584,9 +596,22 @@ fn send_stack_sample_in<const N: usize>(
 /// fits in N bytes: then a record with an N-byte copy holds all of it.
 #[inline(always)]
 fn stack_fits(tid: u32, sp: u64, n: usize) -> bool {
-    // SAFETY: the value is copied out.
-    let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
+    if global_u8(&SHORT_RECORDS) == 0 {
+        return false;
+    }
+    let top = stack_top(tid);
     top > sp && top - sp < n as u64
+}
+
+/// Where thread `tid`'s stack ends, if known (0: not known, or stack tops
+/// are off).
+#[inline(always)]
+fn stack_top(tid: u32) -> u64 {
+    if global_u8(&USE_STACK_TOPS) == 0 {
+        return 0;
+    }
+    // SAFETY: the value is copied out.
+    unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0)
 }
 
 /// [`copy_stack`], counted in STACK_COPIES and STACK_BYTES_COPIED.
@@ -610,8 +635,7 @@ unsafe fn counted_copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
 unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
     const PAGE: u64 = 4096;
     let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: the value is copied out.
-    let top = unsafe { STACK_TOPS.get(tid) }.copied().unwrap_or(0);
+    let top = stack_top(tid);
     if top > sp && top - sp < N as u64 {
         let len = (top - sp) as u32;
         // The bounds the verifier needs for the length.
@@ -650,7 +674,9 @@ unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
             )
         };
         if ok != 0 {
-            let _ = STACK_TOPS.insert(tid, sp + copied, 0);
+            if global_u8(&USE_STACK_TOPS) != 0 {
+                let _ = STACK_TOPS.insert(tid, sp + copied, 0);
+            }
             break;
         }
         copied += PAGE;
@@ -1309,15 +1335,32 @@ fn send_wait_stack(
     if kind == wait_event::BLOCK {
         head.cond = cond_of(uaddr);
     }
-    if let Some(id) = hinted_words_match(hint_key(tgid, ip, sp, bp)) {
-        head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
-        head.hint_id = id;
-        if WAIT_EVENTS
-            .output::<WaitHead>(&head, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
-            .is_err()
-        {
+    if global_u8(&BRIEF_RECORDS) != 0
+        && let Some(scratch) = HINT_SCRATCH.get_ptr_mut(0)
+        // SAFETY: this CPU's scratch buffer (programs do not nest on a
+        // CPU).
+        && let Some(found) = unsafe { hinted_walk(hint_key(tgid, ip, sp, bp), scratch) }
+    {
+        head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
+        head.hint_id = found.id;
+        let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief>(0) else {
             count(counter::WAIT_EVENTS_LOST);
+            return;
+        };
+        let out = entry.as_mut_ptr();
+        // SAFETY: the entry is ours until submitted; the scratch frames
+        // were written by hinted_walk above, found.frames of them.
+        unsafe {
+            (*out).head = head;
+            (*out).frames_len = u64::from(found.frames);
+            copy_frames(
+                (*out).frames.as_mut_ptr(),
+                (*scratch).frames.as_ptr(),
+                found.frames,
+            );
         }
+        count(counter::BRIEF_RECORDS);
+        entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
         return;
     }
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
@@ -1351,14 +1394,28 @@ fn hint_key(tgid: u32, ip: u64, sp: u64, bp: u64) -> WalkHintKey {
     }
 }
 
-/// The id of the daemon's walk hint for these registers if the thread's
-/// stack holds every word it lists. Only the hint's span (the bytes from
-/// sp up to its last word) is copied, into a per-CPU scratch buffer: far
-/// less than a full copy, which for most threads reads all
-/// STACK_COPY_BYTES (memory above a thread's stack is usually readable, so
-/// the copy does not stop at its top).
+/// A walk hint that matched a thread's stack.
+#[derive(Clone, Copy)]
+struct HintMatch {
+    /// The daemon's id of the walk.
+    id: u64,
+    /// Frames written after the instruction pointer.
+    frames: u32,
+    /// `wait_flags::WALK_TRUNCATED` or 0.
+    flags: u32,
+}
+
+/// The daemon's walk hint for these registers if the thread's stack holds
+/// every word it lists, with its frames written to `scratch.frames`. Only
+/// the hint's span (the bytes from sp up to its last word) is copied, into
+/// the per-CPU scratch buffer: far less than a full copy, which for most
+/// threads reads all STACK_COPY_BYTES (memory above a thread's stack is
+/// usually readable, so the copy does not stop at its top).
+///
+/// # Safety
+/// `scratch` is this CPU's scratch buffer, used by nothing else meanwhile.
 #[inline(always)]
-fn hinted_words_match(key: WalkHintKey) -> Option<u64> {
+unsafe fn hinted_walk(key: WalkHintKey, scratch: *mut HintScratch) -> Option<HintMatch> {
     if key.sp == 0 || !use_dwarf(key.tgid) {
         return None;
     }
@@ -1368,48 +1425,115 @@ fn hinted_words_match(key: WalkHintKey) -> Option<u64> {
     if span == 0 || span > STACK_COPY_BYTES as u32 {
         return None;
     }
-    let scratch = HINT_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: this CPU's scratch buffer (programs do not nest on a CPU),
-    // STACK_COPY_BYTES long; span <= that.
+    // SAFETY: the caller's scratch buffer, STACK_COPY_BYTES long; span <=
+    // that.
     unsafe {
         let bytes = (*scratch).bytes.as_mut_ptr();
         if bpf_probe_read_user(bytes.cast(), span, key.sp as *const _) != 0 {
             return None;
         }
-        matching_walk_hint::<STACK_COPY_BYTES>(key, bytes, u64::from(span))
+        matching_walk_hint::<STACK_COPY_BYTES>(
+            key,
+            bytes,
+            u64::from(span),
+            (*scratch).frames.as_mut_ptr(),
+        )
     }
 }
 
-/// The id of the daemon's remembered walk from these registers if the
-/// stack just copied (`len` bytes at `stack`, still in this CPU's cache)
-/// holds every word that walk read.
+/// The daemon's remembered walk from these registers if the stack just
+/// copied (`len` bytes at `stack`, still in this CPU's cache) holds every
+/// word that walk read; its frames after the instruction pointer are
+/// written to `frames` (WALK_HINT_WORDS long). The hint's seal is checked
+/// over everything read from it: a hint the daemon replaced meanwhile is
+/// no match, and the caller sends a full record.
 #[inline(always)]
 unsafe fn matching_walk_hint<const N: usize>(
     key: WalkHintKey,
     stack: *const u8,
     len: u64,
-) -> Option<u64> {
+    frames: *mut u64,
+) -> Option<HintMatch> {
     // SAFETY: a map value, read during this run only.
     let hint = unsafe { WALK_HINTS.get(key) }?;
-    let used = hint.len as usize;
+    // Volatile reads: each field is read once, and what is checked is what
+    // is sealed and sent.
+    // SAFETY: fields of a map value.
+    let (id, used) = unsafe {
+        (
+            core::ptr::read_volatile(&hint.id),
+            core::ptr::read_volatile(&hint.len) as usize,
+        )
+    };
+    let mut seal = hint_mix(HINT_SEAL_SEED, id);
     for i in 0..WALK_HINT_WORDS {
         if i >= used {
             break;
         }
-        let offset = u64::from(*hint.offsets.get(i)?);
-        if offset + 8 > len {
+        // SAFETY: fields of a map value.
+        let (offset, expected) = unsafe {
+            (
+                core::ptr::read_volatile(hint.offsets.get(i)?),
+                core::ptr::read_volatile(hint.words.get(i)?),
+            )
+        };
+        if u64::from(offset) + 8 > len {
             return None;
         }
         // The daemon sends 8-aligned offsets; the mask keeps the read
         // inside the N-byte buffer (N a power of two) for the verifier.
-        let offset = offset as usize & (N - 8);
+        let at = offset as usize & (N - 8);
         // SAFETY: within the copy's buffer, as masked above.
-        let word = unsafe { core::ptr::read_unaligned(stack.add(offset).cast::<u64>()) };
-        if word != *hint.words.get(i)? {
+        let word = unsafe { core::ptr::read_unaligned(stack.add(at).cast::<u64>()) };
+        if word != expected {
             return None;
         }
+        seal = hint_mix(seal, expected ^ u64::from(offset));
     }
-    Some(hint.id)
+    // SAFETY: as above.
+    let (nframes, flags) = unsafe {
+        (
+            core::ptr::read_volatile(&hint.frames_len),
+            core::ptr::read_volatile(&hint.flags),
+        )
+    };
+    for i in 0..WALK_HINT_WORDS {
+        if i as u32 >= nframes {
+            break;
+        }
+        // SAFETY: fields of a map value; the index is masked into `words`.
+        let word = unsafe {
+            let index = core::ptr::read_volatile(hint.frame_words.get(i)?) as usize;
+            core::ptr::read_volatile(hint.words.get(index & (WALK_HINT_WORDS - 1))?)
+        };
+        // SAFETY: the caller's buffer holds WALK_HINT_WORDS frames.
+        unsafe { *frames.add(i) = word };
+        seal = hint_mix(seal, word);
+    }
+    seal = hint_mix(seal, u64::from(nframes) | u64::from(flags) << 32);
+    // SAFETY: as above.
+    if seal != unsafe { core::ptr::read_volatile(&hint.check) } || nframes > WALK_HINT_WORDS as u32
+    {
+        count(counter::HINTS_TORN);
+        return None;
+    }
+    Some(HintMatch {
+        id,
+        frames: nframes,
+        flags: flags & wait_flags::WALK_TRUNCATED,
+    })
+}
+
+/// Copies `n` (at most WALK_HINT_WORDS) frames.
+#[inline(always)]
+unsafe fn copy_frames(dst: *mut u64, src: *const u64, n: u32) {
+    for i in 0..WALK_HINT_WORDS {
+        if i as u32 >= n {
+            break;
+        }
+        // SAFETY: both hold WALK_HINT_WORDS frames.
+        unsafe { *dst.add(i) = *src.add(i) };
+    }
 }
 
 /// Records the current thread's user stack for an event: a copy of up to
@@ -1539,13 +1663,14 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
         // A kernel thread (sp 0) has no user stack.
         match sp {
             0 => (*record).stack_len = 0,
-            _ => match hinted_words_match(hint_key(tgid, ip, sp, bp)) {
+            _ => match parked_hint_match(hint_key(tgid, ip, sp, bp), record) {
                 // The stack does not change while the thread is off CPU:
                 // the match stands at its switch-in, and no copy is kept.
-                Some(id) => {
+                Some(found) => {
                     (*record).stack_len = 0;
-                    (*record).flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF;
-                    (*record).hint_id = id;
+                    (*record).flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
+                    (*record).hint_id = found.id;
+                    (*record).frames_len = u64::from(found.frames);
                 }
                 None => {
                     ((*record).stack_len, (*record).frames_len) =
@@ -1559,6 +1684,30 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
                 }
             },
         }
+    }
+}
+
+/// A walk hint matched at a switch-out, its frames written to the parked
+/// record's `frames` (MAX_STACK_DEPTH long): the record then keeps no copy.
+/// None when brief records are off.
+///
+/// # Safety
+/// `record` is the thread's own parked record.
+#[inline(always)]
+unsafe fn parked_hint_match(key: WalkHintKey, record: *mut OffcpuRecord) -> Option<HintMatch> {
+    if global_u8(&BRIEF_RECORDS) == 0 {
+        return None;
+    }
+    let scratch = HINT_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch buffer; the record is the caller's.
+    unsafe {
+        let found = hinted_walk(key, scratch)?;
+        copy_frames(
+            (*record).frames.as_mut_ptr(),
+            (*scratch).frames.as_ptr(),
+            found.frames,
+        );
+        Some(found)
     }
 }
 
@@ -1593,14 +1742,17 @@ fn unpark(next: *mut task_struct, now: u64) {
                         (*out).duration_ns = off;
                         if (*out).flags & wait_flags::HINT_MATCHED == 0
                             && (*out).stack_len != 0
-                            && let Some(id) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
+                            && global_u8(&BRIEF_RECORDS) != 0
+                            && let Some(found) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
                                 hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp),
                                 (*out).stack.as_ptr(),
                                 (*out).stack_len,
+                                (*out).frames.as_mut_ptr(),
                             )
                         {
-                            (*out).flags = wait_flags::HINT_MATCHED;
-                            (*out).hint_id = id;
+                            (*out).flags = wait_flags::HINT_MATCHED | found.flags;
+                            (*out).hint_id = found.id;
+                            (*out).frames_len = u64::from(found.frames);
                         }
                         let bytes = bpf_get_task_stack(
                             next,

@@ -80,6 +80,14 @@ pub fn check_wait_files(files: &[ProfileFile], kind: profiles::WaitKind) {
     }
 }
 
+/// Checks off-CPU files as `go tool pprof -raw` reads them: readable, with
+/// the sample types and totals of our decoder.
+pub fn check_offcpu_files(files: &[ProfileFile]) {
+    for file in files {
+        check_raw_agrees(file, "offcpu nanoseconds", 1, &["events", "offcpu"]);
+    }
+}
+
 /// `go tool pprof -raw` reads `file` and, when it holds samples, prints
 /// them; its period type (`"type unit"`) and period are the given ones,
 /// and its sample types and their totals those of our decoder.

@@ -42,6 +42,13 @@ pub enum Workload {
     /// program itself; `gcc -O2`, no frame pointers;
     /// `[--wait-stdin] [--rounds N]`.
     BlockSites,
+    /// `wait_sites.c`: the bias example as a user writes it: sites wait_a,
+    /// wait_b and wait_c (1, 2 and 3 ms futex waits, equal blocked time)
+    /// with the same code and frame, called at the same depth, so that
+    /// their waits start from the same registers; built as a user builds
+    /// it (`gcc -O1 -g -fno-omit-frame-pointer -fno-inline`);
+    /// `[--wait-stdin] [--rounds N] [--threads T] [--phase-ms P]`.
+    WaitSites,
     /// `mutex_hold.c`: a thread holds a mutex for a fixed time over and
     /// over while another waits for it, timing each lock; `gcc -O2
     /// -pthread`, no frame pointers;
@@ -78,6 +85,7 @@ impl Workload {
             Workload::ShortLived => "short_lived.c",
             Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
             Workload::BlockSites => "block_sites.c",
+            Workload::WaitSites => "wait_sites.c",
             Workload::MutexHold => "mutex_hold.c",
             Workload::CondWait => "cond_wait.c",
             Workload::Mixed => "mixed.c",
@@ -127,6 +135,19 @@ impl Workload {
                 // pointers.
                 let mut c = Command::new("gcc");
                 c.args(["-O2", "-g", "-Wall", "-Werror", "-pthread"]);
+                c
+            }
+            Workload::WaitSites => {
+                let mut c = Command::new("gcc");
+                c.args([
+                    "-O1",
+                    "-g",
+                    "-fno-omit-frame-pointer",
+                    "-fno-inline",
+                    "-Wall",
+                    "-Werror",
+                    "-pthread",
+                ]);
                 c
             }
             _ => {

@@ -1,0 +1,98 @@
+//! The `[debug]` table of the config file: switches that turn the stack
+//! optimizations off, one by one, so that a profile taken with them can be
+//! compared with one taken without. Each optimization may make a profile
+//! cheaper, never different; every one is on by default.
+//!
+//! ```toml
+//! [debug]
+//! walk_hints = true      # the daemon gives the kernel the words of remembered walks
+//! brief_records = true   # a matched hint sends the walk's frames instead of a stack copy
+//! short_records = true   # a stack known to fit in 4 KiB goes in the short record form
+//! stack_tops = true      # copies stop at the thread's stack top learned from walks
+//! ```
+//!
+//! The walk memo itself is sized (0: off) by `[limits] walk_memo_entries`.
+
+use serde::Deserialize;
+
+/// Which stack optimizations are on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackSwitches {
+    /// Remembered walks are handed to the kernel as walk hints.
+    pub walk_hints: bool,
+    /// The kernel sends a matched walk's frames instead of a stack copy.
+    pub brief_records: bool,
+    /// CPU samples and allocations whose stack fits use the short form.
+    pub short_records: bool,
+    /// Stack copies stop at each thread's known stack top.
+    pub stack_tops: bool,
+}
+
+impl Default for StackSwitches {
+    fn default() -> Self {
+        StackSwitches {
+            walk_hints: true,
+            brief_records: true,
+            short_records: true,
+            stack_tops: true,
+        }
+    }
+}
+
+/// The `[debug]` table as written; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebugTable {
+    walk_hints: Option<bool>,
+    brief_records: Option<bool>,
+    short_records: Option<bool>,
+    stack_tops: Option<bool>,
+}
+
+impl DebugTable {
+    /// The switches, missing keys on.
+    pub fn switches(&self) -> StackSwitches {
+        let d = StackSwitches::default();
+        StackSwitches {
+            walk_hints: self.walk_hints.unwrap_or(d.walk_hints),
+            brief_records: self.brief_records.unwrap_or(d.brief_records),
+            short_records: self.short_records.unwrap_or(d.short_records),
+            stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> Result<DebugTable, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn everything_is_on_unless_turned_off() {
+        assert_eq!(
+            table("").expect("parse").switches(),
+            StackSwitches::default()
+        );
+        let off = table("walk_hints = false\nstack_tops = false")
+            .expect("parse")
+            .switches();
+        assert_eq!(
+            off,
+            StackSwitches {
+                walk_hints: false,
+                stack_tops: false,
+                ..StackSwitches::default()
+            }
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused() {
+        let err = table("hints = false").expect_err("unknown key");
+        assert!(err.to_string().contains("hints"), "{err}");
+        assert!(table("walk_hints = 0").is_err());
+    }
+}
