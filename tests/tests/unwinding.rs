@@ -963,3 +963,96 @@ fn blocked_threads_show_their_callers() {
         diag()
     );
 }
+
+/// Every stack optimization off (`[debug]`, `[limits] walk_memo_entries`):
+/// no walk memo or hints, no short records, no stack tops.
+const OPTIMIZATIONS_OFF: &str = "[limits]\nwalk_memo_entries = 0\n\n[debug]\nwalk_hints = false\nbrief_records = false\nshort_records = false\nstack_tops = false\n";
+
+/// The same C program without frame pointers with every stack optimization
+/// on and off: short records and copies that stop at the learned stack
+/// top make CPU samples cheaper, never different. Both runs reach main in
+/// every sample with every frame of the chains, and split their CPU
+/// between work_a and work_b alike (each share has a standard deviation
+/// of about 1.1 points over ~1500 samples; the bound is 5 of the
+/// difference's).
+#[test]
+fn stack_optimizations_do_not_change_cpu_stacks() {
+    require_root();
+    require_unwind_option();
+    let tmp = temp_dir();
+    let exe = build_c(tmp.path(), "unwind_nofp.c", "unwind_nofp_c");
+    let config = tmp.path().join("off.toml");
+    std::fs::write(&config, OPTIMIZATIONS_OFF).expect("writing the config file");
+    let on = profile(&exe, &["--unwind", "dwarf"], &tmp.path().join("on"));
+    let off = profile(
+        &exe,
+        &[
+            "--unwind",
+            "dwarf",
+            "--config",
+            config.to_str().expect("UTF-8 path"),
+        ],
+        &tmp.path().join("off"),
+    );
+    let measure = |run: &Profiled| {
+        let s = &run.samples;
+        (
+            share(s, has_main),
+            chain_share(s, &["work_a", "run", "main"]),
+            chain_share(s, &["work_b", "run", "main"]),
+            share(s, |x| x.has_function("work_a")),
+        )
+    };
+    let counters = |run: &Profiled| {
+        [
+            "records_short_form",
+            "stack_tops_sent",
+            "stack_tops_taken_back",
+        ]
+        .map(|c| run.daemon.summary_field(c))
+    };
+    let (m_on, m_off) = (measure(&on), measure(&off));
+    let (c_on, c_off) = (counters(&on), counters(&off));
+    let bytes = |run: &Profiled| {
+        run.daemon.summary_field("stack_copy_bytes")
+            / run.daemon.summary_field("stack_copy_count").max(1)
+    };
+    println!(
+        "optimizations on: main {:.4}, chains {:.4} / {:.4}, work_a {:.3}; short records, tops sent, taken back {c_on:?}; {} bytes a copy",
+        m_on.0,
+        m_on.1,
+        m_on.2,
+        m_on.3,
+        bytes(&on)
+    );
+    println!(
+        "optimizations off: main {:.4}, chains {:.4} / {:.4}, work_a {:.3}; short records, tops sent, taken back {c_off:?}; {} bytes a copy",
+        m_off.0,
+        m_off.1,
+        m_off.2,
+        m_off.3,
+        bytes(&off)
+    );
+    for (what, m, run) in [("on", m_on, &on), ("off", m_off, &off)] {
+        assert!(
+            m.0 >= 0.99 && m.1 >= 0.99 && m.2 >= 0.99,
+            "optimizations {what}: main in {:.4} of the cpu, work_a <- run <- main in {:.4}, work_b <- run <- main in {:.4} (expected ≥ 0.99){}",
+            m.0,
+            m.1,
+            m.2,
+            run.diag(has_main)
+        );
+    }
+    assert!(
+        (m_on.3 - m_off.3).abs() <= 0.08,
+        "work_a's share of the cpu: {:.3} with the optimizations, {:.3} without{}",
+        m_on.3,
+        m_off.3,
+        off.diag(|_| true)
+    );
+    assert!(
+        c_on[0] > 0 && c_on[1] > 0 && c_on[2] == 0 && c_off == [0; 3],
+        "short records, stack tops sent and taken back: {c_on:?} on (expected some, some, none), {c_off:?} off (expected none){}",
+        on.diag(|_| true)
+    );
+}
