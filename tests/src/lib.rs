@@ -22,6 +22,7 @@
 pub mod cgroups;
 pub mod daemon;
 pub mod http;
+pub mod perf;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
