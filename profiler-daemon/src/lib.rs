@@ -14,6 +14,7 @@ pub mod link_closer;
 pub mod map_syscalls;
 pub mod metrics;
 pub mod notify;
+pub mod plt;
 pub mod pprof;
 pub mod probe_placement;
 pub mod probes;

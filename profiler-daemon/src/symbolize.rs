@@ -7,7 +7,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::path::PathBuf;
+use std::hash::Hash;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use object::read::elf::NoteIterator;
 use tracing::{debug, warn};
 
 use crate::frames::{Frame, Line, Mapping};
+use crate::plt::{ObjectLayout, Placement};
 use crate::process::{MappedObject, ObjectFile, ProcessTable, hex};
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
@@ -34,6 +36,8 @@ const KALLSYMS_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
 const RELEASE_EVERY: u64 = 1024;
 /// Bound of the set of objects already warned about.
 const MAX_WARNED: usize = 4096;
+/// Objects whose section layout (and PLT stubs) are kept.
+const LAYOUT_ENTRIES: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
@@ -60,6 +64,11 @@ pub struct SymbolizeStats {
     pub cache_evictions: u64,
     /// Cached results now.
     pub cached: usize,
+    /// Frames named after the PLT stub they are in (`memcpy@plt`).
+    pub plt_stubs: u64,
+    /// Frames left unsymbolized because the symbol found before them does
+    /// not cover them (its size ends before, or it lies in another section).
+    pub uncovered: u64,
 }
 
 /// Which symbol source a cached result came from. Objects with a build ID
@@ -87,14 +96,14 @@ type Pending = (Arc<ObjectFile>, Vec<(usize, u64)>);
 
 /// Two generations: when the young one is full the old one is dropped, so
 /// entries used in the last generation survive (an approximate LRU).
-struct LineCache {
-    young: HashMap<CacheKey, Arc<[Line]>>,
-    old: HashMap<CacheKey, Arc<[Line]>>,
+struct Generations<K, V> {
+    young: HashMap<K, V>,
+    old: HashMap<K, V>,
     generation: usize,
     evictions: u64,
 }
 
-impl LineCache {
+impl<K: Hash + Eq, V> Generations<K, V> {
     fn new(entries: usize) -> Self {
         Self {
             young: HashMap::new(),
@@ -104,25 +113,33 @@ impl LineCache {
         }
     }
 
-    fn get(&mut self, key: &CacheKey) -> Option<Arc<[Line]>> {
-        if let Some(lines) = self.young.get(key) {
-            return Some(Arc::clone(lines));
+    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        if !self.young.contains_key(key) {
+            let (key, value) = self.old.remove_entry(key)?;
+            self.insert(key, value);
         }
-        let (key, lines) = self.old.remove_entry(key)?;
-        self.insert(key, Arc::clone(&lines));
-        Some(lines)
+        self.young.get_mut(key)
     }
 
-    fn insert(&mut self, key: CacheKey, lines: Arc<[Line]>) {
+    fn insert(&mut self, key: K, value: V) {
         if self.young.len() >= self.generation {
             self.evictions += self.old.len() as u64;
             self.old = std::mem::take(&mut self.young);
         }
-        self.young.insert(key, lines);
+        self.young.insert(key, value);
     }
 
     fn len(&self) -> usize {
         self.young.len() + self.old.len()
+    }
+}
+
+/// Cached lines per (object, offset).
+type LineCache = Generations<CacheKey, Arc<[Line]>>;
+
+impl LineCache {
+    fn get(&mut self, key: &CacheKey) -> Option<Arc<[Line]>> {
+        self.get_mut(key).map(|lines| Arc::clone(lines))
     }
 }
 
@@ -135,6 +152,8 @@ pub struct Symbolizer {
     kernel_mapping: Arc<Mapping>,
     kallsyms_loaded: Instant,
     cache: LineCache,
+    /// Section layouts and PLT stubs per opened file (`None`: unreadable).
+    layouts: Generations<u64, Option<ObjectLayout>>,
     /// Files blazesym has opened, to release them once their object is gone.
     loaded: HashMap<u64, (Weak<ObjectFile>, PathBuf)>,
     warned: HashSet<ObjKey>,
@@ -190,6 +209,7 @@ impl Symbolizer {
             kernel_mapping,
             kallsyms_loaded: Instant::now(),
             cache: LineCache::new(entries),
+            layouts: Generations::new(LAYOUT_ENTRIES),
             loaded: HashMap::new(),
             warned: HashSet::new(),
             empty: Arc::from(Vec::new()),
@@ -290,7 +310,8 @@ impl Symbolizer {
         self.cache.get(&(own, offset))
     }
 
-    /// Looks up `pending` (frame index, file offset) in one object.
+    /// Looks up `pending` (frame index, file offset) in one object: offsets
+    /// in PLT sections by the object's stubs, the others with blazesym.
     fn resolve_in_object(
         &mut self,
         object: &Arc<ObjectFile>,
@@ -301,25 +322,55 @@ impl Symbolizer {
         offsets.sort_unstable();
         offsets.dedup();
         let path = object.elf_path();
+        let mut results: Vec<Option<Arc<[Line]>>> = vec![None; offsets.len()];
+        let mut layout = layout_of(&mut self.layouts, object, &path);
+        let mut asked: Vec<(usize, u64)> = Vec::with_capacity(offsets.len());
+        for (i, &offset) in offsets.iter().enumerate() {
+            match layout
+                .as_mut()
+                .map(|layout| layout.placement(&path, offset))
+            {
+                Some(Placement::Stub(name)) => {
+                    self.stats.plt_stubs += 1;
+                    results[i] = Some(Arc::from([Line {
+                        function: name.to_owned(),
+                        file: None,
+                        line: 0,
+                    }]));
+                }
+                Some(Placement::UnnamedPlt) => results[i] = Some(Arc::clone(&self.empty)),
+                _ => asked.push((i, offset)),
+            }
+        }
         let source = Source::Elf(Elf::new(path.clone()));
-        let empty = &self.empty;
-        let result = self
-            .user
-            .symbolize(&source, Input::FileOffset(&offsets))
-            .map(|syms| {
-                syms.iter()
-                    .map(|sym| lines_of(sym, empty))
-                    .collect::<Vec<_>>()
-            });
-        self.loaded
-            .entry(object.id())
-            .or_insert_with(|| (Arc::downgrade(object), path));
-        let key = ObjKey::of(object);
-        let results = match result {
-            Ok(results) => results,
+        let lookup: Vec<u64> = asked.iter().map(|&(_, offset)| offset).collect();
+        let result = if lookup.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.user
+                .symbolize(&source, Input::FileOffset(&lookup))
+                .map(|syms| {
+                    syms.iter()
+                        .map(|sym| {
+                            if covers(sym, layout.as_deref()) {
+                                lines_of(sym, &self.empty)
+                            } else {
+                                self.stats.uncovered += 1;
+                                Arc::clone(&self.empty)
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+        };
+        match result {
+            Ok(found) => {
+                for (&(i, _), lines) in asked.iter().zip(found) {
+                    results[i] = Some(lines);
+                }
+            }
             Err(err) => {
                 self.stats.object_errors += 1;
-                if self.warn_once(&key) {
+                if self.warn_once(&ObjKey::of(object)) {
                     let path = pending
                         .first()
                         .and_then(|&(idx, _)| frames.get(idx)?.mapping.as_ref());
@@ -330,9 +381,16 @@ impl Symbolizer {
                         "cannot symbolize in a mapped file; its frames stay unsymbolized"
                     );
                 }
-                vec![Arc::clone(&self.empty); offsets.len()]
             }
-        };
+        }
+        self.loaded
+            .entry(object.id())
+            .or_insert_with(|| (Arc::downgrade(object), path));
+        let results: Vec<Arc<[Line]>> = results
+            .into_iter()
+            .map(|lines| lines.unwrap_or_else(|| Arc::clone(&self.empty)))
+            .collect();
+        let key = ObjKey::of(object);
         for (&offset, lines) in offsets.iter().zip(&results) {
             // A miss belongs to this file only: a stripped copy shares the
             // build ID of its original, and must not hide the original's
@@ -520,6 +578,41 @@ fn kernel_symbolizer() -> bz::Symbolizer {
         .enable_code_info(false)
         .enable_demangling(true)
         .build()
+}
+
+/// The section layout of `object`, read at its first lookup (`None` when
+/// the file's headers cannot be read: no PLT names then, and no section
+/// check of symbols without a size).
+fn layout_of<'a>(
+    layouts: &'a mut Generations<u64, Option<ObjectLayout>>,
+    object: &ObjectFile,
+    path: &Path,
+) -> Option<&'a mut ObjectLayout> {
+    if layouts.get_mut(&object.id()).is_none() {
+        let layout = ObjectLayout::read(path)
+            .inspect_err(|err| {
+                debug!(%err, build_id = object.build_id().map(|id| &**id), "no section layout")
+            })
+            .ok();
+        layouts.insert(object.id(), layout);
+    }
+    layouts.get_mut(&object.id())?.as_mut()
+}
+
+/// Whether the symbol blazesym found covers the address asked for: within
+/// its size when it has one; else (a symbol without a size, which blazesym
+/// stretches up to the next symbol) in the same code section, so that
+/// `_init` never takes the addresses of the sections after `.init`.
+fn covers(sym: &Symbolized<'_>, layout: Option<&ObjectLayout>) -> bool {
+    let Symbolized::Sym(sym) = sym else {
+        return true;
+    };
+    match sym.size {
+        Some(size) if size > 0 => sym.offset < size,
+        _ => layout.is_none_or(|layout| {
+            layout.same_section(sym.addr, sym.addr.wrapping_add(sym.offset as u64))
+        }),
+    }
 }
 
 /// Lines of one symbolized address, innermost inlined function first.
@@ -822,6 +915,133 @@ mod tests {
         }
         sym.release_unused();
         assert!(sym.loaded.is_empty());
+    }
+
+    /// A child killed and reaped when the test ends, also when it fails.
+    struct KillOnDrop(std::process::Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Addresses in PLT stubs of a live process, in every layout gcc and
+    /// ld make, are named as objdump labels them (`memcpy@plt`), not
+    /// charged to `_init`, the symbol before the PLT.
+    #[test]
+    fn plt_stubs_of_a_process_are_named() {
+        use crate::plt::tests::{Label, VARIANTS, build_variant, objdump_plt_labels};
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut sym = Symbolizer::new().unwrap();
+        let mut named = 0;
+        for (variant, flags) in VARIANTS {
+            let (lib, main) = build_variant(dir.path(), variant, flags);
+            let mut child = KillOnDrop(
+                Command::new(&main)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            // It prints once the library is loaded and called.
+            let mut line = String::new();
+            std::io::BufReader::new(child.0.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let pid = child.0.id();
+            let mut procs = ProcessTable::new(16);
+            assert!(procs.snapshot(pid));
+            for path in [&lib, &main] {
+                let path = path.canonicalize().unwrap();
+                let mappings: Vec<MappedObject> = procs
+                    .get(pid)
+                    .unwrap()
+                    .mappings()
+                    .iter()
+                    .filter(|m| std::path::Path::new(&m.mapping.path) == path)
+                    .cloned()
+                    .collect();
+                for (offset, label) in objdump_plt_labels(&path) {
+                    let m = mappings
+                        .iter()
+                        .find(|m| {
+                            offset.wrapping_sub(m.mapping.file_offset)
+                                < m.mapping.limit - m.mapping.start
+                        })
+                        .unwrap_or_else(|| panic!("{offset:#x} of {} is mapped", path.display()));
+                    let addr = m.mapping.start + offset - m.mapping.file_offset;
+                    let frames = sym.user_stack(&mut procs, pid, &[addr]);
+                    let got = frames[0].lines.first().map(|l| l.function.as_str());
+                    let want = match &label {
+                        Label::Stub(name) => name.as_str(),
+                        Label::Header => ".plt",
+                        Label::Ifunc(_) => continue,
+                    };
+                    assert_eq!(
+                        got,
+                        Some(want),
+                        "{variant}: {} at {offset:#x}",
+                        path.display()
+                    );
+                    named += 1;
+                }
+            }
+        }
+        assert!(named > 40, "{named} PLT addresses named");
+        assert!(sym.stats().plt_stubs > 0);
+    }
+
+    /// A symbol covers an address within its size; one without a size
+    /// only in its own section.
+    #[test]
+    fn symbols_cover_only_what_they_span() {
+        use blazesym::symbolize::Sym;
+        let sym = |addr: u64, offset: usize, size: Option<usize>| {
+            Symbolized::Sym(Sym {
+                name: "f".into(),
+                module: None,
+                addr,
+                offset,
+                size,
+                code_info: None,
+                inlined: Box::new([]),
+                _non_exhaustive: (),
+            })
+        };
+        assert!(covers(&sym(0x1000, 0, Some(16)), None));
+        assert!(covers(&sym(0x1000, 15, Some(16)), None));
+        assert!(!covers(&sym(0x1000, 16, Some(16)), None));
+        assert!(!covers(&sym(0x1000, 4096, Some(16)), None));
+        assert!(
+            covers(&sym(0x1000, 4096, None), None),
+            "no layout: no check"
+        );
+        assert!(covers(&Symbolized::Unknown(Reason::MissingSyms), None));
+
+        // `_init` (no size, in .init) stretched into .plt.
+        let dir = tempfile::tempdir().unwrap();
+        let (lib, _) = crate::plt::tests::build_variant(dir.path(), "lazy", &[]);
+        let data = std::fs::read(&lib).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let init = file.symbols().find(|s| s.name() == Ok("_init")).unwrap();
+        let plt = file.section_by_name(".plt").unwrap();
+        let text = file.section_by_name(".text").unwrap();
+        let layout = ObjectLayout::read(&lib).unwrap();
+        let into = |target: u64| (target - init.address()) as usize;
+        assert_eq!(init.size(), 0);
+        assert!(covers(&sym(init.address(), 4, None), Some(&layout)));
+        assert!(!covers(
+            &sym(init.address(), into(plt.address() + 16), None),
+            Some(&layout)
+        ));
+        assert!(!covers(
+            &sym(init.address(), into(text.address()), None),
+            Some(&layout)
+        ));
+        assert!(covers(&sym(text.address(), 8, None), Some(&layout)));
     }
 
     #[test]

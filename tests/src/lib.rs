@@ -14,6 +14,8 @@
 //! - [`pprof_tool`]: checking every file with `go tool pprof -raw`;
 //! - [`cgroups`]: cgroups a test creates and removes, workloads put in them.
 //! - [`http`]: a stand-in Pyroscope server and `/metrics` scrapes.
+//! - [`perf`]: `perf record` over the same stretch as the daemon, and its
+//!   samples read back with `perf script`.
 //! - [`resources`]: the daemon's memory and open descriptors over time.
 //!
 //! Every test needs root (see [`daemon::require_root`]) and the suite is meant
@@ -22,6 +24,7 @@
 pub mod cgroups;
 pub mod daemon;
 pub mod http;
+pub mod perf;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;

@@ -3,8 +3,8 @@
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
 //! workloads, libjemalloc-dev for the heap tests, perf for
-//! the benchmark), so that one command runs the profiler and one runs every
-//! test.
+//! the benchmark and the comparison with perf, with sqlite3, xz and zstd),
+//! so that one command runs the profiler and one runs every test.
 
 mod bench;
 mod bench_heap;
@@ -187,6 +187,12 @@ fn setup(for_tests: bool) -> Result<()> {
         }
         if !have("perf") {
             packages.push("linux-perf");
+        }
+        // tests/perf_compare.rs profiles these programs beside perf.
+        for (program, package) in [("sqlite3", "sqlite3"), ("xz", "xz-utils"), ("zstd", "zstd")] {
+            if !have(program) {
+                packages.push(package);
+            }
         }
         if !have("bpftrace") {
             packages.push("bpftrace");
