@@ -1413,6 +1413,8 @@ fn log_summary(
         stack_tops_taken_back = u.tops.taken_back,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
+        frames_in_plt_stubs = s.plt_stubs,
+        frames_without_covering_symbol = s.uncovered,
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,
         process_evictions = p.evictions,
