@@ -322,3 +322,47 @@ pub fn field(report: &BTreeMap<String, u64>, key: &str) -> u64 {
         .get(key)
         .unwrap_or_else(|| panic!("the workload's report has no {key}: {report:?}"))
 }
+
+/// One `site NAME wait_ns W waits N total_ns T min_ns A max_ns Z` line of
+/// the wait workloads (block_sites, wait_sites): what a site did, as the
+/// program measured it.
+#[derive(Clone, Debug)]
+pub struct SiteLine {
+    pub name: String,
+    pub wait_ns: u64,
+    pub waits: u64,
+    pub total_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+}
+
+/// The `site ...` lines of a wait workload's stdout, which must name
+/// exactly `names`, in that order.
+pub fn parse_site_lines(stdout: &str, names: &[&str]) -> Vec<SiteLine> {
+    let sites: Vec<SiteLine> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("site "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let num = |key: &str| -> u64 {
+                words
+                    .iter()
+                    .position(|w| *w == key)
+                    .and_then(|i| words.get(i + 1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("no number {key} in site line {rest:?}"))
+            };
+            SiteLine {
+                name: words.first().copied().unwrap_or_default().to_string(),
+                wait_ns: num("wait_ns"),
+                waits: num("waits"),
+                total_ns: num("total_ns"),
+                min_ns: num("min_ns"),
+                max_ns: num("max_ns"),
+            }
+        })
+        .collect();
+    let found: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(found, names, "the workload's site lines; stdout:\n{stdout}");
+    sites
+}

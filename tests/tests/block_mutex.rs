@@ -19,7 +19,9 @@ use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::profiles::{
     FlatSample, ProfileFile, WaitKind, dir_entries, flatten_all, parse_file_name, read_profiles,
 };
-use profiler_tests::workloads::{Running, Workload, comm_of, field, parse_report};
+use profiler_tests::workloads::{
+    Running, SiteLine, Workload, comm_of, field, parse_report, parse_site_lines,
+};
 use profiler_tests::{check_wait_files, pprof_wait_tops, temp_dir};
 
 /// --block-rate of the bias test: above the 1 and 2 ms waits (kept with
@@ -290,47 +292,11 @@ fn profile_workload(
 // ---------------------------------------------------------------------------
 // The bias example.
 
-/// One `site ...` line of block_sites: what the site did, as it measured.
-#[derive(Clone, Debug)]
-struct Site {
-    name: String,
-    wait_ns: u64,
-    waits: u64,
-    total_ns: u64,
-    min_ns: u64,
-    max_ns: u64,
-}
+/// What block_sites measured of a site.
+type Site = SiteLine;
 
 fn parse_sites(stdout: &str) -> Vec<Site> {
-    let sites: Vec<Site> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("site "))
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let num = |key: &str| -> u64 {
-                words
-                    .iter()
-                    .position(|w| *w == key)
-                    .and_then(|i| words.get(i + 1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("no number {key} in site line {rest:?}"))
-            };
-            Site {
-                name: words.first().copied().unwrap_or_default().to_string(),
-                wait_ns: num("wait_ns"),
-                waits: num("waits"),
-                total_ns: num("total_ns"),
-                min_ns: num("min_ns"),
-                max_ns: num("max_ns"),
-            }
-        })
-        .collect();
-    let names: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(
-        names, BLOCK_SITES,
-        "the workload's site lines; stdout:\n{stdout}"
-    );
-    sites
+    parse_site_lines(stdout, &BLOCK_SITES)
 }
 
 /// What a profiler without the correction would have reported for a site:

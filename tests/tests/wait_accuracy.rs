@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::profiles::{FlatSample, WaitKind, flatten_all, read_profiles};
-use profiler_tests::workloads::{Running, Workload};
+use profiler_tests::workloads::{Running, SiteLine, Workload, parse_site_lines};
 use profiler_tests::{check_offcpu_files, check_wait_files, temp_dir};
 
 /// The workload's sites, in the order it reports them.
@@ -52,47 +52,13 @@ struct Setup {
     config: &'static str,
 }
 
-/// One `site ...` line of wait_sites: what the site did, as it measured.
-#[derive(Clone, Debug)]
-struct Site {
-    name: String,
-    waits: u64,
-    total_ns: u64,
-}
-
 struct Run {
-    sites: Vec<Site>,
+    sites: Vec<SiteLine>,
     block: Vec<FlatSample>,
     offcpu: Vec<FlatSample>,
     windows: usize,
     stdout: String,
     daemon: Daemon,
-}
-
-fn parse_sites(stdout: &str) -> Vec<Site> {
-    let sites: Vec<Site> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("site "))
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let num = |key: &str| -> u64 {
-                words
-                    .iter()
-                    .position(|w| *w == key)
-                    .and_then(|i| words.get(i + 1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("no number {key} in site line {rest:?}"))
-            };
-            Site {
-                name: words.first().copied().unwrap_or_default().to_string(),
-                waits: num("waits"),
-                total_ns: num("total_ns"),
-            }
-        })
-        .collect();
-    let names: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, SITES, "the workload's site lines; stdout:\n{stdout}");
-    sites
 }
 
 /// Runs wait_sites under `profilerd --pid` with block and off-CPU
@@ -156,7 +122,7 @@ fn profile(setup: &Setup) -> Run {
         samples.into_iter().filter(|s| s.pid() == pid).collect()
     };
     Run {
-        sites: parse_sites(&stdout),
+        sites: parse_site_lines(&stdout, &SITES),
         block: of_target(flatten_all(&block_files)),
         offcpu: of_target(flatten_all(&offcpu_files)),
         windows: block_files.len(),
