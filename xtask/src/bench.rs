@@ -12,7 +12,8 @@
 //!
 //! `cargo xtask bench --heap` measures the heap profile instead (bench_heap),
 //! `cargo xtask bench --waits` the block, mutex and off-CPU profiles
-//! (bench_waits).
+//! (bench_waits), with `--baseline BIN` side by side with another build of
+//! the daemon.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// target/bench-waits.md).
     #[arg(long, conflicts_with_all = ["seconds", "interval", "unwind", "heap"])]
     waits: bool,
+    /// With --waits: also run every profilerd setup with this daemon binary
+    /// (an earlier build), in the same rounds, and compare the two.
+    #[arg(long, value_name = "BIN", requires = "waits")]
+    baseline: Option<std::path::PathBuf>,
 }
 
 /// Kills and reaps a child on drop, so the bench leaves nothing running.
@@ -60,6 +65,13 @@ impl Drop for Reaped {
 
 pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
     let bin = root.join("target/release/profilerd");
+    let baseline = args
+        .baseline
+        .as_deref()
+        .map(|path| {
+            fs::canonicalize(path).with_context(|| format!("baseline daemon {}", path.display()))
+        })
+        .transpose()?;
     let work = tempdir(root)?;
     let out_dir = work.join("profiles");
     let stats_before = fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
@@ -70,7 +82,7 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         )
     } else if args.waits {
         (
-            crate::bench_waits::measure(&bin, &work),
+            crate::bench_waits::measure(&bin, baseline.as_deref(), &work),
             root.join("target/bench-waits.md"),
         )
     } else {

@@ -21,6 +21,10 @@
 //!   under profilerd --profiles block,mutex (which then also runs its
 //!   probe at pthread_cond_wait's entry).
 //!
+//! With `--baseline BIN`, every profilerd setup also runs with that binary
+//! (an earlier build) in the same rounds, and the report compares the two
+//! (see the `baseline` module).
+//!
 //! Timed rounds run with kernel.bpf_stats_enabled off, as its clock reads
 //! add to every program run; one more round with it on gives the BPF run
 //! counts and times. Then the daemon's CPU and memory are measured while
@@ -38,14 +42,20 @@ use anyhow::{Context, Result, bail};
 use crate::bench::{Reaped, status_field, task_cpu_ns};
 use crate::bench_heap::{Bench, Daemon, bpf_program_lines, median, message, set_bpf_stats, spread};
 
+mod baseline;
+
+use baseline::{Build, Case, Daemons, RateRun};
+
 const SOURCE: &str = include_str!("../bench/waits.c");
 /// Timed rounds; each runs every setup once.
 const ROUNDS: usize = 7;
 /// Timed batches per process, and their length.
 const REPS: usize = 4;
 const BATCH_MS: u64 = 250;
-/// The load under which the daemon's CPU is measured.
+/// The load under which the daemon's CPU is measured, and with which
+/// profiles.
 const RATE_CALLS: u64 = 100_000;
+const RATE_PROFILES: [&str; 2] = ["block,mutex", "block,mutex,offcpu"];
 const RATE_SECS: u64 = 10;
 /// profilerd's default --interval: window builds are amortized over it.
 const DEFAULT_INTERVAL_S: f64 = 60.0;
@@ -110,7 +120,7 @@ impl Setup {
     }
 
     /// The setup without any profiler for the same workload mode.
-    fn baseline(self) -> Setup {
+    fn unprofiled(self) -> Setup {
         match self.mode() {
             "condpingpong" => Setup::CondBare,
             _ => Setup::Bare,
@@ -186,6 +196,43 @@ impl Figures {
     }
 }
 
+/// Every case of the ping-pong rounds and its figures, in report order.
+struct Results {
+    cases: Vec<Case>,
+    figures: Vec<Figures>,
+}
+
+impl Results {
+    fn iter(&self) -> impl Iterator<Item = (Case, &Figures)> {
+        self.cases.iter().copied().zip(&self.figures)
+    }
+
+    /// The case's figures, if it ran.
+    fn get(&self, case: Case) -> Option<&Figures> {
+        self.cases
+            .iter()
+            .position(|c| *c == case)
+            .map(|i| &self.figures[i])
+            .filter(|f| f.unavailable.is_none() && !f.batches.is_empty())
+    }
+
+    fn trip(&self, case: Case) -> Option<f64> {
+        self.get(case).map(Figures::trip)
+    }
+
+    /// Time added per wait/wake pair (half a round trip) over `base`.
+    fn per_pair(&self, case: Case, base: Case) -> Option<f64> {
+        Some((self.trip(case)? - self.trip(base)?) / 2.0)
+    }
+
+    /// Time added per context switch over `base`: the round trip's added
+    /// time over its voluntary switches.
+    fn per_switch(&self, case: Case, base: Case) -> Option<f64> {
+        let f = self.get(case)?;
+        Some((f.trip() - self.trip(base)?) / f.of(|b| b.vcsw_per_trip))
+    }
+}
+
 /// BPF run statistics of one process's life.
 struct Bpf {
     trips: u64,
@@ -223,7 +270,11 @@ enum Outcome {
     Refused(String),
 }
 
-pub fn measure(bin: &Path, work: &Path) -> Result<String> {
+pub fn measure(bin: &Path, baseline: Option<&Path>, work: &Path) -> Result<String> {
+    let daemons = Daemons {
+        current: bin,
+        baseline,
+    };
     let exe = work.join("waits");
     let source = work.join("waits.c");
     fs::write(&source, SOURCE)?;
@@ -239,25 +290,32 @@ pub fn measure(bin: &Path, work: &Path) -> Result<String> {
     // The last CPU: whatever else runs tends to start on CPU 0.
     let cpu = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
 
-    let mut figures: Vec<Figures> = SETUPS.iter().map(|_| Figures::default()).collect();
+    let cases = baseline::cases(&daemons);
+    let mut figures: Vec<Figures> = cases.iter().map(|_| Figures::default()).collect();
     let started = Instant::now();
     for round in 0..=ROUNDS {
         let stats_round = round == ROUNDS;
         set_bpf_stats(stats_round)?;
-        for k in 0..SETUPS.len() {
+        for k in 0..cases.len() {
             // Rotating the order spreads drifts over every setup.
-            let i = (k + round) % SETUPS.len();
-            let setup = SETUPS[i];
+            let i = (k + round) % cases.len();
+            let setup = cases[i].setup;
             let bare = setup.is_bare();
             if (stats_round && bare) || figures[i].unavailable.is_some() {
                 continue;
             }
-            eprintln!("waits bench: round {}/{}, {setup:?}", round + 1, ROUNDS + 1);
+            eprintln!(
+                "waits bench: round {}/{}, {}",
+                round + 1,
+                ROUNDS + 1,
+                cases[i].label()
+            );
             let pin = if setup == Setup::BareFree {
                 -1
             } else {
                 cpu as i64
             };
+            let bin = daemons.bin(cases[i].build);
             match run_pingpong(setup, &exe, bin, work, pin, stats_round)? {
                 Outcome::Refused(reason) => figures[i].unavailable = Some(reason),
                 Outcome::Done { bpf, .. } if stats_round => figures[i].bpf = bpf,
@@ -281,12 +339,11 @@ pub fn measure(bin: &Path, work: &Path) -> Result<String> {
     let pingpong_secs = started.elapsed().as_secs_f64();
     // Stats stay on: the daemon logs its programs' run times at exit.
     let pid_filter = bpftrace_pid_filter(&exe, work, cpu)?;
-    let mut rates = Vec::new();
-    for profiles in ["block,mutex", "block,mutex,offcpu"] {
-        eprintln!("waits bench: {RATE_CALLS} futex calls per second, {profiles}");
-        rates.push((profiles, rate(&exe, bin, work, cpu, profiles)?));
-    }
-    Ok(report(cpu, &figures, &pid_filter, &rates, pingpong_secs))
+    let rates = baseline::rate_runs(&daemons, |profiles, bin| {
+        rate(&exe, bin, work, cpu, profiles)
+    })?;
+    let results = Results { cases, figures };
+    Ok(report(cpu, &results, &pid_filter, &rates, pingpong_secs))
 }
 
 /// A bpftrace child and the file its errors go to.
@@ -445,7 +502,8 @@ fn other_tracers(ours: &[u32]) -> Vec<String> {
         }
         let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
         let comm = comm.trim();
-        if matches!(comm, "profilerd" | "bpftrace" | "perf") {
+        // A copy of the daemon under another name still starts so.
+        if comm.starts_with("profilerd") || matches!(comm, "bpftrace" | "perf") {
             found.push(format!("{comm} ({pid})"));
         }
     }
@@ -712,6 +770,30 @@ struct Rate {
     others: Vec<String>,
 }
 
+impl Rate {
+    /// The daemon's CPU during the load, % of one core.
+    fn load_share(&self) -> f64 {
+        self.cpu_ns as f64 / (self.secs * 1e9) * 100.0
+    }
+
+    /// Window builds and writes at exit, amortized over the default
+    /// interval, % of one core.
+    fn window_share(&self) -> f64 {
+        self.window_ms / (DEFAULT_INTERVAL_S * 1e3) * 100.0
+    }
+
+    fn share(&self) -> f64 {
+        self.load_share() + self.window_share()
+    }
+
+    /// The daemon's CPU per stack it unwound, if it unwound any.
+    fn per_stack(&self) -> Option<f64> {
+        self.unwinds
+            .filter(|&n| n > 0)
+            .map(|n| self.cpu_ns as f64 / n as f64)
+    }
+}
+
 /// The daemon under a steady RATE_CALLS futex calls a second.
 fn rate(exe: &Path, bin: &Path, work: &Path, cpu: usize, profiles: &str) -> Result<RateOutcome> {
     let mut bench = Bench::spawn(
@@ -851,20 +933,11 @@ fn window_times(line: &str) -> f64 {
 
 fn report(
     cpu: usize,
-    figures: &[Figures],
+    results: &Results,
     pid_filter: &str,
-    rates: &[(&str, RateOutcome)],
+    rates: &[RateRun],
     pingpong_secs: f64,
 ) -> String {
-    let get = |s: Setup| {
-        SETUPS
-            .iter()
-            .position(|x| *x == s)
-            .map(|i| &figures[i])
-            .filter(|f| f.unavailable.is_none() && !f.batches.is_empty())
-    };
-    let bare = get(Setup::Bare).map(Figures::trip);
-    let baseline = |s: Setup| get(s.baseline()).map(Figures::trip);
     let command: Vec<String> = std::env::args().skip(1).collect();
     let mut out = format!(
         "# Futex wait/wake and context-switch cost (block, mutex, offcpu)\n\n\
@@ -880,6 +953,9 @@ fn report(
             .trim(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
+    if rates.iter().any(|r| r.build == Build::Baseline) {
+        out += &baseline::section(results, rates);
+    }
 
     out += &format!(
         "\n## Ping-pong\n\n\
@@ -903,8 +979,8 @@ fn report(
          switches per round trip | BPF runs per round trip | BPF ns per round trip |\n\
          |---|---|---|---|---|---|---|---|\n"
     );
-    for (setup, f) in SETUPS.iter().zip(figures) {
-        let label = setup.label();
+    for (case, f) in results.iter() {
+        let (setup, label) = (case.setup, case.label());
         if let Some(reason) = &f.unavailable {
             out += &format!("| {label} | not available: {reason} | | | | | | |\n");
             continue;
@@ -917,7 +993,7 @@ fn report(
             }
             _ => "–".into(),
         };
-        let floor = setup.floor().and_then(get).map(Figures::trip);
+        let floor = case.floor().and_then(|c| results.trip(c));
         let (runs, bpf_ns) = f.bpf.as_ref().map_or(("–".into(), "–".into()), |b| {
             (
                 format!("{:.2}", b.runs_per_trip()),
@@ -928,7 +1004,7 @@ fn report(
             "| {label} | {} | {:.0} | {} | {} | {:.2} / {:.2} / {:.3} | {runs} | {bpf_ns} |\n",
             spread(&trips),
             trip / 2.0,
-            added(baseline(*setup)),
+            added(results.trip(case.unprofiled())),
             added(floor),
             f.of(|b| b.woken_per_trip),
             f.of(|b| b.vcsw_per_trip),
@@ -936,24 +1012,10 @@ fn report(
         );
     }
 
-    let per_pair = |s: Setup, base: Option<Setup>| -> Option<f64> {
-        let base = match base {
-            Some(b) => get(b)?.trip(),
-            None => bare?,
-        };
-        Some((get(s)?.trip() - base) / 2.0)
-    };
-    // Per context switch: the round trip's added time over its switches.
-    let per_switch = |s: Setup, base: Option<Setup>| -> Option<f64> {
-        let f = get(s)?;
-        let base = match base {
-            Some(b) => get(b)?.trip(),
-            None => bare?,
-        };
-        Some((f.trip() - base) / f.of(|b| b.vcsw_per_trip))
-    };
+    let pair = |s: Setup, base: Setup| results.per_pair(Case::current(s), Case::current(base));
+    let switch = |s: Setup, base: Setup| results.per_switch(Case::current(s), Case::current(base));
     let ns = |v: Option<f64>| v.map_or("not measured".into(), |v| format!("{v:.0} ns"));
-    let target = match per_pair(Setup::BlockMutex, None) {
+    let target = match pair(Setup::BlockMutex, Setup::Bare) {
         Some(v) if v <= TARGET_PAIR_NS => "met",
         Some(_) => "missed",
         None => "not measured",
@@ -972,35 +1034,34 @@ fn report(
          | block+mutex+offcpu: added per pair vs empty programs on all three | {} |\n\
          | block+mutex, condition variable: added per pthread_cond_wait/signal pair vs no \
          profiler (the futex pair and the probe at pthread_cond_wait) | {} |\n",
-        ns(per_pair(Setup::BlockMutex, None)),
-        ns(per_pair(Setup::BlockMutex, Some(Setup::TraceFutex))),
-        ns(per_pair(Setup::TraceFutex, None)),
-        ns(per_switch(Setup::Offcpu, None)),
-        ns(per_switch(Setup::Offcpu, Some(Setup::TraceSwitch))),
-        ns(per_switch(Setup::TraceSwitch, None)),
-        ns(per_pair(Setup::All, None)),
-        ns(per_pair(Setup::All, Some(Setup::TraceBoth))),
-        ns(per_pair(Setup::CondBlockMutex, Some(Setup::CondBare))),
+        ns(pair(Setup::BlockMutex, Setup::Bare)),
+        ns(pair(Setup::BlockMutex, Setup::TraceFutex)),
+        ns(pair(Setup::TraceFutex, Setup::Bare)),
+        ns(switch(Setup::Offcpu, Setup::Bare)),
+        ns(switch(Setup::Offcpu, Setup::TraceSwitch)),
+        ns(switch(Setup::TraceSwitch, Setup::Bare)),
+        ns(pair(Setup::All, Setup::Bare)),
+        ns(pair(Setup::All, Setup::TraceBoth)),
+        ns(pair(Setup::CondBlockMutex, Setup::CondBare)),
     );
     out += "\nThe daemon meanwhile (every thread, from \"go\" to the last batch; medians over \
             the timed processes). Its own context switches also run the sched_switch program.\n\n\
             | setup | daemon CPU per round trip | daemon context switches per round trip |\n\
             |---|---|---|\n";
-    for (setup, f) in SETUPS.iter().zip(figures) {
-        if setup.profiles().is_some() && !f.daemon_cpu.is_empty() {
+    for (case, f) in results.iter() {
+        if case.setup.profiles().is_some() && !f.daemon_cpu.is_empty() {
             out += &format!(
                 "| {} | {:.0} ns | {:.3} |\n",
-                setup.label(),
+                case.label(),
                 median(&f.daemon_cpu),
                 median(&f.daemon_switches)
             );
         }
     }
-    let disturbed: Vec<String> = SETUPS
+    let disturbed: Vec<String> = results
         .iter()
-        .zip(figures)
         .filter(|(_, f)| f.disturbed > 0)
-        .map(|(s, f)| format!("{} ({} of {})", s.label(), f.disturbed, f.processes))
+        .map(|(c, f)| format!("{} ({} of {})", c.label(), f.disturbed, f.processes))
         .collect();
     out += &if disturbed.is_empty() {
         "\nNo other profilerd, bpftrace or perf ran during the timed rounds.\n".to_string()
@@ -1012,11 +1073,11 @@ fn report(
         )
     };
     out += &format!("\n{pid_filter}\n");
-    for (setup, f) in SETUPS.iter().zip(figures) {
+    for (case, f) in results.iter() {
         if let Some(b) = f.bpf.as_ref().filter(|b| !b.programs.is_empty()) {
             out += &format!(
                 "\nBPF programs, {} ({} round trips, {} futex calls in the process):\n",
-                setup.label(),
+                case.label(),
                 b.trips,
                 b.calls
             );
@@ -1048,15 +1109,14 @@ fn report(
          switches per second | daemon RSS at ready / peak |\n\
          |---|---|---|---|---|---|---|---|\n"
     );
-    for (profiles, outcome) in rates {
-        match outcome {
+    for run in rates {
+        let profiles = run.label();
+        match &run.outcome {
             RateOutcome::Refused(reason) => {
                 out += &format!("| {profiles} | not available: {reason} | | | | | | |\n")
             }
             RateOutcome::Done(r) => {
-                let load = r.cpu_ns as f64 / (r.secs * 1e9) * 100.0;
-                let windows = r.window_ms / (DEFAULT_INTERVAL_S * 1e3) * 100.0;
-                let total = load + windows;
+                let (load, windows, total) = (r.load_share(), r.window_share(), r.share());
                 out += &format!(
                     "| {profiles} | {:.0} ({:.0}) | {:.1} ms in {:.1} s = {load:.2}% | {:.1} ms = \
                      {windows:.3}% | {total:.2}% ({}) | {} | {:.0} | {:.1} / {:.1} MiB |\n",
@@ -1071,11 +1131,12 @@ fn report(
                         "missed"
                     },
                     // Over its life, nearly all of which is the load.
-                    r.unwinds.filter(|&n| n > 0).map_or("–".into(), |n| format!(
-                        "{:.0} ns ({n} stacks, {:.2} per sleeping wait)",
-                        r.cpu_ns as f64 / n as f64,
-                        n as f64 / r.woken.max(1) as f64
-                    )),
+                    r.per_stack()
+                        .zip(r.unwinds)
+                        .map_or("–".into(), |(ns, n)| format!(
+                            "{ns:.0} ns ({n} stacks, {:.2} per sleeping wait)",
+                            n as f64 / r.woken.max(1) as f64
+                        )),
                     r.switches as f64 / r.secs,
                     r.rss_ready_kib as f64 / 1024.0,
                     r.hwm_kib as f64 / 1024.0,
@@ -1083,20 +1144,22 @@ fn report(
             }
         }
     }
-    for (profiles, outcome) in rates {
-        if let RateOutcome::Done(r) = outcome
+    for run in rates {
+        if let RateOutcome::Done(r) = &run.outcome
             && (r.calls as f64 / r.secs) < 0.95 * RATE_CALLS as f64
         {
+            let profiles = run.label();
             out += &format!(
                 "\nUnder {profiles} the workload fell short of {RATE_CALLS} calls a second: its \
                  round trips, slowed by the probes, no longer fit in the pace (one CPU).\n"
             );
         }
     }
-    for (profiles, outcome) in rates {
-        let RateOutcome::Done(r) = outcome else {
+    for run in rates {
+        let RateOutcome::Done(r) = &run.outcome else {
             continue;
         };
+        let profiles = run.label();
         let others = if r.others.is_empty() {
             vec![]
         } else {
