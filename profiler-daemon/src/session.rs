@@ -693,8 +693,9 @@ fn event_user_stack(
 /// How a record's stack is given to the daemon: its flags, and the frames
 /// it carries (a frame-pointer walk, or with `HINT_MATCHED` a remembered
 /// walk's frames after the ip; `frames_len` as sent).
-fn matched_walk(flags: u32, frames: &[u64], frames_len: u64) -> Option<Matched<'_>> {
+fn matched_walk(flags: u32, hint_id: u64, frames: &[u64], frames_len: u64) -> Option<Matched<'_>> {
     (flags & wait_flags::HINT_MATCHED != 0).then(|| Matched {
+        id: hint_id,
         frames: usize::try_from(frames_len)
             .ok()
             .filter(|&n| n <= WALK_HINT_WORDS)
@@ -773,9 +774,10 @@ impl Waits {
         }
     }
 
-    /// The user stack of a wait or off-CPU event (`flags`: its
-    /// `wait_flags`; `frames`: the frames it carries, `frames_len` as
-    /// sent); a walk newly remembered is handed to the kernel as a hint.
+    /// The user stack of a wait or off-CPU event (`flags`, `hint_id`: its
+    /// `wait_flags` and the walk hint the kernel matched; `frames`: the
+    /// frames it carries, `frames_len` as sent); a walk newly remembered is
+    /// handed to the kernel as a hint.
     #[allow(clippy::too_many_arguments)]
     fn user_stack(
         &mut self,
@@ -785,9 +787,9 @@ impl Waits {
         regs: (u64, u64, u64),
         stack: &[u8],
         (frames, frames_len): (&[u64], u64),
-        flags: u32,
+        (flags, hint_id): (u32, u64),
     ) -> Stack {
-        let matched = matched_walk(flags, frames, frames_len);
+        let matched = matched_walk(flags, hint_id, frames, frames_len);
         // A goroutine's frames start with the return address it parked at.
         let at_return = flags & wait_flags::RETURN_ADDRESS != 0;
         let walked = &frames[..(frames_len as usize).min(frames.len())];
@@ -889,7 +891,7 @@ fn read_wait_events(
             (event.ip, event.sp, event.bp),
             stack,
             (frames, frames_len),
-            event.flags,
+            (event.flags, event.hint_id),
         );
         let id = SampleId {
             tgid: event.tgid,
@@ -935,7 +937,7 @@ fn read_offcpu_event(
             (event.ip, event.sp, event.bp),
             &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
             (&event.frames, event.frames_len.min(MAX_STACK_DEPTH as u64)),
-            event.flags,
+            (event.flags, event.hint_id),
         ),
     };
     let kernel =

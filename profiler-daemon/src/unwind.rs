@@ -702,11 +702,55 @@ impl ProcessUnwinder {
 /// carries them.
 #[derive(Clone, Copy, Debug)]
 pub struct Matched<'a> {
+    /// The walk's id in the hint the kernel matched.
+    pub id: u64,
     /// The walk's frames after the instruction pointer; `None` when the
     /// record's frame count is beyond the hint's bound (never sent).
     pub frames: Option<&'a [u64]>,
     /// The walk stopped before the root.
     pub truncated: bool,
+}
+
+/// Slots of [`HintedFrames`] (a power of two).
+const HINTED_SLOTS: usize = 1024;
+
+/// The frames of walks lately hinted to the kernel, in slots by id: a
+/// brief record of one of them shares its frames instead of allocating a
+/// copy. Bounded; a newer walk takes its slot.
+struct HintedFrames {
+    slots: Box<[Option<HintedWalk>]>,
+}
+
+/// A hinted walk's id and frames.
+type HintedWalk = (u64, Arc<[u64]>);
+
+impl Default for HintedFrames {
+    fn default() -> Self {
+        Self {
+            slots: vec![None; HINTED_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl HintedFrames {
+    fn insert(&mut self, id: u64, frames: &Arc<[u64]>) {
+        self.slots[id as usize & (HINTED_SLOTS - 1)] = Some((id, frames.clone()));
+    }
+
+    /// The frames `ip` then `rest`: the remembered ones of walk `id` when
+    /// they are the same, else a new copy.
+    fn get(&mut self, id: u64, ip: u64, rest: &[u64]) -> Option<Arc<[u64]>> {
+        let slot = &mut self.slots[id as usize & (HINTED_SLOTS - 1)];
+        if let Some((known, frames)) = slot
+            && *known == id
+            && frames.split_first() == Some((&ip, rest))
+        {
+            return Some(frames.clone());
+        }
+        let frames: Arc<[u64]> = std::iter::once(ip).chain(rest.iter().copied()).collect();
+        *slot = Some((id, frames.clone()));
+        Some(frames)
+    }
 }
 
 /// Unwinds user stacks with DWARF CFI; see the module documentation.
@@ -721,6 +765,8 @@ pub struct Unwinder {
     give_hints: bool,
     /// Whether stack tops are learned from complete walks.
     learn_tops: bool,
+    /// The frames of walks lately given to the kernel as hints, by id.
+    hinted: HintedFrames,
     /// Id of the last process unwinder made.
     next_id: u64,
     /// Logical clock for LRU order and "used since the last release".
@@ -761,6 +807,7 @@ impl Unwinder {
             tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
             give_hints: true,
             learn_tops: true,
+            hinted: HintedFrames::default(),
             next_id: 0,
             tick: 0,
             last_release: 0,
@@ -788,26 +835,33 @@ impl Unwinder {
     /// carries. The kernel checked every word the walk read in the
     /// thread's memory: the walk applies as it is, whatever the daemon
     /// remembers now, and no process metadata is needed.
-    pub fn matched(&mut self, ip: u64, Matched { frames, truncated }: Matched<'_>) -> UnwoundStack {
+    pub fn matched(
+        &mut self,
+        ip: u64,
+        Matched {
+            id,
+            frames,
+            truncated,
+        }: Matched<'_>,
+    ) -> UnwoundStack {
         self.tick += 1;
         self.stats.unwinds += 1;
         self.memo.note_matched(frames.is_some());
+        let frames = match frames {
+            // The frames of a walk hinted lately are shared, not copied:
+            // most brief records repeat a few walks. The record's frames
+            // decide; the cache only saves an allocation.
+            Some(rest) => self.hinted.get(id, ip, rest),
+            None => None,
+        };
         let (frames, truncated) = match frames {
-            Some(rest) => {
-                let mut all = Vec::with_capacity(rest.len() + 1);
-                all.push(ip);
-                all.extend_from_slice(rest);
-                (all, truncated)
-            }
-            None => (vec![ip], true),
+            Some(frames) => (frames, truncated),
+            None => (Arc::from([ip]), true),
         };
         if truncated {
             self.stats.truncated += 1;
         }
-        UnwoundStack {
-            frames: Arc::from(frames),
-            truncated,
-        }
+        UnwoundStack { frames, truncated }
     }
 
     /// As [`Self::unwind`]; also returns a hint for the kernel: of a walk
@@ -836,6 +890,7 @@ impl Unwinder {
             next_id,
             give_hints,
             learn_tops,
+            hinted,
             ..
         } = self;
         let entry = process_unwinder(processes, *max_processes, process, tick, stats, next_id);
@@ -853,7 +908,11 @@ impl Unwinder {
                 frames: found.frames,
                 truncated: found.truncated,
             };
-            return (unwound, found.hint.filter(|_| *give_hints));
+            let hint = found.hint.filter(|_| *give_hints);
+            if let Some((_, h)) = &hint {
+                hinted.insert(h.id, &unwound.frames);
+            }
+            return (unwound, hint);
         }
 
         let mut reads: Vec<Read> = Vec::with_capacity(64);
@@ -1005,6 +1064,45 @@ fn process_unwinder<'a>(
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matched_frames_are_the_records_whatever_the_cache_holds() {
+        let mut unwinder = Unwinder::new();
+        let matched = |id, frames| Matched {
+            id,
+            frames: Some(frames),
+            truncated: false,
+        };
+        let first = unwinder.matched(0x10, matched(7, &[0x20, 0x30]));
+        assert_eq!(&*first.frames, &[0x10, 0x20, 0x30]);
+        // The same walk again shares its frames.
+        let again = unwinder.matched(0x10, matched(7, &[0x20, 0x30]));
+        assert!(Arc::ptr_eq(&first.frames, &again.frames));
+        // The same id with other frames (or another in its slot) gives the
+        // record's frames.
+        let other = unwinder.matched(0x10, matched(7, &[0x20, 0x40]));
+        assert_eq!(&*other.frames, &[0x10, 0x20, 0x40]);
+        let slot_mate = unwinder.matched(0x11, matched(7 + HINTED_SLOTS as u64, &[0x50]));
+        assert_eq!(&*slot_mate.frames, &[0x11, 0x50]);
+        // Frames that could not be read: the ip alone, truncated.
+        let lost = unwinder.matched(
+            0x12,
+            Matched {
+                id: 9,
+                frames: None,
+                truncated: false,
+            },
+        );
+        assert_eq!((&*lost.frames, lost.truncated), (&[0x12][..], true));
+        let stats = unwinder.stats();
+        assert_eq!(
+            (
+                stats.memo.matched_in_kernel,
+                stats.memo.matched_but_forgotten
+            ),
+            (5, 1)
+        );
+    }
     use crate::process::ProcessTable;
     use crate::symbolize::Symbolizer;
     use std::time::Instant;
