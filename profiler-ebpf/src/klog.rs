@@ -13,10 +13,10 @@
 //! notes when the program's body returns, from [`flush`], a function of its
 //! own. An aya-log call keeps its record's fields on the BPF stack: at the
 //! sites, inside the largest programs (futex_exit, sched_switch,
-//! cpu_sample), they would not fit in the 512 bytes; in flush they use 72
-//! bytes on top of the program's own. Each kind goes out at most [`BURST`]
-//! times per CPU per second, and at most [`NOTES`] notes per program run;
-//! the rest are counted in `counter::KERNEL_LOGS_DROPPED`.
+//! cpu_sample), they would not fit in the 512 bytes; after the body they
+//! take some 50 bytes on top of the program's own. Each kind goes out at
+//! most [`BURST`] times per CPU per second, and at most [`NOTES`] notes per
+//! program run; the rest are counted in `counter::KERNEL_LOGS_DROPPED`.
 
 use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, macros::map, maps::PerCpuArray};
 use aya_log_ebpf::debug;
@@ -200,7 +200,7 @@ fn allowed(kind: u32) -> bool {
 
 /// Sends this CPU's notes through aya-log and empties the list.
 #[inline(never)]
-pub fn flush() {
+fn flush() {
     let Some(notes) = LOG_NOTES.get_ptr_mut(0) else {
         return;
     };
@@ -220,7 +220,9 @@ pub fn flush() {
     unsafe { (*notes).len = 0 };
 }
 
-/// Sends one note.
+/// Sends one note. A function of its own, so that the verifier meets the
+/// same state after every kind of message and checks the next note once,
+/// not once per kind of the one before.
 #[inline(never)]
 fn emit(note: &Note) {
     let (tgid, tid) = (note.tgid, note.tid);
