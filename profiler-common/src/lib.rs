@@ -257,8 +257,11 @@ pub mod counter {
     /// Walk hints whose words matched but whose seal did not (the daemon
     /// replaced the hint while it was read): a full record was sent.
     pub const HINTS_TORN: u32 = 23;
+    /// Kernel diagnostics not sent: over the rate limit (at most a burst
+    /// of each kind per CPU per second).
+    pub const KERNEL_LOGS_DROPPED: u32 = 24;
     /// Number of counters.
-    pub const COUNT: u32 = 24;
+    pub const COUNT: u32 = 25;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -42,6 +42,7 @@
 //!
 //! [debug]                     # stack optimizations off, to compare (stack_switches.rs)
 //! brief_records = false
+//! kernel_log = true           # kernel diagnostics in the log (kernel_log.rs)
 //! ```
 //!
 //! The target (`pid` or `command`) is one setting: if the command line names
@@ -148,6 +149,9 @@ pub struct Settings {
     pub limits: MapLimits,
     /// Which stack optimizations are on (`[debug]` in the config file).
     pub stack_switches: StackSwitches,
+    /// The eBPF programs' diagnostics are logged (`[debug] kernel_log`;
+    /// `PROFILERD_LOG=debug` turns them on too, see kernel_log.rs).
+    pub kernel_log: bool,
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -745,6 +749,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         .as_ref()
         .map(DebugTable::switches)
         .unwrap_or_default();
+    let kernel_log = fc.debug.as_ref().is_some_and(DebugTable::kernel_log);
 
     Ok(Settings {
         pids,
@@ -764,6 +769,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         metrics_addr,
         limits,
         stack_switches,
+        kernel_log,
     })
 }
 
@@ -1112,6 +1118,7 @@ mod tests {
                 metrics_addr: None,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),
+                kernel_log: false,
             }
         );
     }
@@ -1502,6 +1509,17 @@ region = "eu"
         error(&["--config", path_str(&f)], "'limits.counts_entries'");
         let f = config_file("[limits]\nring = 4096\n");
         error(&["--config", path_str(&f)], "unknown key 'ring'");
+    }
+
+    #[test]
+    fn debug_table() {
+        let plain = parse(&[]).unwrap();
+        assert!(!plain.kernel_log);
+        let f = config_file("[debug]\nkernel_log = true\nstack_tops = false\n");
+        let s = parse(&["--config", path_str(&f)]).unwrap();
+        assert!(s.kernel_log);
+        assert!(!s.stack_switches.stack_tops);
+        assert!(s.stack_switches.brief_records);
     }
 
     #[test]

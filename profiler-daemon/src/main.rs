@@ -25,11 +25,19 @@ fn main() -> ExitCode {
         }
     };
     // PROFILERD_LOG (or RUST_LOG) selects log levels; info by default.
-    let filter = std::env::var("PROFILERD_LOG")
+    let mut filter = std::env::var("PROFILERD_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .or_else(|| EnvFilter::try_from_default_env().ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
+    if settings.kernel_log {
+        // `[debug] kernel_log`: the kernel's lines are shown whatever the level.
+        filter = filter.add_directive(
+            format!("{}=debug", profilerd::kernel_log::TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -56,7 +56,7 @@ const BPF_EVENTS: [(u32, &str); 8] = [
 /// Kernel counters of losses, as (`map`, `lost`) labels of
 /// `profilerd_bpf_dropped_total`: the map or ring that was full (or the
 /// stack walk), and what was lost.
-const BPF_DROPS: [(u32, &str, &str); 14] = [
+const BPF_DROPS: [(u32, &str, &str); 15] = [
     (counter::ANCHORS_LOST, "proc_events", "image_anchors"),
     (counter::COUNTS_FULL, "counts", "cpu_samples"),
     (counter::USER_STACK_LOST, "stacks", "user_stacks"),
@@ -76,6 +76,8 @@ const BPF_DROPS: [(u32, &str, &str); 14] = [
         "offcpu_parked",
         "offcpu_switches",
     ),
+    // Kernel diagnostics over their rate limit (`[debug] kernel_log`).
+    (counter::KERNEL_LOGS_DROPPED, "kernel_log", "log_lines"),
 ];
 
 /// What the session mirrors into the metrics after a drain.

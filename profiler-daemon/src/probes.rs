@@ -17,6 +17,7 @@ use profiler_common::{
     LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
 };
 
+use crate::kernel_log::KernelLog;
 use crate::link_closer::LinkCloser;
 use crate::map_syscalls::{self, BatchError};
 use crate::stack_tops::TopUpdate;
@@ -69,6 +70,8 @@ pub enum ProbeError {
     Tracefs(std::io::Error),
     #[error("cannot read tracepoint format {path}: {reason}")]
     Format { path: PathBuf, reason: String },
+    #[error("reading the kernel's diagnostics: {0}")]
+    KernelLog(#[source] aya_log::Error),
 }
 
 /// How the kernel side should behave.
@@ -98,6 +101,9 @@ pub struct ProbeConfig {
     pub limits: crate::limits::MapLimits,
     /// Which stack optimizations the kernel uses (`[debug]`).
     pub stack_switches: crate::stack_switches::StackSwitches,
+    /// The programs log why they skip, drop, shorten or fall back
+    /// (kernel_log.rs); without it their log sites are removed at load.
+    pub kernel_log: bool,
 }
 
 /// One buffer's worth of drained data.
@@ -141,6 +147,8 @@ pub struct Probes {
     cond_parks: Option<UprobeLinks>,
     /// Closes the uprobe links that are let go.
     closer: Arc<LinkCloser>,
+    /// The reader of the programs' diagnostics, when they are on.
+    kernel_log: Option<KernelLog>,
 }
 
 impl Probes {
@@ -183,6 +191,12 @@ impl Probes {
         let brief_records = u8::from(switches.brief_records);
         let short_records = u8::from(switches.short_records && switches.stack_tops);
         let stack_tops = u8::from(switches.stack_tops);
+        // Off, both are 0, and the verifier drops every log site.
+        let kernel_log = u8::from(config.kernel_log);
+        let log_level = match config.kernel_log {
+            true => aya_log::Level::Trace as u8,
+            false => 0,
+        };
         let mut loader = EbpfLoader::new();
         // FUTEX_CALLS is task-local storage, which aya creates but does not
         // wrap; only the kernel reads and writes it.
@@ -215,6 +229,8 @@ impl Probes {
             .override_global("BRIEF_RECORDS", &brief_records, true)
             .override_global("SHORT_RECORDS", &short_records, true)
             .override_global("USE_STACK_TOPS", &stack_tops, true)
+            .override_global("KERNEL_LOG", &kernel_log, true)
+            .override_global(aya_log::LEVEL, &log_level, true)
             .load(EBPF_OBJECT)
             .map_err(ProbeError::Load)?;
         // Before any map is taken out of `ebpf`: the program refers to them.
@@ -250,6 +266,11 @@ impl Probes {
                 config.filter_targets,
                 Arc::clone(&closer),
             )),
+            false => None,
+        };
+        // After the uprobe programs, which refer to the log ring.
+        let kernel_log = match config.kernel_log {
+            true => Some(KernelLog::take(&mut ebpf).map_err(ProbeError::KernelLog)?),
             false => None,
         };
 
@@ -307,6 +328,7 @@ impl Probes {
             go_parks,
             cond_parks,
             closer,
+            kernel_log,
         };
         for name in [
             "sched_process_fork",
@@ -512,6 +534,12 @@ impl Probes {
     /// The ring buffer of wait events, taken once by the caller.
     pub fn take_wait_events(&mut self) -> Option<RingBuf<MapData>> {
         self.wait_events.take()
+    }
+
+    /// The reader of the programs' diagnostics (when on), taken once by the
+    /// caller.
+    pub fn take_kernel_log(&mut self) -> Option<KernelLog> {
+        self.kernel_log.take()
     }
 
     /// The kernel's walk hints (see walk_memo.rs), taken once by the caller

@@ -19,7 +19,7 @@ use profiler_common::{
     WALK_HINT_WORDS, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey, counter, heap_event,
     proc_event, unwind_mode, wait_event, wait_flags,
 };
-use tokio::io::unix::AsyncFd;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::allocators::{PreExecLinks, resolve_program};
@@ -27,6 +27,7 @@ use crate::config::{Settings, UnwindMode};
 use crate::drain::{CpuWindow, SampleId, Stack};
 use crate::frames::{Frame, Line};
 use crate::heap::HeapTable;
+use crate::kernel_log::KernelLog;
 use crate::metrics::{Metrics, Observed};
 use crate::pprof::ProfileBuilder;
 use crate::probes::{ProbeConfig, Probes};
@@ -97,6 +98,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             .then_some(settings.mutex_fraction),
         limits: settings.limits,
         stack_switches: settings.stack_switches,
+        kernel_log: crate::kernel_log::wanted(settings.kernel_log),
     })?;
     let mut unwinder = Unwinder::new();
     let switches = settings.stack_switches;
@@ -127,6 +129,16 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut heap = HeapTable::default();
     let mut wait_events = watch_ring(probes.take_wait_events(), "wait events")?;
     let mut waits = Waits::new(&settings, probes.take_walk_hints());
+    let mut kernel_log = match probes.take_kernel_log() {
+        // SAFETY: the reader owns the ring's fd for as long as the AsyncFd
+        // owns the reader, and always reports that same fd.
+        Some(log) => Some(
+            unsafe { AsyncFd::register(log) }
+                .map_err(|e| e.into_parts().1)
+                .context("watching the kernel's log ring")?,
+        ),
+        None => None,
+    };
     // Processes that exec'd: their mappings are complete only once the
     // dynamic loader has run, so they are looked at again a tick later.
     let mut exec_rescan: Vec<u32> = Vec::new();
@@ -197,6 +209,11 @@ pub async fn run(settings: Settings) -> Result<()> {
                 let mut guard = guard.context("waiting for stack samples")?;
                 take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
                 read_stack_samples(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut window.cpu);
+                guard.clear_ready();
+            }
+            guard = kernel_log_readable(&mut kernel_log) => {
+                let mut guard = guard.context("waiting for the kernel's log")?;
+                guard.get_inner_mut().read();
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
@@ -284,6 +301,9 @@ pub async fn run(settings: Settings) -> Result<()> {
         r.log_totals();
     }
     reported.report(&probes);
+    if let Some(log) = kernel_log.as_mut() {
+        log.get_mut().read();
+    }
     log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap, &waits);
     observe(
         &publisher.metrics,
@@ -317,6 +337,17 @@ impl Window {
             started: Instant::now(),
             cpu: CpuWindow::default(),
         }
+    }
+}
+
+/// Waits until the kernel's log ring has records; forever when the kernel
+/// does not log.
+async fn kernel_log_readable(
+    log: &mut Option<AsyncFd<KernelLog>>,
+) -> std::io::Result<AsyncFdReadyMutGuard<'_, KernelLog>> {
+    match log {
+        Some(log) => log.readable_mut().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -1426,6 +1457,7 @@ fn log_summary(
         anchors_lost = c[counter::ANCHORS_LOST as usize],
         brief_records = c[counter::BRIEF_RECORDS as usize],
         walk_hints_torn = c[counter::HINTS_TORN as usize],
+        kernel_logs_dropped = c[counter::KERNEL_LOGS_DROPPED as usize],
         fork_record_evictions = p.fork_evictions,
         processes = p.processes,
         open_handles = p.open_handles,

@@ -1,7 +1,9 @@
 //! The `[debug]` table of the config file: switches that turn the stack
 //! optimizations off, one by one, so that a profile taken with them can be
 //! compared with one taken without. Each optimization may make a profile
-//! cheaper, never different; every one is on by default.
+//! cheaper, never different; every one is on by default. And `kernel_log`,
+//! off by default, which has the eBPF programs say why they skip, drop,
+//! shorten or fall back (kernel_log.rs).
 //!
 //! ```toml
 //! [debug]
@@ -9,6 +11,7 @@
 //! brief_records = true   # a matched hint sends the walk's frames instead of a stack copy
 //! short_records = true   # a stack known to fit in 4 KiB goes in the short record form
 //! stack_tops = true      # copies stop at the thread's stack top learned from walks
+//! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
 //! The walk memo itself is sized (0: off) by `[limits] walk_memo_entries`.
@@ -47,6 +50,7 @@ pub struct DebugTable {
     brief_records: Option<bool>,
     short_records: Option<bool>,
     stack_tops: Option<bool>,
+    kernel_log: Option<bool>,
 }
 
 impl DebugTable {
@@ -59,6 +63,11 @@ impl DebugTable {
             short_records: self.short_records.unwrap_or(d.short_records),
             stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
         }
+    }
+
+    /// Whether the kernel's diagnostics are logged (off unless set).
+    pub fn kernel_log(&self) -> bool {
+        self.kernel_log.unwrap_or(false)
     }
 }
 
@@ -87,6 +96,17 @@ mod tests {
                 ..StackSwitches::default()
             }
         );
+    }
+
+    #[test]
+    fn kernel_log_is_off_unless_turned_on() {
+        assert!(!table("").expect("parse").kernel_log());
+        assert!(!table("kernel_log = false").expect("parse").kernel_log());
+        let on = table("kernel_log = true").expect("parse");
+        assert!(on.kernel_log());
+        // It is no stack optimization: those stay on.
+        assert_eq!(on.switches(), StackSwitches::default());
+        assert!(table("kernel_log = 1").is_err());
     }
 
     #[test]

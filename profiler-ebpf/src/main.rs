@@ -20,6 +20,7 @@
 #![no_std]
 #![no_main]
 
+mod klog;
 mod task_storage;
 
 use aya_ebpf::{
@@ -41,6 +42,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePointContext, PerfEventContext, ProbeContext, TracePointContext},
 };
+use klog::{klog, why};
 use profiler_common::{
     ANCHOR_FRAMES, ANCHOR_WINDOW_NS, BuildIdFrame, COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait,
     FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark,
@@ -314,6 +316,7 @@ fn send_proc_event_at(kind: u32, tgid: u32, parent: u32, time_ns: u64) {
     };
     if PROC_EVENTS.output::<ProcEvent>(&event, 0).is_err() {
         count(counter::PROC_EVENTS_LOST);
+        klog!(why::PROC_EVENT_LOST, klog::tgid(), klog::tid(), kind, tgid);
     }
 }
 
@@ -377,10 +380,12 @@ fn send_anchors(ctx: *mut core::ffi::c_void, tgid: u32, since: u64) {
     // lost leaves probes behind): they use at most half of the ring.
     if PROC_EVENTS.query(BPF_RB_AVAIL_DATA as u64) > u64::from(PROC_EVENTS_BYTES / 2) {
         count(counter::ANCHORS_LOST);
+        klog!(why::ANCHORS_HALF_FULL, tgid, klog::tid());
         return;
     }
     let Some(mut entry) = PROC_EVENTS.reserve::<ImageAnchors>(0) else {
         count(counter::ANCHORS_LOST);
+        klog!(why::ANCHORS_LOST, tgid, klog::tid());
         return;
     };
     let out = entry.as_mut_ptr();
@@ -426,6 +431,11 @@ fn note_image(tgid: u32, since: u64) {
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    klog::run(ctx, cpu_sample_run)
+}
+
+#[inline(always)]
+fn cpu_sample_run(ctx: PerfEventContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -477,7 +487,10 @@ pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
                 match counts.get_ptr_mut(key) {
                     // SAFETY: as above.
                     Some(v) => unsafe { *v += 1 },
-                    None => count(counter::COUNTS_FULL),
+                    None => {
+                        count(counter::COUNTS_FULL);
+                        klog!(why::COUNTS_FULL, tgid, tid);
+                    }
                 }
             }
         }
@@ -546,6 +559,7 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
         count(counter::STACK_SAMPLES);
     } else {
         count(counter::STACK_SAMPLES_FULL);
+        klog!(why::FRAME_POINTER_FALLBACK, tgid, tid);
     }
     sent
 }
@@ -657,6 +671,7 @@ unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
     let first = PAGE - (sp & (PAGE - 1));
     // SAFETY: first <= PAGE <= N.
     if unsafe { bpf_probe_read_user(dst.cast(), first as u32, sp as *const _) } != 0 {
+        klog!(why::STACK_FAULT, klog::tgid(), tid, sp);
         return 0;
     }
     let mut copied = first;
@@ -674,6 +689,7 @@ unsafe fn copy_stack<const N: usize>(dst: *mut u8, sp: u64) -> u64 {
             )
         };
         if ok != 0 {
+            klog!(why::STACK_SHORTENED, klog::tgid(), tid, sp, copied);
             if global_u8(&USE_STACK_TOPS) != 0 {
                 let _ = STACK_TOPS.insert(tid, sp + copied, 0);
             }
@@ -725,6 +741,11 @@ fn record_stack(
             return STACK_NONE;
         }
         count(lost);
+        let why = match flags {
+            0 => why::KERNEL_STACK_WALK_FAILED,
+            _ => why::USER_STACK_WALK_FAILED,
+        };
+        klog!(why, klog::tgid(), klog::tid(), bytes);
         return STACK_LOST;
     }
     let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
@@ -752,6 +773,11 @@ fn record_stack(
             && e != -17
         {
             count(lost);
+            let why = match flags {
+                0 => why::KERNEL_STACK_MAP_FULL,
+                _ => why::USER_STACK_MAP_FULL,
+            };
+            klog!(why, klog::tgid(), klog::tid(), e);
             return STACK_LOST;
         }
     }
@@ -778,7 +804,7 @@ fn record_stack(
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn heap_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    heap_probe_run(ProbeContext::new(ctx))
+    klog::run(ProbeContext::new(ctx), heap_probe_run)
 }
 
 #[inline(always)]
@@ -895,6 +921,7 @@ fn heap_thread(tid: u32) -> Option<*mut HeapThread> {
     };
     if HEAP_THREADS.insert(tid, fresh, 0).is_err() {
         count(counter::HEAP_THREADS_FULL);
+        klog!(why::HEAP_THREADS_FULL, klog::tgid(), tid);
         return None;
     }
     HEAP_THREADS.get_ptr_mut(tid)
@@ -958,9 +985,11 @@ fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
     let live = HEAP_LIVE.insert(key, state.pending_size, 0).is_ok();
     if !live {
         count(counter::HEAP_LIVE_FULL);
+        klog!(why::HEAP_LIVE_FULL, tgid, tid, addr);
     }
     if !send_heap_alloc(ctx, tgid, tid, function, addr, state.pending_size, live) {
         count(counter::HEAP_ALLOCS_LOST);
+        klog!(why::HEAP_ALLOC_LOST, tgid, tid, addr, state.pending_size);
         if live {
             let _ = HEAP_LIVE.remove(key);
         }
@@ -994,6 +1023,7 @@ fn retire(tgid: u32, addr: u64) {
         .is_err()
     {
         count(counter::HEAP_FREES_LOST);
+        klog!(why::HEAP_FREE_LOST, tgid, klog::tid(), addr);
     }
 }
 
@@ -1061,6 +1091,11 @@ fn send_heap_alloc_in<const N: usize>(
 /// profile (one in MUTEX_FRACTION).
 #[tracepoint]
 pub fn futex_enter(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, futex_enter_run)
+}
+
+#[inline(always)]
+fn futex_enter_run(ctx: TracePointContext) -> u32 {
     let offset = global(&FUTEX_UADDR_OFFSET) as usize;
     // The word and the operation in one read: two adjacent arguments.
     // SAFETY: fields of the tracepoint record, offset from its format file.
@@ -1087,6 +1122,11 @@ pub fn futex_enter(ctx: TracePointContext) -> u32 {
 /// the waiter array, stands for the futex word).
 #[tracepoint]
 pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, futex_wait_enter_run)
+}
+
+#[inline(always)]
+fn futex_wait_enter_run(ctx: TracePointContext) -> u32 {
     begin_wait(futex_uaddr(&ctx));
     0
 }
@@ -1094,6 +1134,11 @@ pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
 /// sys_enter_futex_wake.
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, futex_wake_enter_run)
+}
+
+#[inline(always)]
+fn futex_wake_enter_run(ctx: TracePointContext) -> u32 {
     begin_wake(futex_uaddr(&ctx));
     0
 }
@@ -1190,7 +1235,10 @@ fn set_futex_call(call: FutexCall) {
     match FUTEX_CALLS.current(true) {
         // SAFETY: the current thread's value; only its own programs touch it.
         Some(slot) => unsafe { *slot = call },
-        None => count(counter::FUTEX_CALLS_FULL),
+        None => {
+            count(counter::FUTEX_CALLS_FULL);
+            klog!(why::FUTEX_CALLS_FULL, klog::tgid(), klog::tid(), call.uaddr);
+        }
     }
 }
 
@@ -1199,6 +1247,11 @@ fn set_futex_call(call: FutexCall) {
 /// reports its stack when it woke someone.
 #[tracepoint]
 pub fn futex_exit(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, futex_exit_run)
+}
+
+#[inline(always)]
+fn futex_exit_run(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -1249,6 +1302,7 @@ pub fn futex_exit(ctx: TracePointContext) -> u32 {
                     .is_err()
                 {
                     count(counter::WAIT_EVENTS_LOST);
+                    klog!(why::MUTEX_DELAY_LOST, tgid, tid, event.delay_ns);
                 }
             }
         }
@@ -1339,12 +1393,13 @@ fn send_wait_stack(
         && let Some(scratch) = HINT_SCRATCH.get_ptr_mut(0)
         // SAFETY: this CPU's scratch buffer (programs do not nest on a
         // CPU).
-        && let Some(found) = unsafe { hinted_walk(hint_key(tgid, ip, sp, bp), scratch) }
+        && let Some(found) = unsafe { hinted_walk(hint_key(tgid, ip, sp, bp), tid, scratch) }
     {
         head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
         head.hint_id = found.id;
         let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief>(0) else {
             count(counter::WAIT_EVENTS_LOST);
+            klog!(why::BRIEF_LOST, tgid, tid, kind);
             return;
         };
         let out = entry.as_mut_ptr();
@@ -1360,11 +1415,13 @@ fn send_wait_stack(
             );
         }
         count(counter::BRIEF_RECORDS);
+        klog!(why::BRIEF_SENT, tgid, tid, found.frames, found.id, sp);
         entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
         return;
     }
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
         count(counter::WAIT_EVENTS_LOST);
+        klog!(why::WAIT_LOST, tgid, tid, kind);
         return;
     };
     let out = entry.as_mut_ptr();
@@ -1415,7 +1472,7 @@ struct HintMatch {
 /// # Safety
 /// `scratch` is this CPU's scratch buffer, used by nothing else meanwhile.
 #[inline(always)]
-unsafe fn hinted_walk(key: WalkHintKey, scratch: *mut HintScratch) -> Option<HintMatch> {
+unsafe fn hinted_walk(key: WalkHintKey, tid: u32, scratch: *mut HintScratch) -> Option<HintMatch> {
     if key.sp == 0 || !use_dwarf(key.tgid) {
         return None;
     }
@@ -1430,10 +1487,12 @@ unsafe fn hinted_walk(key: WalkHintKey, scratch: *mut HintScratch) -> Option<Hin
     unsafe {
         let bytes = (*scratch).bytes.as_mut_ptr();
         if bpf_probe_read_user(bytes.cast(), span, key.sp as *const _) != 0 {
+            klog!(why::HINT_UNREADABLE, key.tgid, tid, span, key.sp);
             return None;
         }
         matching_walk_hint::<STACK_COPY_BYTES>(
             key,
+            tid,
             bytes,
             u64::from(span),
             (*scratch).frames.as_mut_ptr(),
@@ -1450,6 +1509,7 @@ unsafe fn hinted_walk(key: WalkHintKey, scratch: *mut HintScratch) -> Option<Hin
 #[inline(always)]
 unsafe fn matching_walk_hint<const N: usize>(
     key: WalkHintKey,
+    tid: u32,
     stack: *const u8,
     len: u64,
     frames: *mut u64,
@@ -1478,6 +1538,7 @@ unsafe fn matching_walk_hint<const N: usize>(
             )
         };
         if u64::from(offset) + 8 > len {
+            klog!(why::HINT_PAST_COPY, key.tgid, tid, key.sp, offset, len);
             return None;
         }
         // The daemon sends 8-aligned offsets; the mask keeps the read
@@ -1486,6 +1547,15 @@ unsafe fn matching_walk_hint<const N: usize>(
         // SAFETY: within the copy's buffer, as masked above.
         let word = unsafe { core::ptr::read_unaligned(stack.add(at).cast::<u64>()) };
         if word != expected {
+            klog!(
+                why::HINT_MISMATCH,
+                key.tgid,
+                tid,
+                key.sp,
+                offset,
+                word,
+                expected
+            );
             return None;
         }
         seal = hint_mix(seal, expected ^ u64::from(offset));
@@ -1515,6 +1585,7 @@ unsafe fn matching_walk_hint<const N: usize>(
     if seal != unsafe { core::ptr::read_volatile(&hint.check) } || nframes > WALK_HINT_WORDS as u32
     {
         count(counter::HINTS_TORN);
+        klog!(why::HINT_TORN, key.tgid, tid, id, key.sp);
         return None;
     }
     Some(HintMatch {
@@ -1592,6 +1663,11 @@ fn task_user_regs() -> Option<(u64, u64, u64)> {
 /// costliest part) is not paid for the intervals the rule drops.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
+    klog::run(ctx, sched_switch_run)
+}
+
+#[inline(always)]
+fn sched_switch_run(ctx: BtfTracePointContext) -> u32 {
     if global_u8(&OFFCPU_ON) == 0 {
         return 0;
     }
@@ -1635,6 +1711,7 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
             #[allow(clippy::needless_borrows_for_generic_args)]
             if OFFCPU_PARKED.insert(task, unsafe { &*blank }, 0).is_err() {
                 count(counter::OFFCPU_PARKED_FULL);
+                klog!(why::OFFCPU_PARKED_FULL, tgid, tid);
                 return;
             }
             match OFFCPU_PARKED.get_ptr_mut(task) {
@@ -1671,6 +1748,7 @@ fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
                     (*record).flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
                     (*record).hint_id = found.id;
                     (*record).frames_len = u64::from(found.frames);
+                    klog!(why::BRIEF_PARKED, tgid, tid, found.frames, found.id, sp);
                 }
                 None => {
                     ((*record).stack_len, (*record).frames_len) =
@@ -1701,7 +1779,7 @@ unsafe fn parked_hint_match(key: WalkHintKey, record: *mut OffcpuRecord) -> Opti
     let scratch = HINT_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: this CPU's scratch buffer; the record is the caller's.
     unsafe {
-        let found = hinted_walk(key, scratch)?;
+        let found = hinted_walk(key, (*record).tid, scratch)?;
         copy_frames(
             (*record).frames.as_mut_ptr(),
             (*scratch).frames.as_ptr(),
@@ -1745,6 +1823,7 @@ fn unpark(next: *mut task_struct, now: u64) {
                             && global_u8(&BRIEF_RECORDS) != 0
                             && let Some(found) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
                                 hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp),
+                                (*out).tid,
                                 (*out).stack.as_ptr(),
                                 (*out).stack_len,
                                 (*out).frames.as_mut_ptr(),
@@ -1771,7 +1850,12 @@ fn unpark(next: *mut task_struct, now: u64) {
                     entry.discard(0);
                 }
             }
-            None => count(counter::WAIT_EVENTS_LOST),
+            None => {
+                count(counter::WAIT_EVENTS_LOST);
+                // SAFETY: fields of a map value.
+                let (tgid, tid) = unsafe { ((*parked).tgid, (*parked).tid) };
+                klog!(why::OFFCPU_LOST, tgid, tid, off);
+            }
         }
     }
     // SAFETY: as above; the slot is kept for the thread's next switch.
@@ -1887,7 +1971,12 @@ fn cond_of(uaddr: u64) -> u64 {
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn go_park_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    go_park_run(ProbeContext::new(ctx));
+    klog::run(ProbeContext::new(ctx), go_park_probe_run)
+}
+
+#[inline(always)]
+fn go_park_probe_run(ctx: ProbeContext) -> u32 {
+    go_park_run(ctx);
     0
 }
 
@@ -1955,6 +2044,7 @@ fn go_park_run(ctx: ProbeContext) {
 fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
         count(counter::WAIT_EVENTS_LOST);
+        klog!(why::GO_WAIT_LOST, tgid, park.tid, waited);
         return;
     };
     let out = entry.as_mut_ptr();
@@ -2011,6 +2101,11 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, sched_process_fork_run)
+}
+
+#[inline(always)]
+fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: the offset comes from this kernel's format file.
     let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
@@ -2048,6 +2143,7 @@ pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
         }
     } else {
         count(counter::TARGETS_FULL);
+        klog!(why::TARGETS_FULL, parent_tgid, klog::tid(), child);
     }
     0
 }
@@ -2084,6 +2180,11 @@ pub fn task_rename(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    klog::run(_ctx, sched_process_exec_run)
+}
+
+#[inline(always)]
+fn sched_process_exec_run(_ctx: TracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let forked = FORKED.remove(tgid).is_ok();
     // SAFETY: plain helper.
@@ -2112,6 +2213,11 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    klog::run(_ctx, sched_process_exit_run)
+}
+
+#[inline(always)]
+fn sched_process_exit_run(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;

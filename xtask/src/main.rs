@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench|fuzz|soak`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|bench-kernel-log|fuzz|soak`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -8,6 +8,7 @@
 
 mod bench;
 mod bench_heap;
+mod bench_kernel_log;
 mod bench_waits;
 mod deploy_check;
 mod empty_uprobe;
@@ -55,6 +56,10 @@ enum Task {
     /// block, mutex and off-CPU profiles' against empty tracepoints (writes
     /// a report).
     Bench(bench::BenchArgs),
+    /// Measure the BPF time per run of each program with the kernel's
+    /// diagnostics compiled in (off, and on) against a build without them,
+    /// side by side (writes target/bench-kernel-log.md).
+    BenchKernelLog(bench_kernel_log::KernelLogArgs),
     /// Run each fuzz target of fuzz/ for a while on its seed corpus
     /// (installs cargo-fuzz; needs nightly).
     Fuzz(fuzz::FuzzArgs),
@@ -95,6 +100,11 @@ fn main() -> Result<()> {
             setup(true)?;
             build(true)?;
             bench::run(&root(), args)
+        }
+        Task::BenchKernelLog(args) => {
+            setup(true)?;
+            build(true)?;
+            bench_kernel_log::run(&root(), args)
         }
         Task::Fuzz(args) => {
             setup(false)?;

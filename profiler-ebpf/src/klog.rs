@@ -1,0 +1,413 @@
+//! Kernel-side diagnostics: the programs say why they skip, drop, shorten
+//! or fall back, through aya-log into the daemon's log (target
+//! `profilerd::kernel`), when the daemon asks for it (`PROFILERD_LOG=debug`
+//! or `[debug] kernel_log = true`).
+//!
+//! Off by default, at no cost: the daemon then sets [`KERNEL_LOG`] (and
+//! aya-log's own `AYA_LOG_LEVEL`) to 0 before loading. Both are read-only
+//! globals, so the verifier knows that every note and every log call is
+//! unreachable and removes them.
+//!
+//! On, a site only notes what happened ([`klog!`]: a kind from [`why`], the
+//! thread and up to four values) in a per-CPU list, and [`run`] sends the
+//! notes when the program's body returns, from [`flush`], a function of its
+//! own. An aya-log call keeps its record's fields on the BPF stack: at the
+//! sites, inside the largest programs (futex_exit, sched_switch,
+//! cpu_sample), they would not fit in the 512 bytes; after the body they
+//! take some 50 bytes on top of the program's own. Each kind goes out at
+//! most [`BURST`] times per CPU per second, and at most [`NOTES`] notes per
+//! program run; the rest are counted in `counter::KERNEL_LOGS_DROPPED`.
+
+use aya_ebpf::{helpers::generated::bpf_ktime_get_ns, macros::map, maps::PerCpuArray};
+use aya_log_ebpf::debug;
+use profiler_common::counter;
+
+/// 1 when the daemon reads the kernel's diagnostics.
+#[unsafe(no_mangle)]
+static KERNEL_LOG: u8 = 0;
+
+/// Messages of one kind sent per CPU per second, at most.
+const BURST: u64 = 8;
+/// Notes kept per program run. The verifier checks every message for each
+/// (some 100k instructions each, the limit being 1M per program).
+const NOTES: usize = 2;
+
+/// What a note says; [`emit`] has the text of each.
+pub mod why {
+    pub const PROC_EVENT_LOST: u32 = 0;
+    pub const ANCHORS_HALF_FULL: u32 = 1;
+    pub const ANCHORS_LOST: u32 = 2;
+    pub const COUNTS_FULL: u32 = 3;
+    pub const USER_STACK_WALK_FAILED: u32 = 4;
+    pub const KERNEL_STACK_WALK_FAILED: u32 = 5;
+    pub const USER_STACK_MAP_FULL: u32 = 6;
+    pub const KERNEL_STACK_MAP_FULL: u32 = 7;
+    pub const FRAME_POINTER_FALLBACK: u32 = 8;
+    pub const STACK_FAULT: u32 = 9;
+    pub const STACK_SHORTENED: u32 = 10;
+    pub const HEAP_THREADS_FULL: u32 = 11;
+    pub const HEAP_LIVE_FULL: u32 = 12;
+    pub const HEAP_ALLOC_LOST: u32 = 13;
+    pub const HEAP_FREE_LOST: u32 = 14;
+    pub const FUTEX_CALLS_FULL: u32 = 15;
+    pub const MUTEX_DELAY_LOST: u32 = 16;
+    pub const WAIT_LOST: u32 = 17;
+    pub const BRIEF_LOST: u32 = 18;
+    pub const OFFCPU_PARKED_FULL: u32 = 19;
+    pub const OFFCPU_LOST: u32 = 20;
+    pub const GO_WAIT_LOST: u32 = 21;
+    pub const TARGETS_FULL: u32 = 22;
+    pub const HINT_UNREADABLE: u32 = 23;
+    pub const HINT_PAST_COPY: u32 = 24;
+    pub const HINT_MISMATCH: u32 = 25;
+    pub const HINT_TORN: u32 = 26;
+    pub const BRIEF_SENT: u32 = 27;
+    pub const BRIEF_PARKED: u32 = 28;
+    /// Number of kinds.
+    pub const COUNT: u32 = 29;
+}
+
+/// One thing a program noted.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Note {
+    kind: u32,
+    tgid: u32,
+    tid: u32,
+    _pad: u32,
+    values: [u64; 4],
+}
+
+/// The notes of the program running on this CPU.
+#[repr(C)]
+pub struct Notes {
+    len: u64,
+    notes: [Note; NOTES],
+}
+
+/// Messages of one kind sent in the current second, on this CPU.
+#[repr(C)]
+pub struct Budget {
+    second: u64,
+    sent: u64,
+}
+
+#[map]
+static LOG_NOTES: PerCpuArray<Notes> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static LOG_BUDGETS: PerCpuArray<Budget> = PerCpuArray::with_max_entries(why::COUNT, 0);
+
+/// Whether kernel diagnostics are on.
+#[inline(always)]
+pub fn on() -> bool {
+    crate::global_u8(&KERNEL_LOG) != 0
+}
+
+/// Runs a program's body (an `#[inline(always)]` function of its context),
+/// then sends what it noted. The log calls run after the body, with none
+/// of its stack in use: their records' fields would not fit beside the
+/// largest programs' stack (futex_exit, sched_switch, cpu_sample).
+#[inline(always)]
+pub fn run<C>(ctx: C, body: impl FnOnce(C) -> u32) -> u32 {
+    let ret = body(ctx);
+    if on() {
+        flush();
+    }
+    ret
+}
+
+/// `klog!(kind, tgid, tid, values...)`: notes a [`why`] kind for thread
+/// `tid` of process `tgid` with up to four values, when diagnostics are
+/// on. The arguments are evaluated only then.
+macro_rules! klog {
+    ($kind:expr, $tgid:expr, $tid:expr) => {
+        $crate::klog::klog!($kind, $tgid, $tid, 0, 0, 0, 0)
+    };
+    ($kind:expr, $tgid:expr, $tid:expr, $a:expr) => {
+        $crate::klog::klog!($kind, $tgid, $tid, $a, 0, 0, 0)
+    };
+    ($kind:expr, $tgid:expr, $tid:expr, $a:expr, $b:expr) => {
+        $crate::klog::klog!($kind, $tgid, $tid, $a, $b, 0, 0)
+    };
+    ($kind:expr, $tgid:expr, $tid:expr, $a:expr, $b:expr, $c:expr) => {
+        $crate::klog::klog!($kind, $tgid, $tid, $a, $b, $c, 0)
+    };
+    ($kind:expr, $tgid:expr, $tid:expr, $a:expr, $b:expr, $c:expr, $d:expr) => {
+        if $crate::klog::on() {
+            $crate::klog::note(
+                $kind,
+                $tgid as u32,
+                $tid as u32,
+                [$a as u64, $b as u64, $c as u64, $d as u64],
+            );
+        }
+    };
+}
+pub(crate) use klog;
+
+/// Keeps a note for [`flush`], if the kind's budget and the list allow.
+#[inline(always)]
+pub fn note(kind: u32, tgid: u32, tid: u32, values: [u64; 4]) {
+    if !allowed(kind) {
+        return;
+    }
+    let Some(notes) = LOG_NOTES.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's list; a program that interrupts another on the
+    // same CPU sends the other's notes with its own.
+    unsafe {
+        let len = (*notes).len as usize;
+        match (*notes).notes.get_mut(len) {
+            Some(slot) => {
+                *slot = Note {
+                    kind,
+                    tgid,
+                    tid,
+                    _pad: 0,
+                    values,
+                };
+                (*notes).len = len as u64 + 1;
+            }
+            None => crate::count(counter::KERNEL_LOGS_DROPPED),
+        }
+    }
+}
+
+/// Whether a message of `kind` may go out now; counts it dropped if not.
+#[inline(always)]
+fn allowed(kind: u32) -> bool {
+    let Some(budget) = LOG_BUDGETS.get_ptr_mut(kind) else {
+        return false;
+    };
+    // SAFETY: plain helper.
+    let second = unsafe { bpf_ktime_get_ns() } / 1_000_000_000;
+    // SAFETY: this CPU's slot; a program that interrupts another on the
+    // same CPU can only send one message more.
+    unsafe {
+        if (*budget).second != second {
+            (*budget).second = second;
+            (*budget).sent = 0;
+        }
+        if (*budget).sent >= BURST {
+            crate::count(counter::KERNEL_LOGS_DROPPED);
+            return false;
+        }
+        (*budget).sent += 1;
+    }
+    true
+}
+
+/// Sends this CPU's notes through aya-log and empties the list.
+#[inline(never)]
+fn flush() {
+    let Some(notes) = LOG_NOTES.get_ptr_mut(0) else {
+        return;
+    };
+    for i in 0..NOTES {
+        // SAFETY: this CPU's list (see note); read in place, as a copy
+        // would take stack.
+        let Some(note) = (unsafe { (*notes).notes.get(i) }) else {
+            break;
+        };
+        // SAFETY: as above.
+        if i as u64 >= unsafe { (*notes).len } {
+            break;
+        }
+        emit(note);
+    }
+    // SAFETY: as above.
+    unsafe { (*notes).len = 0 };
+}
+
+/// Sends one note. A function of its own, so that the verifier meets the
+/// same state after every kind of message and checks the next note once,
+/// not once per kind of the one before.
+#[inline(never)]
+fn emit(note: &Note) {
+    let (tgid, tid) = (note.tgid, note.tid);
+    let [a, b, c, d] = note.values;
+    match note.kind {
+        why::PROC_EVENT_LOST => debug!(
+            &(),
+            "tgid {} tid {}: process event {} of process {} dropped: process event ring full",
+            tgid,
+            tid,
+            a,
+            b
+        ),
+        why::ANCHORS_HALF_FULL => debug!(
+            &(),
+            "tgid {} tid {}: image anchors not sent: process event ring half full", tgid, tid
+        ),
+        why::ANCHORS_LOST => debug!(
+            &(),
+            "tgid {} tid {}: image anchors dropped: process event ring full", tgid, tid
+        ),
+        why::COUNTS_FULL => debug!(
+            &(),
+            "tgid {} tid {}: CPU sample dropped: count map full", tgid, tid
+        ),
+        why::USER_STACK_WALK_FAILED => debug!(
+            &(),
+            "tgid {} tid {}: user stack lost: walk failed ({})", tgid, tid, a as i64
+        ),
+        why::KERNEL_STACK_WALK_FAILED => debug!(
+            &(),
+            "tgid {} tid {}: kernel stack lost: walk failed ({})", tgid, tid, a as i64
+        ),
+        why::USER_STACK_MAP_FULL => debug!(
+            &(),
+            "tgid {} tid {}: user stack lost: stack map full ({})", tgid, tid, a as i64
+        ),
+        why::KERNEL_STACK_MAP_FULL => debug!(
+            &(),
+            "tgid {} tid {}: kernel stack lost: stack map full ({})", tgid, tid, a as i64
+        ),
+        why::FRAME_POINTER_FALLBACK => debug!(
+            &(),
+            "tgid {} tid {}: CPU sample falls back to a frame-pointer stack: stack sample ring full",
+            tgid,
+            tid
+        ),
+        why::STACK_FAULT => debug!(
+            &(),
+            "tgid {} tid {}: stack copy faulted at sp {:x}: nothing copied", tgid, tid, a
+        ),
+        why::STACK_SHORTENED => debug!(
+            &(),
+            "tgid {} tid {}: stack copy from sp {:x} stopped at a fault after {} bytes",
+            tgid,
+            tid,
+            a,
+            b
+        ),
+        why::HEAP_THREADS_FULL => debug!(
+            &(),
+            "tgid {} tid {}: allocations not sampled: heap thread map full", tgid, tid
+        ),
+        why::HEAP_LIVE_FULL => debug!(
+            &(),
+            "tgid {} tid {}: allocation {:x} not tracked as live: heap live map full", tgid, tid, a
+        ),
+        why::HEAP_ALLOC_LOST => debug!(
+            &(),
+            "tgid {} tid {}: sampled allocation {:x} of {} bytes dropped: heap event ring full",
+            tgid,
+            tid,
+            a,
+            b
+        ),
+        why::HEAP_FREE_LOST => debug!(
+            &(),
+            "tgid {} tid {}: free of sampled allocation {:x} dropped: heap event ring full",
+            tgid,
+            tid,
+            a
+        ),
+        why::FUTEX_CALLS_FULL => debug!(
+            &(),
+            "tgid {} tid {}: futex call on {:x} not tracked: futex call storage full", tgid, tid, a
+        ),
+        why::MUTEX_DELAY_LOST => debug!(
+            &(),
+            "tgid {} tid {}: mutex delay of {} ns dropped: wait event ring full", tgid, tid, a
+        ),
+        why::WAIT_LOST => debug!(
+            &(),
+            "tgid {} tid {}: wait record (event kind {}) dropped: wait event ring full",
+            tgid,
+            tid,
+            a
+        ),
+        why::BRIEF_LOST => debug!(
+            &(),
+            "tgid {} tid {}: brief wait record (event kind {}) dropped: wait event ring full",
+            tgid,
+            tid,
+            a
+        ),
+        why::OFFCPU_PARKED_FULL => debug!(
+            &(),
+            "tgid {} tid {}: blocked thread not tracked: off-CPU parked map full", tgid, tid
+        ),
+        why::OFFCPU_LOST => debug!(
+            &(),
+            "tgid {} tid {}: off-CPU interval of {} ns dropped: wait event ring full", tgid, tid, a
+        ),
+        why::GO_WAIT_LOST => debug!(
+            &(),
+            "tgid {} tid {}: goroutine wait of {} ns dropped: wait event ring full", tgid, tid, a
+        ),
+        why::TARGETS_FULL => debug!(
+            &(),
+            "tgid {} tid {}: descendant {} not followed: target map full", tgid, tid, a
+        ),
+        why::HINT_UNREADABLE => debug!(
+            &(),
+            "tgid {} tid {}: walk hint did not match: its {} bytes at sp {:x} cannot be read",
+            tgid,
+            tid,
+            a,
+            b
+        ),
+        why::HINT_PAST_COPY => debug!(
+            &(),
+            "tgid {} tid {}: walk hint did not match at sp {:x}: its word at +{} is past the {} bytes copied",
+            tgid,
+            tid,
+            a,
+            b,
+            c
+        ),
+        why::HINT_MISMATCH => debug!(
+            &(),
+            "tgid {} tid {}: walk hint did not match at sp {:x}: word at +{} is {:x}, the hint's {:x}",
+            tgid,
+            tid,
+            a,
+            b,
+            c,
+            d
+        ),
+        why::HINT_TORN => debug!(
+            &(),
+            "tgid {} tid {}: walk hint {:x} at sp {:x} torn (replaced while read): full record sent",
+            tgid,
+            tid,
+            a,
+            b
+        ),
+        why::BRIEF_SENT => debug!(
+            &(),
+            "tgid {} tid {}: brief record sent: {} frames of walk {:x} at sp {:x}",
+            tgid,
+            tid,
+            a,
+            b,
+            c
+        ),
+        why::BRIEF_PARKED => debug!(
+            &(),
+            "tgid {} tid {}: brief off-CPU record parked: {} frames of walk {:x} at sp {:x}",
+            tgid,
+            tid,
+            a,
+            b,
+            c
+        ),
+        _ => {}
+    }
+}
+
+/// The current task's process id.
+#[inline(always)]
+pub fn tgid() -> u32 {
+    (aya_ebpf::helpers::bpf_get_current_pid_tgid() >> 32) as u32
+}
+
+/// The current task's thread id.
+#[inline(always)]
+pub fn tid() -> u32 {
+    aya_ebpf::helpers::bpf_get_current_pid_tgid() as u32
+}
