@@ -743,17 +743,17 @@ impl HintedFrames {
     /// are shared without reading the record's copy of them (in ring
     /// memory another CPU wrote, cold in this one's cache). Otherwise the
     /// record's frames are taken.
-    fn get(&mut self, id: u64, ip: u64, rest: &[u64]) -> Option<Arc<[u64]>> {
+    fn get(&mut self, id: u64, ip: u64, rest: &[u64]) -> Arc<[u64]> {
         let slot = &mut self.slots[id as usize & (HINTED_SLOTS - 1)];
         if let Some((known, frames)) = slot
             && *known == id
             && frames.first() == Some(&ip)
         {
-            return Some(frames.clone());
+            return frames.clone();
         }
         let frames: Arc<[u64]> = std::iter::once(ip).chain(rest.iter().copied()).collect();
         *slot = Some((id, frames.clone()));
-        Some(frames)
+        frames
     }
 }
 
@@ -851,15 +851,10 @@ impl Unwinder {
         self.tick += 1;
         self.stats.unwinds += 1;
         self.memo.note_matched(frames.is_some());
-        let frames = match frames {
-            // The frames of a walk hinted lately are shared, not copied:
-            // most brief records repeat a few walks. The record's frames
-            // decide; the cache only saves an allocation.
-            Some(rest) => self.hinted.get(id, ip, rest),
-            None => None,
-        };
         let (frames, truncated) = match frames {
-            Some(frames) => (frames, truncated),
+            // The frames of a walk hinted lately are shared, not copied
+            // from the record: most brief records repeat a few walks.
+            Some(rest) => (self.hinted.get(id, ip, rest), truncated),
             None => (Arc::from([ip]), true),
         };
         if truncated {

@@ -1477,7 +1477,9 @@ unsafe fn hinted_walk(key: WalkHintKey, tid: u32, scratch: *mut HintScratch) -> 
         return None;
     }
     // SAFETY: a map value, read during this run only.
-    let span = unsafe { WALK_HINTS.get(key) }?.span;
+    let hint = unsafe { WALK_HINTS.get(key) }?;
+    // SAFETY: a field of that value.
+    let span = unsafe { core::ptr::read_volatile(&hint.span) };
     // The bounds the verifier needs for the length.
     if span == 0 || span > STACK_COPY_BYTES as u32 {
         return None;
@@ -1491,6 +1493,7 @@ unsafe fn hinted_walk(key: WalkHintKey, tid: u32, scratch: *mut HintScratch) -> 
             return None;
         }
         matching_walk_hint::<STACK_COPY_BYTES>(
+            hint,
             key,
             tid,
             bytes,
@@ -1500,22 +1503,21 @@ unsafe fn hinted_walk(key: WalkHintKey, tid: u32, scratch: *mut HintScratch) -> 
     }
 }
 
-/// The daemon's remembered walk from these registers if the stack just
-/// copied (`len` bytes at `stack`, still in this CPU's cache) holds every
-/// word that walk read; its frames after the instruction pointer are
-/// written to `frames` (WALK_HINT_WORDS long). The hint's seal is checked
-/// over everything read from it: a hint the daemon replaced meanwhile is
-/// no match, and the caller sends a full record.
+/// `hint` (the daemon's remembered walk from the registers of `key`) if
+/// the stack just copied (`len` bytes at `stack`, still in this CPU's
+/// cache) holds every word that walk read; its frames after the
+/// instruction pointer are written to `frames` (WALK_HINT_WORDS long). The
+/// hint's seal is checked over everything read from it: a hint the daemon
+/// replaced meanwhile is no match, and the caller sends a full record.
 #[inline(always)]
 unsafe fn matching_walk_hint<const N: usize>(
+    hint: &WalkHint,
     key: WalkHintKey,
     tid: u32,
     stack: *const u8,
     len: u64,
     frames: *mut u64,
 ) -> Option<HintMatch> {
-    // SAFETY: a map value, read during this run only.
-    let hint = unsafe { WALK_HINTS.get(key) }?;
     // Volatile reads: each field is read once, and what is checked is what
     // is sealed and sent.
     // SAFETY: fields of a map value.
@@ -1821,8 +1823,11 @@ fn unpark(next: *mut task_struct, now: u64) {
                         if (*out).flags & wait_flags::HINT_MATCHED == 0
                             && (*out).stack_len != 0
                             && global_u8(&BRIEF_RECORDS) != 0
+                            && let key = hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp)
+                            && let Some(hint) = WALK_HINTS.get(key)
                             && let Some(found) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
-                                hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp),
+                                hint,
+                                key,
                                 (*out).tid,
                                 (*out).stack.as_ptr(),
                                 (*out).stack_len,
