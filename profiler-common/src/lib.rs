@@ -665,14 +665,28 @@ pub struct WaitHead {
 /// a stack copy. Writing a copy into the ring, whose memory is cold in the
 /// writing CPU's cache, was most of a kept wait's cost; a few frames are
 /// not.
+///
+/// A record has room for `N` frames, the smallest of
+/// [`BRIEF_FRAME_CLASSES`] that holds its walk's: the ring then carries
+/// about the bytes in use (a room for 32 frames is 352 bytes, most walks
+/// have fewer than 8), so it fills and wakes the reader no sooner than
+/// for a record of the head alone. Readers take the frames from the
+/// record's length, not from `N`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct WaitBrief {
+pub struct WaitBrief<const N: usize = WALK_HINT_WORDS> {
     pub head: WaitHead,
     /// Frames of `frames` in use: the walk's frames after `head.ip`.
     pub frames_len: u64,
-    pub frames: [u64; WALK_HINT_WORDS],
+    pub frames: [u64; N],
 }
+
+/// The rooms for frames brief wait records come in (each a power of two,
+/// the last [`WALK_HINT_WORDS`]).
+pub const BRIEF_FRAME_CLASSES: [usize; 3] = [8, 16, WALK_HINT_WORDS];
+
+/// Bytes before a brief record's frames.
+pub const BRIEF_FRAMES_OFFSET: usize = core::mem::offset_of!(WaitBrief<1>, frames);
 
 /// A kept wait or wake-up with the user stack where it happened (a copy for
 /// unwinding in the daemon, or frame-pointer frames walked by the kernel).
@@ -755,7 +769,7 @@ mod user {
     // SAFETY: as below.
     unsafe impl aya::Pod for super::WaitHead {}
     // SAFETY: as below.
-    unsafe impl aya::Pod for super::WaitBrief {}
+    unsafe impl<const N: usize> aya::Pod for super::WaitBrief<N> {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::MutexDelay {}
     // SAFETY: as below.

@@ -14,10 +14,10 @@ use anyhow::{Context, Result, bail};
 use aya::Pod;
 use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
 use profiler_common::{
-    HeapAlloc, HeapFree, ImageAnchors, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH,
-    OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
-    WALK_HINT_WORDS, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey, counter, heap_event,
-    proc_event, unwind_mode, wait_event, wait_flags,
+    BRIEF_FRAMES_OFFSET, HeapAlloc, HeapFree, ImageAnchors, MAX_STACK_DEPTH, MutexDelay,
+    OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, SHORT_STACK_BYTES,
+    STACK_COPY_BYTES, StackSample, WALK_HINT_WORDS, WaitBrief, WaitHead, WaitStack, WalkHint,
+    WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
 };
 use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 use tokio::signal::unix::{SignalKind, signal};
@@ -543,6 +543,22 @@ fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
     Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
 }
 
+/// The frames of a brief wait record, which is as long as its room for
+/// them (`BRIEF_FRAME_CLASSES`); None when the record is shorter than
+/// the frames it says it holds, or holds more than a walk hint has.
+fn brief_frames(item: &[u8]) -> Option<&[u64]> {
+    let len = read_record::<u64>(item.get(std::mem::offset_of!(WaitBrief, frames_len)..)?)?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&n| n <= WALK_HINT_WORDS)?;
+    let bytes = item.get(BRIEF_FRAMES_OFFSET..BRIEF_FRAMES_OFFSET + len * 8)?;
+    if bytes.as_ptr().align_offset(std::mem::align_of::<u64>()) != 0 {
+        return None;
+    }
+    // SAFETY: length and alignment checked; any bytes are valid u64s.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<u64>(), len) })
+}
+
 /// The kernel frames a record holds, if any.
 fn kernel_stack(frames: &[u64]) -> Stack {
     match frames {
@@ -892,10 +908,10 @@ fn read_wait_events(
         // instead of a copy.
         let (stack, frames, frames_len): (&[u8], &[u64], u64) =
             if head.flags & wait_flags::BRIEF != 0 {
-                let Some(event) = record::<WaitBrief>(&item) else {
+                let Some(frames) = brief_frames(&item) else {
                     continue;
                 };
-                (&[], &event.frames, event.frames_len)
+                (&[], frames, frames.len() as u64)
             } else {
                 let Some(event) = record::<WaitStack>(&item) else {
                     continue;
@@ -1751,5 +1767,56 @@ mod tests {
             vec![frame(&["leaf"]), frame(&[])]
         });
         assert_eq!(out.last().unwrap().lines[0].function, "[truncated]");
+    }
+
+    /// A brief record as the kernel sends it: its room for frames, the
+    /// frames in use first, in 8-byte-aligned memory as ring records are.
+    fn brief_record<const N: usize>(frames: &[u64]) -> Vec<u64> {
+        let mut record = WaitBrief::<N> {
+            // SAFETY: plain data, any bytes valid.
+            head: unsafe { std::mem::zeroed() },
+            frames_len: frames.len() as u64,
+            frames: [0xdead; N],
+        };
+        record.frames[..frames.len()].copy_from_slice(frames);
+        let words = std::mem::size_of::<WaitBrief<N>>() / 8;
+        // SAFETY: repr(C) of u64-aligned fields, read as words.
+        unsafe { std::slice::from_raw_parts((&raw const record).cast::<u64>(), words) }.to_vec()
+    }
+
+    fn bytes(words: &[u64]) -> &[u8] {
+        // SAFETY: the words' own memory.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) }
+    }
+
+    #[test]
+    fn brief_records_are_read_by_their_length_in_every_room() {
+        let frames: Vec<u64> = (1..=32).map(|i| 0x4000 + i).collect();
+        for n in [0, 1, 8] {
+            let r = brief_record::<8>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+            assert_eq!(bytes(&r).len(), BRIEF_FRAMES_OFFSET + 8 * 8);
+        }
+        for n in [9, 16] {
+            let r = brief_record::<16>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+        }
+        for n in [17, 32] {
+            let r = brief_record::<32>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+        }
+    }
+
+    #[test]
+    fn brief_records_shorter_than_their_frames_are_refused() {
+        let frames: Vec<u64> = (1..=9).collect();
+        let mut r = brief_record::<16>(&frames);
+        // Nine frames said, eight frames' room.
+        r.truncate(BRIEF_FRAMES_OFFSET / 8 + 8);
+        assert_eq!(brief_frames(bytes(&r)), None);
+        let mut r = brief_record::<32>(&frames);
+        r[BRIEF_FRAMES_OFFSET / 8 - 1] = WALK_HINT_WORDS as u64 + 1;
+        assert_eq!(brief_frames(bytes(&r)), None);
+        assert_eq!(brief_frames(&bytes(&r)[..BRIEF_FRAMES_OFFSET - 1]), None);
     }
 }

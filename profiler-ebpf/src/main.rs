@@ -44,16 +44,16 @@ use aya_ebpf::{
 };
 use klog::{klog, why};
 use profiler_common::{
-    ANCHOR_FRAMES, ANCHOR_WINDOW_NS, BuildIdFrame, COMM_LEN, COND_BYTES, COUNTS_ENTRIES, CondWait,
-    FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker, GO_PARKED_ENTRIES, GoPark,
-    HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HINT_SEAL_SEED, HeapAlloc,
-    HeapFree, HeapThread, ImageAnchors, LiveKey as FutexKey, LiveKey, MAX_STACK_DEPTH, MutexDelay,
-    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES, OffcpuRecord,
-    PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
-    STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey, Stack,
-    StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS, WALK_HINT_WORDS,
-    WALK_HINTS_ENTRIES, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey, alloc_fn, control,
-    counter, futex_call, futex_op, go_fn, heap_event, hint_mix, proc_event,
+    ANCHOR_FRAMES, ANCHOR_WINDOW_NS, BRIEF_FRAME_CLASSES, BuildIdFrame, COMM_LEN, COND_BYTES,
+    COUNTS_ENTRIES, CondWait, FORKED_ENTRIES, FUTEX_WAKERS_ENTRIES, FutexCall, FutexWaker,
+    GO_PARKED_ENTRIES, GoPark, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES,
+    HINT_SEAL_SEED, HeapAlloc, HeapFree, HeapThread, ImageAnchors, LiveKey as FutexKey, LiveKey,
+    MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES,
+    OffcpuRecord, PROC_EVENTS_BYTES, ProcEvent, SEEN_ENTRIES, SHORT_STACK_BYTES, STACK_COPY_BYTES,
+    STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACK_TOPS_ENTRIES, STACKS_ENTRIES, SampleKey,
+    Stack, StackHash, StackSample, TARGETS_ENTRIES, WAIT_EVENTS_BYTES, WAKER_TIME_SLOTS,
+    WALK_HINT_WORDS, WALK_HINTS_ENTRIES, WaitBrief, WaitHead, WaitStack, WalkHint, WalkHintKey,
+    alloc_fn, control, counter, futex_call, futex_op, go_fn, heap_event, hint_mix, proc_event,
     sampling::{keep_block_event, keep_mutex_event, next_sample_distance},
     unwind_mode, wait_event, wait_flags,
 };
@@ -1397,26 +1397,25 @@ fn send_wait_stack(
     {
         head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
         head.hint_id = found.id;
-        let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief>(0) else {
+        // The smallest room that holds the frames (BRIEF_FRAME_CLASSES).
+        // SAFETY: the scratch frames were written by hinted_walk above,
+        // found.frames of them.
+        let sent = unsafe {
+            if found.frames as usize <= BRIEF_FRAME_CLASSES[0] {
+                send_brief::<{ BRIEF_FRAME_CLASSES[0] }>(&head, scratch, found.frames)
+            } else if found.frames as usize <= BRIEF_FRAME_CLASSES[1] {
+                send_brief::<{ BRIEF_FRAME_CLASSES[1] }>(&head, scratch, found.frames)
+            } else {
+                send_brief::<{ BRIEF_FRAME_CLASSES[2] }>(&head, scratch, found.frames)
+            }
+        };
+        if sent {
+            count(counter::BRIEF_RECORDS);
+            klog!(why::BRIEF_SENT, tgid, tid, found.frames, found.id, sp);
+        } else {
             count(counter::WAIT_EVENTS_LOST);
             klog!(why::BRIEF_LOST, tgid, tid, kind);
-            return;
-        };
-        let out = entry.as_mut_ptr();
-        // SAFETY: the entry is ours until submitted; the scratch frames
-        // were written by hinted_walk above, found.frames of them.
-        unsafe {
-            (*out).head = head;
-            (*out).frames_len = u64::from(found.frames);
-            copy_frames(
-                (*out).frames.as_mut_ptr(),
-                (*scratch).frames.as_ptr(),
-                found.frames,
-            );
         }
-        count(counter::BRIEF_RECORDS);
-        klog!(why::BRIEF_SENT, tgid, tid, found.frames, found.id, sp);
-        entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
         return;
     }
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
@@ -1599,14 +1598,36 @@ unsafe fn matching_walk_hint<const N: usize>(
 
 /// Copies `n` (at most WALK_HINT_WORDS) frames.
 #[inline(always)]
-unsafe fn copy_frames(dst: *mut u64, src: *const u64, n: u32) {
-    for i in 0..WALK_HINT_WORDS {
+unsafe fn copy_frames<const N: usize>(dst: *mut u64, src: *const u64, n: u32) {
+    for i in 0..N {
         if i as u32 >= n {
             break;
         }
-        // SAFETY: both hold WALK_HINT_WORDS frames.
+        // SAFETY: the caller's buffers hold N frames.
         unsafe { *dst.add(i) = *src.add(i) };
     }
+}
+
+/// Sends a brief wait record with room for N frames, the first `n` of
+/// the scratch buffer's (n <= N). False when the ring is full.
+///
+/// # Safety
+/// `scratch` is this CPU's scratch buffer, its first `n` frames written.
+#[inline(always)]
+unsafe fn send_brief<const N: usize>(head: &WaitHead, scratch: *const HintScratch, n: u32) -> bool {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief<N>>(0) else {
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; the scratch buffer holds
+    // WALK_HINT_WORDS >= N frames.
+    unsafe {
+        (*out).head = *head;
+        (*out).frames_len = u64::from(n);
+        copy_frames::<N>((*out).frames.as_mut_ptr(), (*scratch).frames.as_ptr(), n);
+    }
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+    true
 }
 
 /// Records the current thread's user stack for an event: a copy of up to
@@ -1782,7 +1803,7 @@ unsafe fn parked_hint_match(key: WalkHintKey, record: *mut OffcpuRecord) -> Opti
     // SAFETY: this CPU's scratch buffer; the record is the caller's.
     unsafe {
         let found = hinted_walk(key, (*record).tid, scratch)?;
-        copy_frames(
+        copy_frames::<WALK_HINT_WORDS>(
             (*record).frames.as_mut_ptr(),
             (*scratch).frames.as_ptr(),
             found.frames,

@@ -48,6 +48,8 @@ struct Setup {
     rounds: u32,
     /// 0: every round visits every site.
     phase_ms: u32,
+    /// Frames of `descend` added between each thread's root and its waits.
+    depth: u32,
     /// Config file text (`[limits]`, `[debug]`), if any.
     config: &'static str,
 }
@@ -78,6 +80,8 @@ fn profile(setup: &Setup) -> Run {
             setup.threads.to_string(),
             "--phase-ms".to_string(),
             setup.phase_ms.to_string(),
+            "--depth".to_string(),
+            setup.depth.to_string(),
         ],
     );
     workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
@@ -284,6 +288,7 @@ fn sites_sharing_registers_keep_their_stacks_across_windows() {
         threads: 2,
         rounds: 220,
         phase_ms: 700,
+        depth: 0,
         config: "",
     });
     run.check("rate 2.5 ms, 2 threads, sites changing every 0.7 s");
@@ -305,6 +310,7 @@ fn waits_below_the_rate_are_rescaled_per_site() {
         threads: 4,
         rounds: 160,
         phase_ms: 0,
+        depth: 0,
         config: "",
     })
     .check("rate 4 ms, every wait below it, 4 threads");
@@ -318,6 +324,7 @@ fn waits_above_the_rate_are_all_kept() {
         threads: 1,
         rounds: 60,
         phase_ms: 0,
+        depth: 0,
         config: "",
     })
     .check("rate 0.5 ms, every wait above it");
@@ -334,6 +341,7 @@ fn a_memo_smaller_than_the_walks_in_play_loses_no_stack() {
         threads: 2,
         rounds: 150,
         phase_ms: 0,
+        depth: 0,
         config: "[limits]\nwalk_memo_entries = 1\n",
     });
     run.check("rate 2.5 ms, a memo of 1 walk");
@@ -348,6 +356,43 @@ fn a_memo_smaller_than_the_walks_in_play_loses_no_stack() {
     );
 }
 
+/// Brief records come in rooms for 8, 16 and 32 frames, each as long as
+/// the walk it carries needs. Waits on two threads at the sites (a walk
+/// of 7 frames: the 8-frame room), on the main thread 5 frames of
+/// `descend` deeper (14: the 16-frame room), and 12 deeper (a walk that
+/// reads more stack words than a hint holds: full records) must all
+/// arrive whole, every `descend` frame in its place.
+#[test]
+fn brief_records_of_every_length_keep_their_frames() {
+    for (threads, depth, brief_expected) in [(2, 0, true), (1, 5, true), (1, 12, false)] {
+        let run = profile(&Setup {
+            rate: "500us",
+            threads,
+            rounds: 40,
+            phase_ms: 0,
+            depth,
+            config: "",
+        });
+        let what = format!("rate 0.5 ms, {threads} threads, waits {depth} frames deeper");
+        run.check(&what);
+        let brief = run.counter("brief_records");
+        let descend = depth as usize + 1;
+        let wrong: Vec<String> = [&run.block, &run.offcpu]
+            .into_iter()
+            .flatten()
+            .filter(|s| SITES.iter().any(|site| s.has_function(site)))
+            .filter(|s| s.frames.iter().filter(|f| f.function == "descend").count() != descend)
+            .take(3)
+            .map(FlatSample::stack_text)
+            .collect();
+        assert!(
+            (brief > 0) == brief_expected && wrong.is_empty(),
+            "{what}: {brief} brief records (expected some: {brief_expected}); stacks without {descend} descend frames: {wrong:#?}{}",
+            run.diag()
+        );
+    }
+}
+
 /// The same workload with every stack optimization on and off: each run
 /// within the bounds of the truth, and the two runs' per-site delays
 /// within sampling noise of each other. Off, no record is brief, short or
@@ -359,6 +404,7 @@ fn stack_optimizations_do_not_change_the_answer() {
         threads: 2,
         rounds: 150,
         phase_ms: 0,
+        depth: 0,
         config,
     };
     let on = profile(&setup(""));

@@ -13,6 +13,7 @@
  * around the system call) and tallied per site and thread.
  *
  * usage: wait_sites [--wait-stdin] [--rounds N] [--threads T] [--phase-ms P]
+ *                   [--depth D]
  *   --wait-stdin  print "ready pid=P", then read one byte (or EOF) from
  *                 stdin before waiting, so that a profiler can attach first
  *   --rounds N    rounds per thread (default 100); a round makes 6 waits
@@ -23,6 +24,9 @@
  *                 leaves one site out in turn (a, then b, then c), so
  *                 that a window holds some sites and not others
  *                 (default 0: every round visits every site)
+ *   --depth D     every round is called through D more frames of
+ *                 `descend` (default 0), so that walks of every length
+ *                 the profiler treats apart can be had
  *
  * Output on stdout, line buffered, after the work:
  *   site NAME wait_ns W waits N total_ns T min_ns A max_ns Z
@@ -54,6 +58,7 @@ struct worker {
     pthread_t thread;
     long rounds;
     long phase_ms;
+    long depth;
     struct tally tallies[N_SITES];
 };
 
@@ -138,6 +143,19 @@ NOINLINE void round_of_waits(struct worker *w, int skip)
                 sites[s].wait(&w->tallies[s]);
 }
 
+/* D frames more between the thread's root and its round of waits; the
+ * call is not in tail position, so each level keeps its frame. */
+NOINLINE int descend(struct worker *w, int skip, long d)
+{
+    if (d > 0) {
+        int r = descend(w, skip, d - 1);
+        __asm__ volatile("" ::: "memory");
+        return r;
+    }
+    round_of_waits(w, skip);
+    return 0;
+}
+
 static void *run(void *arg)
 {
     struct worker *w = arg;
@@ -146,7 +164,7 @@ static void *run(void *arg)
         int skip = -1;
         if (w->phase_ms > 0)
             skip = (int)(((clock_ns(CLOCK_MONOTONIC) - start) / (w->phase_ms * MS)) % N_SITES);
-        round_of_waits(w, skip);
+        descend(w, skip, w->depth);
     }
     return NULL;
 }
@@ -154,7 +172,7 @@ static void *run(void *arg)
 int main(int argc, char **argv)
 {
     int wait = 0;
-    long rounds = 100, threads = 1, phase_ms = 0;
+    long rounds = 100, threads = 1, phase_ms = 0, depth = 0;
     for (int i = 1; i < argc; i++) {
         long *value = NULL;
         if (strcmp(argv[i], "--wait-stdin") == 0) {
@@ -166,12 +184,15 @@ int main(int argc, char **argv)
             value = &threads;
         } else if (strcmp(argv[i], "--phase-ms") == 0) {
             value = &phase_ms;
+        } else if (strcmp(argv[i], "--depth") == 0) {
+            value = &depth;
         }
         char *end = NULL;
         if (value == NULL || i + 1 >= argc ||
             (*value = strtol(argv[++i], &end, 10), *end != '\0') || *value < 0) {
             fprintf(stderr,
-                    "usage: %s [--wait-stdin] [--rounds N] [--threads T] [--phase-ms P]\n",
+                    "usage: %s [--wait-stdin] [--rounds N] [--threads T] [--phase-ms P] "
+                    "[--depth D]\n",
                     argv[0]);
             return 2;
         }
@@ -193,6 +214,7 @@ int main(int argc, char **argv)
     for (long t = 0; t < threads; t++) {
         workers[t].rounds = rounds;
         workers[t].phase_ms = phase_ms;
+        workers[t].depth = depth;
     }
     if (threads == 1) {
         run(&workers[0]);
