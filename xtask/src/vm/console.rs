@@ -50,14 +50,16 @@ impl Markers {
         format!("@@profilerd-vm-end-{}-status=", self.nonce)
     }
 
-    /// Whether a console line is the closing marker.
+    /// Whether a console line holds the closing marker.
     pub fn is_end(&self, line: &str) -> bool {
-        clean(line).starts_with(&self.end_prefix())
+        line.contains(&self.end_prefix())
     }
 
-    /// Whether a console line is the opening marker.
+    /// Whether a console line holds the opening marker. A marker need not
+    /// start its line: the firmware's screen resets and kernel messages
+    /// share the serial line with init's output.
     pub fn is_begin(&self, line: &str) -> bool {
-        clean(line) == self.begin()
+        line.contains(&self.begin())
     }
 
     /// The command's output and status out of the whole console log.
@@ -69,13 +71,15 @@ impl Markers {
         for raw in console.lines() {
             let line = clean(raw);
             if !started {
-                started = line == begin;
+                started = line.contains(&begin);
                 continue;
             }
-            if let Some(rest) = line.strip_prefix(&end) {
+            if let Some((before, rest)) = line.split_once(&end) {
                 let Some(status) = rest.strip_suffix("@@").and_then(|s| s.parse().ok()) else {
                     bail!("the VM's closing marker is malformed: {line:?}");
                 };
+                // Output without a final newline ends on the marker's line.
+                output.push_str(before);
                 return Ok(Finished { output, status });
             }
             output.push_str(line);
@@ -139,6 +143,22 @@ mod tests {
                 status: 3
             }
         );
+    }
+
+    #[test]
+    fn markers_inside_lines() {
+        let m = markers();
+        // SeaBIOS's screen reset has no newline; a command's last line may
+        // lack one.
+        let console = format!(
+            "Booting from ROM...\r\n\u{1b}c\u{1b}[2J{}\r\nline\r\nno newline{}0@@\r\n",
+            m.begin(),
+            m.end_prefix()
+        );
+        let got = m.parse(&console).unwrap();
+        assert_eq!(got.output, "line\nno newline");
+        assert!(m.is_begin(&format!("\u{1b}[2J{}\r\n", m.begin())));
+        assert!(m.is_end(&format!("x{}0@@", m.end_prefix())));
     }
 
     #[test]

@@ -13,7 +13,8 @@ mod smoke;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -23,8 +24,9 @@ use kernel::Kernel;
 
 #[derive(Args)]
 pub struct VmArgs {
-    /// The kernel to boot: 6.1 or 6.12 (for --smoke, every kernel when
-    /// omitted).
+    /// The kernel to boot: 6.1 or 6.12; for --smoke also `host` (this
+    /// machine's kernel, no VM), and every kernel then the host's when
+    /// omitted.
     #[arg(long)]
     kernel: Option<String>,
     /// Run each profile type system-wide for a few seconds over a static
@@ -60,11 +62,12 @@ pub fn run(root: &Path, args: VmArgs) -> Result<()> {
                 args.command.join(" ")
             );
         }
-        let kernels = match &args.kernel {
-            Some(name) => vec![kernel::by_name(name)?],
-            None => kernel::KERNELS.to_vec(),
+        let targets = match args.kernel.as_deref() {
+            Some(HOST) => vec![Target::Host],
+            Some(name) => vec![Target::Vm(kernel::by_name(name)?)],
+            None => all_targets(),
         };
-        return smoke_all(root, &kernels, &args);
+        return smoke_all(root, &targets, &args);
     }
     let Some(name) = &args.kernel else {
         bail!("name the kernel: --kernel 6.1 or --kernel 6.12");
@@ -94,6 +97,22 @@ pub fn run(root: &Path, args: VmArgs) -> Result<()> {
     std::process::exit(outcome.finished.status.clamp(0, 255));
 }
 
+/// `--kernel host`: the smoke on this machine's kernel, without a VM.
+const HOST: &str = "host";
+
+/// Where a smoke runs.
+enum Target {
+    Vm(Kernel),
+    Host,
+}
+
+/// Every kernel of the matrix, then the host's for comparison.
+fn all_targets() -> Vec<Target> {
+    let mut targets: Vec<Target> = kernel::KERNELS.iter().copied().map(Target::Vm).collect();
+    targets.push(Target::Host);
+    targets
+}
+
 /// The matrix for `cargo xtask test --kernels`: the smoke on every kernel.
 pub fn matrix(root: &Path) -> Result<()> {
     let args = VmArgs {
@@ -104,46 +123,61 @@ pub fn matrix(root: &Path) -> Result<()> {
         console: false,
         command: Vec::new(),
     };
-    smoke_all(root, kernel::KERNELS, &args)
+    smoke_all(root, &all_targets(), &args)
 }
 
-/// The smoke on each of `kernels`, a table each; fails after the last if any
+/// The smoke on each target, a table each; fails after the last if any
 /// profile type did not write samples on any of them.
-fn smoke_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
+fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
     prepare()?;
     let script = smoke::script(args.seconds);
     let mut failing = Vec::new();
-    for kernel in kernels {
-        let fetched = kernel.fetch(root)?;
-        let outcome = boot(
-            root,
-            kernel,
-            &fetched,
-            "sh /smoke.sh",
-            &[("/smoke.sh".to_string(), script.clone())],
-            args,
-            false,
-        )?;
-        let log = root.join(format!("target/vm/smoke-{}.log", kernel.name));
-        fs::write(&log, &outcome.finished.output)
-            .with_context(|| format!("writing {}", log.display()))?;
-        let results = smoke::parse(&outcome.finished.output);
-        println!(
-            "\nLinux {} ({} {}): booted in {:.1} s, smoke {:.1} s in all; log in {}\n",
-            kernel.name,
-            kernel.package,
-            kernel.version,
-            outcome.boot.as_secs_f64(),
-            outcome.total.as_secs_f64(),
-            log.display()
-        );
-        println!("{}\n", config_summary(&fetched)?);
+    for target in targets {
+        let (name, output, status, heading) = match target {
+            Target::Vm(kernel) => {
+                let fetched = kernel.fetch(root)?;
+                let outcome = boot(
+                    root,
+                    kernel,
+                    &fetched,
+                    "sh /smoke.sh",
+                    &[("/smoke.sh".to_string(), script.clone())],
+                    args,
+                    false,
+                )?;
+                let heading = format!(
+                    "Linux {} ({} {}): booted in {:.1} s, smoke {:.1} s in all\n{}",
+                    kernel.name,
+                    kernel.package,
+                    kernel.version,
+                    outcome.boot.as_secs_f64(),
+                    outcome.total.as_secs_f64(),
+                    config_summary(&fetched)?
+                );
+                let finished = outcome.finished;
+                (kernel.name, finished.output, finished.status, heading)
+            }
+            Target::Host => {
+                let started = Instant::now();
+                let (output, status) = smoke_on_host(root, &script)?;
+                let release = crate::output(Command::new("uname").arg("-r")).unwrap_or_default();
+                let heading = format!(
+                    "host (Linux {}): smoke {:.1} s in all",
+                    release.trim(),
+                    started.elapsed().as_secs_f64()
+                );
+                (HOST, output, status, heading)
+            }
+        };
+        let log = root.join(format!("target/vm/smoke-{name}.log"));
+        fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
+        let results = smoke::parse(&output);
+        println!("\n{heading}\nlog: {}\n", log.display());
         print!("{}", smoke::table(&results));
         let working = results.iter().filter(|r| r.works()).count();
-        if working < smoke::PROFILE_TYPES.len() || outcome.finished.status != 0 {
+        if working < smoke::PROFILE_TYPES.len() || status != 0 {
             failing.push(format!(
-                "{}: {working} of {} profile types wrote samples",
-                kernel.name,
+                "{name}: {working} of {} profile types wrote samples",
                 smoke::PROFILE_TYPES.len()
             ));
         }
@@ -152,6 +186,38 @@ fn smoke_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
         bail!("kernel matrix: {}", failing.join("; "));
     }
     Ok(())
+}
+
+/// Runs the smoke script here, with the same profilerd and static workload
+/// as in the VM, in a scratch directory; its output and exit status.
+fn smoke_on_host(root: &Path, script: &str) -> Result<(String, i32)> {
+    initramfs::build_workloads(root)?;
+    let vm_dir = root.join("target/vm");
+    let scratch = tempfile::Builder::new()
+        .prefix("smoke-")
+        .tempdir_in(&vm_dir)
+        .context("creating a scratch directory")?;
+    let path = std::env::join_paths(
+        [root.join("target/release"), vm_dir.join("workloads")]
+            .into_iter()
+            .chain(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            )),
+    )?;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(scratch.path())
+        .env("PATH", path)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the smoke on the host")?;
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code().unwrap_or(1),
+    ))
 }
 
 /// What every boot needs: the VM's tools installed and profilerd built.

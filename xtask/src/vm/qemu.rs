@@ -125,6 +125,10 @@ pub fn run(boot: &Boot, markers: &Markers) -> Result<Outcome> {
                     in_command = true;
                 } else if markers.is_end(&line) {
                     in_command = false;
+                    let before = line.split(&markers.end_prefix()).next().unwrap_or("");
+                    if boot.echo_output && !boot.echo_console && !before.is_empty() {
+                        println!("{before}");
+                    }
                 } else if in_command && boot.echo_output && !boot.echo_console {
                     println!("{}", clean(&line));
                 }

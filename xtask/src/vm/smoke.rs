@@ -13,8 +13,10 @@ pub const PROFILE_TYPES: &[&str] = &["cpu", "heap", "block", "mutex", "offcpu"];
 /// contended mutex at once.
 const WORKLOAD: &str = "mixed";
 
-/// The script the VM runs: the workload in the background, then profilerd
-/// once per type, each between lines the host finds again.
+/// The script the smoke runs: the workload in the background, then
+/// profilerd once per type, each between lines the host finds again,
+/// writing into the current directory (the VM's /tmp, or a scratch
+/// directory on the host).
 pub fn script(seconds: u32) -> String {
     let mut s = String::from("#!/bin/sh\n");
     // Longer than every run together; killed at the end.
@@ -24,10 +26,10 @@ pub fn script(seconds: u32) -> String {
     let _ = writeln!(
         s,
         "  profilerd --profiles \"$type\" --duration {seconds}s --interval {seconds}s \
-         --output-dir \"/tmp/profiles-$type\" 2>&1"
+         --output-dir \"profiles-$type\" 2>&1"
     );
     s.push_str("  rc=$?\n");
-    s.push_str("  files=$(ls \"/tmp/profiles-$type\" 2>/dev/null | grep -c '\\.pb\\.gz$')\n");
+    s.push_str("  files=$(ls \"profiles-$type\" 2>/dev/null | grep -c '\\.pb\\.gz$')\n");
     s.push_str("  echo \"@@smoke $type end exit=$rc files=$files\"\n");
     s.push_str("done\nkill $load\n");
     s
@@ -171,12 +173,8 @@ pub fn table(results: &[TypeResult]) -> String {
             Some(_) => "refused",
             None => "?",
         };
-        let note = r
-            .error
-            .as_deref()
-            .or(r.warning.as_deref())
-            .unwrap_or("")
-            .replace('|', "\\|");
+        let note =
+            short(r.error.as_deref().or(r.warning.as_deref()).unwrap_or("")).replace('|', "\\|");
         let _ = writeln!(
             s,
             "| {} | {started} | {} | {} | {} | {} | {note} |",
@@ -188,6 +186,26 @@ pub fn table(results: &[TypeResult]) -> String {
         );
     }
     s
+}
+
+/// An error or warning short enough for a table cell. A verifier log (one
+/// line in profilerd's error) keeps what precedes it and its end, where the
+/// verifier says why it refused; anything else is cut at 200 characters.
+fn short(note: &str) -> String {
+    const TAIL: usize = 110;
+    if let Some((head, log)) = note.split_once(" Verifier output: ") {
+        let log = log.split(" verification time").next().unwrap_or(log);
+        let cut = log
+            .char_indices()
+            .map(|(i, _)| i)
+            .find(|&i| log.len() - i <= TAIL)
+            .unwrap_or(0);
+        return format!("{head} Verifier: …{}", &log[cut..]);
+    }
+    match note.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &note[..i]),
+        None => note.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +277,23 @@ profilerd: loading sys_enter_futex_wait: sys_enter_futex_wait/id: No such file o
         assert!(s.contains("for type in cpu heap block mutex offcpu; do"));
         assert!(s.contains("--duration 3s --interval 3s"));
         assert!(s.contains("@@smoke $type end exit=$rc files=$files"));
+    }
+
+    #[test]
+    fn notes_keep_the_verifiers_reason() {
+        let error = "eBPF program sched_switch: the BPF_PROG_LOAD syscall returned Permission denied \
+                     (os error 13). Verifier output: 0: R1=ctx() R10=fp0 ; a long log 306: (85) \
+                     call bpf_probe_read_kernel#113 R2 min value is negative, either use unsigned \
+                     or 'var &= const' verification time 213225 usec stack depth 288";
+        let note = short(error);
+        assert!(note.starts_with("eBPF program sched_switch: "), "{note}");
+        assert!(
+            note.ends_with("R2 min value is negative, either use unsigned or 'var &= const'"),
+            "{note}"
+        );
+        assert!(!note.contains("R1=ctx"), "{note}");
+        assert_eq!(short("brief"), "brief");
+        assert_eq!(short(&"é".repeat(300)).chars().count(), 201);
     }
 
     #[test]
