@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench|bench-kernel-log|fuzz|soak`.
+//! Project tasks: `cargo xtask setup|build|run|test|bench|bench-kernel-log|fuzz|soak|vm`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -14,6 +14,7 @@ mod deploy_check;
 mod empty_uprobe;
 mod fuzz;
 mod soak;
+mod vm;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -47,6 +48,10 @@ enum Task {
         /// Skip fmt and clippy.
         #[arg(long)]
         quick: bool,
+        /// Then run the kernel matrix: `vm --smoke` on every kernel of it
+        /// (opt-in while profile types fail on the older kernels).
+        #[arg(long)]
+        kernels: bool,
     },
     /// Check deploy/: systemd-analyze verify on the unit, the Kubernetes
     /// manifests against the schemas (also part of `test`).
@@ -67,6 +72,11 @@ enum Task {
     /// steady load for --minutes and judge its memory growth after warm-up
     /// (writes target/soak.md).
     Soak(soak::SoakArgs),
+    /// Boot Debian's 6.1 or 6.12 cloud kernel under QEMU (TCG) with
+    /// profilerd and the static workloads in an initramfs, and run a
+    /// command there (exit status passed on) or, with --smoke, each profile
+    /// type briefly.
+    Vm(vm::VmArgs),
 }
 
 fn main() -> Result<()> {
@@ -87,9 +97,13 @@ fn main() -> Result<()> {
                 .with_context(|| format!("running {}", bin.display()))?;
             std::process::exit(status.code().unwrap_or(1));
         }
-        Task::Test { quick } => {
+        Task::Test { quick, kernels } => {
             setup(true)?;
-            test(quick)
+            test(quick)?;
+            if kernels {
+                vm::matrix(&root())?;
+            }
+            Ok(())
         }
         Task::CheckDeploy => {
             setup(true)?;
@@ -115,6 +129,7 @@ fn main() -> Result<()> {
             build(true)?;
             soak::run(&root(), args)
         }
+        Task::Vm(args) => vm::run(&root(), args),
     }
 }
 
@@ -223,17 +238,25 @@ fn setup(for_tests: bool) -> Result<()> {
             packages.push("libjemalloc-dev");
         }
     }
-    if !packages.is_empty() {
-        run(Command::new("apt-get").arg("update").arg("-qq"))?;
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
+    apt_install(&packages)?;
     if for_tests {
         deploy_check::setup(&root())?;
     }
     Ok(())
+}
+
+/// Installs the Debian `packages` (none: does nothing), refreshing the
+/// package lists first. Callers pass only what they found missing, so that a
+/// machine with everything runs no apt at all.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    run(Command::new("apt-get").arg("update").arg("-qq"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 /// The property tests' seed in `cargo xtask test` (see there).

@@ -1,0 +1,314 @@
+//! `cargo xtask vm`: runs a command, or the profile-type smoke, inside QEMU
+//! on the LTS kernels fleets run (Debian's 6.1 and 6.12 cloud kernels), so
+//! that what profilerd does there can be seen from any machine. This module
+//! owns the command line, what the VM needs installed and the order of the
+//! steps; the kernels, the initramfs, the boot, the console protocol and
+//! the smoke each have their own module.
+
+mod console;
+mod initramfs;
+mod kernel;
+mod qemu;
+mod smoke;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use console::Markers;
+use kernel::Kernel;
+
+#[derive(Args)]
+pub struct VmArgs {
+    /// The kernel to boot: 6.1 or 6.12; for --smoke also `host` (this
+    /// machine's kernel, no VM), and every kernel then the host's when
+    /// omitted.
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Run each profile type system-wide for a few seconds over a static
+    /// workload and report what profilerd did (exit 1 unless every type
+    /// wrote samples).
+    #[arg(long)]
+    smoke: bool,
+    /// How long each profile type runs in the smoke.
+    #[arg(long, default_value_t = 3, value_name = "SECONDS")]
+    seconds: u32,
+    /// Deadline for one boot, from starting QEMU to its power-off.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    timeout: u64,
+    /// Also show the whole serial console (kernel messages) on stderr.
+    #[arg(long)]
+    console: bool,
+    /// The command to run in the VM, with its arguments (profilerd and
+    /// busybox are on the PATH, the static workloads in /workloads).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<String>,
+}
+
+/// Runs `cargo xtask vm`. A command's exit status becomes the task's.
+pub fn run(root: &Path, args: VmArgs) -> Result<()> {
+    if args.smoke {
+        if !args.command.is_empty() {
+            bail!(
+                "--smoke runs its own command; drop {:?}",
+                args.command.join(" ")
+            );
+        }
+        let targets = match args.kernel.as_deref() {
+            Some(HOST) => vec![Target::Host],
+            Some(name) => vec![Target::Vm(kernel::by_name(name)?)],
+            None => all_targets(),
+        };
+        return smoke_all(root, &targets, &args);
+    }
+    let Some(name) = &args.kernel else {
+        bail!("name the kernel: --kernel 6.1 or --kernel 6.12");
+    };
+    let kernel = kernel::by_name(name)?;
+    if args.command.is_empty() {
+        bail!("give a command to run in the VM (after --), or --smoke");
+    }
+    prepare()?;
+    let fetched = kernel.fetch(root)?;
+    let outcome = boot(
+        root,
+        &kernel,
+        &fetched,
+        &console::shell_command(&args.command),
+        &[],
+        &args,
+        true,
+    )?;
+    eprintln!(
+        "Linux {}: exit status {} (booted in {:.1} s, {:.1} s in all)",
+        kernel.name,
+        outcome.finished.status,
+        outcome.boot.as_secs_f64(),
+        outcome.total.as_secs_f64()
+    );
+    std::process::exit(outcome.finished.status.clamp(0, 255));
+}
+
+/// `--kernel host`: the smoke on this machine's kernel, without a VM.
+const HOST: &str = "host";
+
+/// Where a smoke runs.
+enum Target {
+    Vm(Kernel),
+    Host,
+}
+
+/// Every kernel of the matrix, then the host's for comparison.
+fn all_targets() -> Vec<Target> {
+    let mut targets: Vec<Target> = kernel::KERNELS.iter().copied().map(Target::Vm).collect();
+    targets.push(Target::Host);
+    targets
+}
+
+/// The matrix for `cargo xtask test --kernels`: the smoke on every kernel.
+pub fn matrix(root: &Path) -> Result<()> {
+    let args = VmArgs {
+        kernel: None,
+        smoke: true,
+        seconds: 3,
+        timeout: 300,
+        console: false,
+        command: Vec::new(),
+    };
+    smoke_all(root, &all_targets(), &args)
+}
+
+/// The smoke on each target, a table each; fails after the last if any
+/// profile type did not write samples on any of them.
+fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
+    prepare()?;
+    let script = smoke::script(args.seconds);
+    let mut failing = Vec::new();
+    for target in targets {
+        let (name, output, status, heading) = match target {
+            Target::Vm(kernel) => {
+                let fetched = kernel.fetch(root)?;
+                let outcome = boot(
+                    root,
+                    kernel,
+                    &fetched,
+                    "sh /smoke.sh",
+                    &[("/smoke.sh".to_string(), script.clone())],
+                    args,
+                    false,
+                )?;
+                let heading = format!(
+                    "Linux {} ({} {}): booted in {:.1} s, smoke {:.1} s in all\n{}",
+                    kernel.name,
+                    kernel.package,
+                    kernel.version,
+                    outcome.boot.as_secs_f64(),
+                    outcome.total.as_secs_f64(),
+                    config_summary(&fetched)?
+                );
+                let finished = outcome.finished;
+                (kernel.name, finished.output, finished.status, heading)
+            }
+            Target::Host => {
+                let started = Instant::now();
+                let (output, status) = smoke_on_host(root, &script)?;
+                let release = crate::output(Command::new("uname").arg("-r")).unwrap_or_default();
+                let heading = format!(
+                    "host (Linux {}): smoke {:.1} s in all",
+                    release.trim(),
+                    started.elapsed().as_secs_f64()
+                );
+                (HOST, output, status, heading)
+            }
+        };
+        let log = root.join(format!("target/vm/smoke-{name}.log"));
+        fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
+        let results = smoke::parse(&output);
+        println!("\n{heading}\nlog: {}\n", log.display());
+        print!("{}", smoke::table(&results));
+        let working = results.iter().filter(|r| r.works()).count();
+        if working < smoke::PROFILE_TYPES.len() || status != 0 {
+            failing.push(format!(
+                "{name}: {working} of {} profile types wrote samples",
+                smoke::PROFILE_TYPES.len()
+            ));
+        }
+    }
+    if !failing.is_empty() {
+        bail!("kernel matrix: {}", failing.join("; "));
+    }
+    Ok(())
+}
+
+/// Runs the smoke script here, with the same profilerd and static workload
+/// as in the VM, in a scratch directory; its output and exit status.
+fn smoke_on_host(root: &Path, script: &str) -> Result<(String, i32)> {
+    initramfs::build_workloads(root)?;
+    let vm_dir = root.join("target/vm");
+    let scratch = tempfile::Builder::new()
+        .prefix("smoke-")
+        .tempdir_in(&vm_dir)
+        .context("creating a scratch directory")?;
+    let path = std::env::join_paths(
+        [root.join("target/release"), vm_dir.join("workloads")]
+            .into_iter()
+            .chain(std::env::split_paths(
+                &std::env::var_os("PATH").unwrap_or_default(),
+            )),
+    )?;
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(scratch.path())
+        .env("PATH", path)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running the smoke on the host")?;
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code().unwrap_or(1),
+    ))
+}
+
+/// What every boot needs: the VM's tools installed and profilerd built.
+fn prepare() -> Result<()> {
+    crate::setup(false)?;
+    setup()?;
+    crate::build(true)
+}
+
+/// Installs what the VM needs, if missing: QEMU, static busybox, cpio, and
+/// the static C library for the workloads.
+fn setup() -> Result<()> {
+    let mut packages = Vec::new();
+    if !crate::have(qemu::QEMU) {
+        packages.push("qemu-system-x86");
+    }
+    // Debian's `busybox` package is dynamically linked; the VM has no C
+    // library for it.
+    if !Path::new(initramfs::BUSYBOX).exists()
+        || !initramfs::is_static(Path::new(initramfs::BUSYBOX))
+    {
+        packages.push("busybox-static");
+    }
+    if !crate::have("cpio") {
+        packages.push("cpio");
+    }
+    if !Path::new("/usr/lib/x86_64-linux-gnu/libc.a").exists() {
+        packages.push("libc6-dev");
+    }
+    crate::apt_install(&packages)
+}
+
+/// Boots `kernel` with `command` (a shell command line) and `scripts` in the
+/// initramfs; the temporary files are gone when it returns.
+fn boot(
+    root: &Path,
+    kernel: &Kernel,
+    fetched: &kernel::Fetched,
+    command: &str,
+    scripts: &[(String, String)],
+    args: &VmArgs,
+    echo_output: bool,
+) -> Result<qemu::Outcome> {
+    let workloads = initramfs::build_workloads(root)?;
+    let vm_dir = root.join("target/vm");
+    fs::create_dir_all(&vm_dir)?;
+    let scratch = tempfile::Builder::new()
+        .prefix("boot-")
+        .tempdir_in(&vm_dir)
+        .context("creating a scratch directory")?;
+    let initrd: PathBuf = scratch.path().join("initrd.cpio");
+    let markers = Markers::fresh();
+    let profilerd = root.join("target/release/profilerd");
+    let size = initramfs::build(
+        &initramfs::Contents {
+            profilerd: &profilerd,
+            workloads: &workloads,
+            scripts,
+            command,
+        },
+        &markers,
+        scratch.path(),
+        &initrd,
+    )?;
+    let label = format!("Linux {}", kernel.name);
+    eprintln!(
+        "booting {label} under TCG (initramfs {:.1} MiB, timeout {} s)",
+        size as f64 / (1 << 20) as f64,
+        args.timeout
+    );
+    qemu::run(
+        &qemu::Boot {
+            label: &label,
+            vmlinuz: &fetched.vmlinuz,
+            initrd: &initrd,
+            timeout: Duration::from_secs(args.timeout),
+            echo_output,
+            echo_console: args.console,
+        },
+        &markers,
+    )
+}
+
+/// The kernel's settings of the options profilerd relies on, on one line.
+fn config_summary(fetched: &kernel::Fetched) -> Result<String> {
+    let config = fs::read_to_string(&fetched.config)
+        .with_context(|| format!("reading {}", fetched.config.display()))?;
+    let options = kernel::config_options(&config, kernel::PROFILER_OPTIONS);
+    Ok(options
+        .iter()
+        .map(|(name, value)| format!("{}={value}", name.trim_start_matches("CONFIG_")))
+        .collect::<Vec<_>>()
+        .join(" "))
+}
