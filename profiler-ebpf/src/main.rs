@@ -1903,10 +1903,8 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
         return head;
     }
     // SAFETY: as above.
-    let frames = unsafe { (*parked).frames_len };
-    // The bounds the verifier needs for the lengths, checked on the full
-    // 64-bit values that are passed on.
-    if frames > 0 && frames <= MAX_STACK_DEPTH as u64 {
+    let frames = bounded(unsafe { (*parked).frames_len }, MAX_STACK_DEPTH as u64);
+    if frames > 0 {
         // SAFETY: frames <= the frame arrays' length.
         let copied = unsafe {
             read_kernel(
@@ -1920,8 +1918,8 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
         }
     }
     // SAFETY: as above.
-    let len = unsafe { (*parked).stack_len };
-    if len == 0 || len > OFFCPU_STACK_BYTES as u64 {
+    let len = bounded(unsafe { (*parked).stack_len }, OFFCPU_STACK_BYTES as u64);
+    if len == 0 {
         return 0;
     }
     // SAFETY: len <= the stack arrays' length.
@@ -1932,6 +1930,20 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
             (*parked).stack.as_ptr().cast(),
         )
     }
+}
+
+/// `value`, at most `max`, in a register whose bounds the verifier knows
+/// where it is used as a length. The compiler tests a range such as
+/// `0 < n <= max` on `n - 1` and passes `n` on; older verifiers (those of
+/// Linux 6.1 and 6.12) do not carry that bound from one register to the
+/// other and refuse the length ("min value is negative"). The volatile
+/// read hides the value from the compiler, so the comparison here is made
+/// on the register that is used.
+#[inline(always)]
+fn bounded(value: u64, max: u64) -> u64 {
+    // SAFETY: a read of a local.
+    let value = unsafe { core::ptr::read_volatile(&value) };
+    if value > max { max } else { value }
 }
 
 /// `pthread_cond_wait`, `pthread_cond_timedwait` and
