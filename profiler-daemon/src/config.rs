@@ -119,6 +119,11 @@ pub struct Settings {
     pub command: Vec<OsString>,
     /// Profile types to collect, deduplicated, in the order given.
     pub profiles: Vec<ProfileKind>,
+    /// Of `profiles`, those asked for at best effort (`heap?`): skipped
+    /// with a warning where this kernel cannot run them, not refused.
+    pub best_effort: Vec<ProfileKind>,
+    /// `--check`: print what this kernel offers each profile type, and exit.
+    pub check: bool,
     /// Stop after this long; `None` runs until signalled (or targets exit).
     pub duration: Option<Duration>,
     /// How often profiles are written; at least [`MIN_INTERVAL`].
@@ -281,9 +286,16 @@ struct Cli {
     )]
     pids: Vec<String>,
 
-    /// Comma list of cpu, heap, block, mutex, offcpu [default: cpu]
+    /// Comma list of cpu, heap, block, mutex, offcpu; a trailing '?'
+    /// (heap?) skips that type where the kernel cannot run it [default: cpu]
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     profiles: Vec<String>,
+
+    /// Print, for this kernel, whether each profile type is ready, degraded
+    /// or unavailable (and what it needs), then exit: 0 when every
+    /// requested type can run
+    #[arg(long)]
+    check: bool,
 
     /// Stop after DUR (30s, 5m, 1h) [default: run until signalled]
     #[arg(long, value_name = "DUR")]
@@ -611,7 +623,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
     let path = path.as_deref();
 
     let (pids, command) = merge_target(&cli, &fc, path)?;
-    let profiles = merge_profiles(cli.profiles, fc.profiles, path)?;
+    let (profiles, best_effort) = merge_profiles(cli.profiles, fc.profiles, path)?;
 
     let duration = match pick(cli.duration, fc.duration, "duration", "duration", path) {
         Some((raw, opt)) => {
@@ -755,6 +767,8 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         pids,
         command,
         profiles,
+        best_effort,
+        check: cli.check,
         duration,
         interval,
         output_dir,
@@ -903,32 +917,46 @@ fn process_tgid(pid: u32, opt: &str) -> Result<u32, ConfigError> {
     Ok(tgid)
 }
 
+/// The profile types asked for, and those of them asked for at best
+/// effort (a trailing `?`).
 fn merge_profiles(
     cli: Vec<String>,
     file: Option<ProfileList>,
     path: Option<&Path>,
-) -> Result<Vec<ProfileKind>, ConfigError> {
+) -> Result<(Vec<ProfileKind>, Vec<ProfileKind>), ConfigError> {
     let cli = (!cli.is_empty()).then_some(cli);
     let Some((names, opt)) = pick(cli, file.map(|f| f.0), "profiles", "profiles", path) else {
-        return Ok(vec![ProfileKind::Cpu]);
+        return Ok((vec![ProfileKind::Cpu], vec![]));
     };
     let mut profiles = Vec::new();
+    let mut best_effort = Vec::new();
     for name in &names {
-        let kind: ProfileKind = name.trim().parse().map_err(|_| {
+        let name = name.trim();
+        let (bare, optional) = match name.strip_suffix('?') {
+            Some(bare) => (bare, true),
+            None => (name, false),
+        };
+        let kind: ProfileKind = bare.parse().map_err(|_| {
             invalid(
                 &opt,
                 name,
-                "expected a comma list of cpu, heap, block, mutex, offcpu",
+                "expected a comma list of cpu, heap, block, mutex, offcpu (each may end in '?')",
             )
         })?;
         if !profiles.contains(&kind) {
             profiles.push(kind);
+            if optional {
+                best_effort.push(kind);
+            }
+        } else if !optional {
+            // Asked for plainly once: required.
+            best_effort.retain(|&k| k != kind);
         }
     }
     if profiles.is_empty() {
         return Err(invalid(&opt, "", "expected at least one profile type"));
     }
-    Ok(profiles)
+    Ok((profiles, best_effort))
 }
 
 /// A numeric setting from a flag (a string) or the file (a TOML integer),
@@ -1104,6 +1132,8 @@ mod tests {
                 pids: vec![],
                 command: vec![],
                 profiles: vec![ProfileKind::Cpu],
+                best_effort: vec![],
+                check: false,
                 duration: None,
                 interval: Duration::from_secs(60),
                 output_dir: PathBuf::from("/var/lib/profilerd"),
@@ -1281,6 +1311,25 @@ mod tests {
     fn profiles_are_deduplicated() {
         let s = parse(&["--profiles", "cpu,cpu", "--profiles", " cpu"]).unwrap();
         assert_eq!(s.profiles, vec![ProfileKind::Cpu]);
+    }
+
+    #[test]
+    fn a_question_mark_asks_for_best_effort() {
+        let s = parse(&["--profiles", "cpu,heap?,offcpu?", "--check"]).unwrap();
+        assert_eq!(
+            s.profiles,
+            vec![ProfileKind::Cpu, ProfileKind::Heap, ProfileKind::Offcpu]
+        );
+        assert_eq!(s.best_effort, vec![ProfileKind::Heap, ProfileKind::Offcpu]);
+        assert!(s.check);
+        // Asked for plainly as well: required.
+        let s = parse(&["--profiles", "heap?,heap"]).unwrap();
+        assert_eq!(
+            (s.profiles, s.best_effort),
+            (vec![ProfileKind::Heap], vec![])
+        );
+        error(&["--profiles", "heap??"], "'heap??'");
+        error(&["--profiles", "?"], "'?'");
     }
 
     #[test]

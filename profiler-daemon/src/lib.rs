@@ -9,6 +9,8 @@ pub mod environment;
 pub mod frames;
 pub mod go_park;
 pub mod heap;
+pub mod kernel_check;
+pub mod kernel_features;
 pub mod kernel_log;
 pub mod limits;
 pub mod link_closer;

@@ -43,6 +43,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    if settings.check {
+        return profilerd::kernel_check::run_check(&settings);
+    }
     raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

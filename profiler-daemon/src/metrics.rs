@@ -24,7 +24,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use profiler_common::counter;
 use prometheus::{
-    Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TEXT_FORMAT, TextEncoder,
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TEXT_FORMAT,
+    TextEncoder,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -129,6 +130,7 @@ pub struct Metrics {
     push_dropped: IntCounterVec,
     push_queue: IntGauge,
     resident: IntGauge,
+    unavailable: IntGaugeVec,
     push: std::sync::Mutex<Option<Arc<PushStats>>>,
 }
 
@@ -226,6 +228,17 @@ impl Metrics {
                 "profilerd_resident_memory_bytes",
                 "Resident memory of the daemon.",
             )?,
+            unavailable: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "profilerd_profile_unavailable",
+                        "1 for a profile type asked for at best effort that this kernel cannot run (skipped), by profile type.",
+                    ),
+                    &["type"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             push: std::sync::Mutex::new(None),
             registry,
         };
@@ -240,6 +253,7 @@ impl Metrics {
             ] {
                 vec.with_label_values(&[kind.name()]);
             }
+            metrics.unavailable.with_label_values(&[kind.name()]);
         }
         for (_, event) in BPF_EVENTS {
             metrics.bpf_events.with_label_values(&[event]);
@@ -251,6 +265,11 @@ impl Metrics {
             metrics.push_dropped.with_label_values(&[reason]);
         }
         Ok(metrics)
+    }
+
+    /// A profile type asked for at best effort is skipped on this kernel.
+    pub fn profile_unavailable(&self, kind: ProfileKind) {
+        self.unavailable.with_label_values(&[kind.name()]).set(1);
     }
 
     /// Reads the push task's counters at each scrape from now on.

@@ -104,6 +104,12 @@ pub struct ProbeConfig {
     /// The programs log why they skip, drop, shorten or fall back
     /// (kernel_log.rs); without it their log sites are removed at load.
     pub kernel_log: bool,
+    /// The kernel makes uprobe_multi links (kernel_features.rs): without
+    /// them the block profile has no Go park or condition-variable probes.
+    pub uprobe_multi: bool,
+    /// The futex_wait, futex_wake and futex_waitv system calls have
+    /// tracepoints (Linux 6.7).
+    pub futex2_tracepoints: bool,
 }
 
 /// One buffer's worth of drained data.
@@ -246,7 +252,7 @@ impl Probes {
             )),
             None => None,
         };
-        let go_parks = match config.block {
+        let go_parks = match config.block && config.uprobe_multi {
             true => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "go_park_probe", false)?,
                 "Go runtime",
@@ -257,7 +263,7 @@ impl Probes {
             )),
             false => None,
         };
-        let cond_parks = match config.block {
+        let cond_parks = match config.block && config.uprobe_multi {
             true => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "cond_wait_probe", false)?,
                 "condition variable",
@@ -352,15 +358,29 @@ impl Probes {
         }
         if futex_on {
             probes.attach_tracepoint("futex_enter", &[("syscalls", "sys_enter_futex")])?;
-            probes.attach_tracepoint(
-                "futex_wait_enter",
-                &[
-                    ("syscalls", "sys_enter_futex_wait"),
-                    ("syscalls", "sys_enter_futex_waitv"),
-                ],
-            )?;
-            probes
-                .attach_tracepoint("futex_wake_enter", &[("syscalls", "sys_enter_futex_wake")])?;
+            // futex_waitv is Linux 5.16, futex_wait and futex_wake 6.7:
+            // older kernels have no waits through them to miss.
+            if config.futex2_tracepoints {
+                probes.attach_tracepoint(
+                    "futex_wait_enter",
+                    &[
+                        ("syscalls", "sys_enter_futex_wait"),
+                        ("syscalls", "sys_enter_futex_waitv"),
+                    ],
+                )?;
+                probes.attach_tracepoint(
+                    "futex_wake_enter",
+                    &[("syscalls", "sys_enter_futex_wake")],
+                )?;
+            } else if tracefs
+                .join("events/syscalls/sys_enter_futex_waitv")
+                .is_dir()
+            {
+                probes.attach_tracepoint(
+                    "futex_wait_enter",
+                    &[("syscalls", "sys_enter_futex_waitv")],
+                )?;
+            }
             probes.attach_tracepoint(
                 "futex_exit",
                 &[
@@ -773,6 +793,12 @@ fn ensure_tracefs() -> Result<(), ProbeError> {
     }
     tracing::info!("mounted tracefs at {TRACEFS}");
     Ok(())
+}
+
+/// Where tracepoints are listed, mounting tracefs if it is not.
+pub fn tracefs_dir() -> Result<&'static Path, ProbeError> {
+    ensure_tracefs()?;
+    Ok(Path::new(tracefs_root()))
 }
 
 fn tracefs_root() -> &'static str {

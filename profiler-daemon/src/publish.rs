@@ -45,6 +45,11 @@ impl Publisher {
         }
     }
 
+    /// The metrics every output reports to.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Writes `profile` of the window that started at `start` and lasted
     /// `duration`, then queues it for the push (never waits for it). Logs
     /// the failure (once per window) or a recovery.

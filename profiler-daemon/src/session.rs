@@ -17,7 +17,7 @@ use profiler_common::{
     BRIEF_FRAMES_OFFSET, HeapAlloc, HeapFree, ImageAnchors, MAX_STACK_DEPTH, MutexDelay,
     OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord, ProcEvent, SHORT_STACK_BYTES,
     STACK_COPY_BYTES, StackSample, WALK_HINT_WORDS, WaitBrief, WaitHead, WaitStack, WalkHint,
-    WalkHintKey, counter, heap_event, proc_event, unwind_mode, wait_event, wait_flags,
+    WalkHintKey, counter, heap_event, proc_event, wait_event, wait_flags,
 };
 use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 use tokio::signal::unix::{SignalKind, signal};
@@ -27,10 +27,12 @@ use crate::config::{Settings, UnwindMode};
 use crate::drain::{CpuWindow, SampleId, Stack};
 use crate::frames::{Frame, Line};
 use crate::heap::HeapTable;
+use crate::kernel_check::{probe_config, settle_profiles};
+use crate::kernel_features::KernelFeatures;
 use crate::kernel_log::KernelLog;
 use crate::metrics::{Metrics, Observed};
 use crate::pprof::ProfileBuilder;
-use crate::probes::{ProbeConfig, Probes};
+use crate::probes::Probes;
 use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
 use crate::publish::Publisher;
@@ -61,8 +63,10 @@ enum Stop {
 }
 
 /// Runs the profiler until a stop condition, writing every window.
-pub async fn run(settings: Settings) -> Result<()> {
+pub async fn run(mut settings: Settings) -> Result<()> {
     check_privileges()?;
+    let features = KernelFeatures::probe(crate::probes::tracefs_dir()?);
+    let skipped = settle_profiles(&mut settings, &features)?;
     let writer = ProfileWriter::open(&settings.output_dir)?;
     let stale = writer.remove_stale_temp_files();
     if stale > 0 {
@@ -73,33 +77,14 @@ pub async fn run(settings: Settings) -> Result<()> {
         .map(|age| Retention::new(writer.dir(), age));
     retention.as_mut().map(Retention::run);
     let mut publisher = start_outputs(&settings, writer).await?;
+    for (kind, _) in &skipped {
+        publisher.metrics().profile_unavailable(*kind);
+    }
     let mut symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
     let mut procs = ProcessTable::new(MAX_PROCESSES);
 
     let command_mode = !settings.command.is_empty();
-    let heap_on = settings.profiles.contains(&ProfileKind::Heap);
-    let mut probes = Probes::load(&ProbeConfig {
-        filter_targets: command_mode || !settings.pids.is_empty(),
-        follow_forks: command_mode,
-        cpu_frequency: settings.cpu_frequency,
-        unwind_mode: match settings.unwind {
-            UnwindMode::Fp => unwind_mode::FP,
-            UnwindMode::Dwarf => unwind_mode::DWARF,
-            UnwindMode::Auto => unwind_mode::AUTO,
-        },
-        cpu: settings.profiles.contains(&ProfileKind::Cpu),
-        heap_sample_bytes: heap_on.then_some(settings.heap_sample_bytes),
-        block: settings.profiles.contains(&ProfileKind::Block),
-        offcpu: settings.profiles.contains(&ProfileKind::Offcpu),
-        wait_rate_ns: settings.block_rate.as_nanos() as u64,
-        mutex_fraction: settings
-            .profiles
-            .contains(&ProfileKind::Mutex)
-            .then_some(settings.mutex_fraction),
-        limits: settings.limits,
-        stack_switches: settings.stack_switches,
-        kernel_log: crate::kernel_log::wanted(settings.kernel_log),
-    })?;
+    let mut probes = Probes::load(&probe_config(&settings, &features, &settings.profiles))?;
     let mut unwinder = Unwinder::new();
     let switches = settings.stack_switches;
     unwinder.set_stack_options(
@@ -151,7 +136,12 @@ pub async fn run(settings: Settings) -> Result<()> {
         true => Some(start_command(&settings.command, &mut probes, &mut procs)?),
         false => None,
     };
-    tracing::info!("ready: every probe is attached");
+    match crate::kernel_check::skipped_names() {
+        "" => tracing::info!("ready: every probe is attached"),
+        skipped => tracing::info!(
+            "ready: every probe is attached (skipped at best effort on this kernel: {skipped})"
+        ),
+    }
     if let Err(e) = crate::notify::notify("READY=1") {
         tracing::warn!("could not notify the service manager: {e}");
     }
@@ -1481,6 +1471,10 @@ fn log_summary(
         uprobe_links_closed_inline = probes.links_closed_inline(),
         symbol_cache_evictions = s.cache_evictions,
         unwind_evictions = u.evictions,
+        profiles_unavailable = %match crate::kernel_check::skipped_names() {
+            "" => "none",
+            names => names,
+        },
         "summary"
     );
 }

@@ -36,9 +36,9 @@ const MAX_LINKS: usize = 8192;
 
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
 /// bindings of aya-obj 0.3).
-const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 /// `BPF_TRACE_UPROBE_MULTI`: entry probes only.
-const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 
 #[derive(Debug, Error)]
 pub enum SessionError {
@@ -484,6 +484,31 @@ pub fn create_link(
         multi.pid = pid;
     }
     sys_bpf(bpf_cmd::BPF_LINK_CREATE as libc::c_long, &mut attr)
+}
+
+/// Whether this kernel creates uprobe_multi links of `attach_type`: a
+/// program that does nothing is loaded with it and linked to "/", which a
+/// kernel that knows the link refuses as not a regular file (EBADF) and
+/// one that does not refuses as invalid (EINVAL, at the load or the link).
+/// Nothing is attached either way.
+pub fn kernel_supports(attach_type: u32) -> bool {
+    // r0 = 0 (BPF_ALU64 | BPF_MOV | BPF_K, r0); exit (BPF_JMP | BPF_EXIT).
+    // SAFETY: bpf_insn is plain data; all-zero is r0 and no offset.
+    let mut insns: [bpf_insn; 2] = unsafe { zeroed() };
+    insns[0].code = 0xb7;
+    insns[1].code = 0x95;
+    let Ok(prog) = load_program("feature_probe", &insns, c"GPL", attach_type) else {
+        return false;
+    };
+    match create_link(prog.as_raw_fd(), attach_type, c"/", &[0], &[0], 0) {
+        Ok(fd) => {
+            // Not expected ("/" is no file to probe), but then it works.
+            // SAFETY: a new descriptor that nothing else owns.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            true
+        }
+        Err(e) => e.raw_os_error() == Some(libc::EBADF),
+    }
 }
 
 fn sys_bpf(cmd: libc::c_long, attr: &mut bpf_attr) -> io::Result<RawFd> {
