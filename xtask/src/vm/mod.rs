@@ -174,8 +174,15 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
         let log = root.join(format!("target/vm/smoke-{name}.log"));
         fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
         let results = smoke::parse(&output);
+        let check = match smoke::parse_check(&output) {
+            Some((text, exit)) => format!(
+                "`profilerd --check` (exit {}):\n\n```\n{text}```\n\n",
+                exit.map_or("?".to_string(), |e| e.to_string())
+            ),
+            None => String::new(),
+        };
         let section = format!(
-            "{heading}\nlog: {}\n\n{}\n",
+            "{heading}\nlog: {}\n\n{}\n{check}",
             log.display(),
             smoke::table(&results)
         );
