@@ -49,8 +49,9 @@ enum Task {
         /// Skip fmt and clippy.
         #[arg(long)]
         quick: bool,
-        /// Then run the kernel matrix: `vm --smoke` on every kernel of it
-        /// (opt-in while profile types fail on the older kernels).
+        /// Then run the kernel matrix, `vm --smoke`: every profile type on
+        /// 6.1, 6.12 and the host's kernel (opt-in while some fail on the
+        /// older kernels).
         #[arg(long)]
         kernels: bool,
     },
