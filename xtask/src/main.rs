@@ -3,8 +3,9 @@
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
 //! workloads, libjemalloc-dev for the heap tests, perf for
-//! the benchmark and the comparison with perf, with sqlite3, xz and zstd),
-//! so that one command runs the profiler and one runs every test.
+//! the benchmark and the comparison with perf, with sqlite3, xz and zstd;
+//! for `vm`, QEMU, static busybox and cpio), so that one command runs the
+//! profiler and one runs every test.
 
 mod bench;
 mod bench_heap;
@@ -48,8 +49,9 @@ enum Task {
         /// Skip fmt and clippy.
         #[arg(long)]
         quick: bool,
-        /// Then run the kernel matrix: `vm --smoke` on every kernel of it
-        /// (opt-in while profile types fail on the older kernels).
+        /// Then run the kernel matrix, `vm --smoke`: every profile type on
+        /// 6.1, 6.12 and the host's kernel (opt-in while some fail on the
+        /// older kernels).
         #[arg(long)]
         kernels: bool,
     },

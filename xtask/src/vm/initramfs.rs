@@ -185,7 +185,8 @@ fn write_executable(path: &Path, text: &str) -> Result<()> {
 }
 
 /// Archives `tree` as newc cpio into `out`, owned by root. Uncompressed:
-/// under TCG the kernel unpacks it faster than it inflates a compressed one.
+/// gzip made no difference to the boot under TCG (4.4 to 6 s either way,
+/// 35 MiB against 15 MiB) and would cost a compression per boot.
 fn write_cpio(tree: &Path, out: &Path) -> Result<()> {
     let mut names = Vec::new();
     list_tree(tree, Path::new("."), &mut names)?;

@@ -126,12 +126,14 @@ pub fn matrix(root: &Path) -> Result<()> {
     smoke_all(root, &all_targets(), &args)
 }
 
-/// The smoke on each target, a table each; fails after the last if any
-/// profile type did not write samples on any of them.
+/// The smoke on each target, a table each (also written to
+/// `target/vm/matrix.md`); fails after the last if any profile type did not
+/// write samples on any of them.
 fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
     prepare()?;
     let script = smoke::script(args.seconds);
     let mut failing = Vec::new();
+    let mut report = String::new();
     for target in targets {
         let (name, output, status, heading) = match target {
             Target::Vm(kernel) => {
@@ -172,8 +174,20 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
         let log = root.join(format!("target/vm/smoke-{name}.log"));
         fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
         let results = smoke::parse(&output);
-        println!("\n{heading}\nlog: {}\n", log.display());
-        print!("{}", smoke::table(&results));
+        let check = match smoke::parse_check(&output) {
+            Some((text, exit)) => format!(
+                "`profilerd --check` (exit {}):\n\n```\n{text}```\n\n",
+                exit.map_or("?".to_string(), |e| e.to_string())
+            ),
+            None => String::new(),
+        };
+        let section = format!(
+            "{heading}\nlog: {}\n\n{}\n{check}",
+            log.display(),
+            smoke::table(&results)
+        );
+        print!("\n{section}");
+        report.push_str(&section);
         let working = results.iter().filter(|r| r.works()).count();
         if working < smoke::PROFILE_TYPES.len() || status != 0 {
             failing.push(format!(
@@ -182,6 +196,9 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
             ));
         }
     }
+    let path = root.join("target/vm/matrix.md");
+    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("tables in {}", path.display());
     if !failing.is_empty() {
         bail!("kernel matrix: {}", failing.join("; "));
     }

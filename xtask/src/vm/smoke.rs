@@ -2,7 +2,8 @@
 //! over a static workload that gives every type something to record, and
 //! what profilerd did with it, read from its own log: whether it started
 //! or refused (and why), whether it said it was ready, how many files and
-//! samples it wrote.
+//! samples it wrote; and beforehand what `profilerd --check` says of the
+//! kernel.
 
 use std::fmt::Write as _;
 
@@ -13,12 +14,20 @@ pub const PROFILE_TYPES: &[&str] = &["cpu", "heap", "block", "mutex", "offcpu"];
 /// contended mutex at once.
 const WORKLOAD: &str = "mixed";
 
-/// The script the smoke runs: the workload in the background, then
-/// profilerd once per type, each between lines the host finds again,
+/// The script the smoke runs: `profilerd --check`, then the workload in the
+/// background and profilerd once per type, each between lines the host finds again,
 /// writing into the current directory (the VM's /tmp, or a scratch
 /// directory on the host).
 pub fn script(seconds: u32) -> String {
     let mut s = String::from("#!/bin/sh\n");
+    // What profilerd itself says this kernel offers each type.
+    s.push_str("echo '@@check begin'\n");
+    let _ = writeln!(
+        s,
+        "profilerd --check --profiles {} 2>&1",
+        PROFILE_TYPES.join(",")
+    );
+    s.push_str("echo \"@@check end exit=$?\"\n");
     // Longer than every run together; killed at the end.
     let _ = writeln!(s, "{WORKLOAD} 3600 >/dev/null 2>&1 &\nload=$!");
     let _ = writeln!(s, "for type in {}; do", PROFILE_TYPES.join(" "));
@@ -33,6 +42,22 @@ pub fn script(seconds: u32) -> String {
     s.push_str("  echo \"@@smoke $type end exit=$rc files=$files\"\n");
     s.push_str("done\nkill $load\n");
     s
+}
+
+/// What `profilerd --check` printed before the runs, and its exit status
+/// (None if its end never showed, or the script had no check).
+pub fn parse_check(output: &str) -> Option<(String, Option<i32>)> {
+    let mut lines = output.lines().map(|l| l.trim_end());
+    lines.find(|l| *l == "@@check begin")?;
+    let mut text = String::new();
+    for line in lines {
+        if let Some(rest) = line.strip_prefix("@@check end exit=") {
+            return Some((text, rest.parse().ok()));
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    Some((text, None))
 }
 
 /// What one profile type did.
@@ -272,8 +297,20 @@ profilerd: loading sys_enter_futex_wait: sys_enter_futex_wait/id: No such file o
     }
 
     #[test]
+    fn reads_the_check_before_the_runs() {
+        let output = "@@check begin\nkernel 6.1.176: BTF yes\ncpu      ready\n@@check end exit=1\n@@smoke cpu begin\n";
+        let (text, exit) = parse_check(output).unwrap();
+        assert_eq!(text, "kernel 6.1.176: BTF yes\ncpu      ready\n");
+        assert_eq!(exit, Some(1));
+        assert_eq!(parse_check(OUTPUT), None);
+        // The check's lines are not a profile type's.
+        assert_eq!(parse(output).len(), 1);
+    }
+
+    #[test]
     fn script_runs_every_type_for_the_given_time() {
         let s = script(3);
+        assert!(s.contains("profilerd --check --profiles cpu,heap,block,mutex,offcpu"));
         assert!(s.contains("for type in cpu heap block mutex offcpu; do"));
         assert!(s.contains("--duration 3s --interval 3s"));
         assert!(s.contains("@@smoke $type end exit=$rc files=$files"));
