@@ -73,14 +73,30 @@ fn trial_load(settings: &Settings, features: &KernelFeatures, kind: ProfileKind)
             drop(probes);
             None
         }
-        Err(e) => Some(
-            format!("{:#}", anyhow::Error::from(e))
-                .lines()
-                .next()
-                .unwrap_or("loading failed")
-                .to_string(),
-        ),
+        Err(e) => Some(reason(&format!("{:#}", anyhow::Error::from(e)))),
     }
+}
+
+/// One line of why a load failed. A verifier's log (one line in the
+/// error) says why at its end, just before its statistics: that end is
+/// kept, after what precedes the log.
+fn reason(error: &str) -> String {
+    const TAIL: usize = 120;
+    let line = error.lines().next().unwrap_or("loading failed");
+    let Some((head, log)) = line.split_once(" Verifier output: ") else {
+        return line.to_string();
+    };
+    let log = log
+        .split(" verification time")
+        .next()
+        .unwrap_or(log)
+        .trim_end();
+    let start = log
+        .char_indices()
+        .map(|(i, _)| i)
+        .find(|&i| log.len() - i <= TAIL)
+        .unwrap_or(0);
+    format!("{head} The verifier: ...{}", &log[start..])
 }
 
 /// Removes from `settings.profiles` the best-effort types this kernel
@@ -185,5 +201,29 @@ pub fn run_check(settings: &Settings) -> ExitCode {
     match all_requested_run {
         true => ExitCode::SUCCESS,
         false => ExitCode::FAILURE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verifier_refusal_keeps_the_verifiers_reason() {
+        let error = "eBPF program sched_switch: the BPF_PROG_LOAD syscall returned Permission denied (os error 13). Verifier output: reg type unsupported for arg#0 function sched_switch#57 0: R1=ctx() 306: (85) call bpf_probe_read_kernel#113 R2 min value is negative, either use unsigned or 'var &= const' verification time 155795 usec stack depth 288";
+        let r = reason(error);
+        assert!(
+            r.starts_with("eBPF program sched_switch: the BPF_PROG_LOAD"),
+            "{r}"
+        );
+        assert!(
+            r.ends_with("R2 min value is negative, either use unsigned or 'var &= const'"),
+            "{r}"
+        );
+        assert!(
+            !r.contains("verification time") && !r.contains("reg type unsupported"),
+            "{r}"
+        );
+        assert_eq!(reason("tracefs missing\nmore"), "tracefs missing");
     }
 }

@@ -95,6 +95,50 @@ impl TypeResult {
     }
 }
 
+/// The state `profilerd --check` gave each profile type (its first word:
+/// ready, degraded or unavailable), from the check's text.
+pub fn check_states(check: &str) -> Vec<(String, String)> {
+    check
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let (kind, state) = (words.next()?, words.next()?);
+            PROFILE_TYPES
+                .contains(&kind)
+                .then(|| (kind.to_string(), state.to_string()))
+        })
+        .collect()
+}
+
+/// Where a run did not do what `--check` said it would: a type said ready
+/// or degraded must write samples, one said unavailable must be refused
+/// with its one-line reason. Empty when the check told the truth.
+pub fn disagreements(results: &[TypeResult], states: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for kind in PROFILE_TYPES {
+        let state = states
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map_or("(not in the check)", |(_, s)| s.as_str());
+        let Some(result) = results.iter().find(|r| r.profile == *kind) else {
+            out.push(format!("{kind}: never ran"));
+            continue;
+        };
+        let agrees = match state {
+            "ready" | "degraded" => result.works(),
+            "unavailable" => result.verdict() == "refused" && result.error.is_some(),
+            _ => false,
+        };
+        if !agrees {
+            out.push(format!(
+                "{kind}: --check said {state}, the run {}",
+                result.verdict()
+            ));
+        }
+    }
+    out
+}
+
 /// The results of every type found in the smoke's output, in run order.
 pub fn parse(output: &str) -> Vec<TypeResult> {
     let mut results = Vec::new();
@@ -294,6 +338,44 @@ profilerd: loading sys_enter_futex_wait: sys_enter_futex_wait/id: No such file o
         assert_eq!(table.lines().count(), 2 + 4);
         assert!(table.contains("| heap | yes | yes | 1 | 0 | empty | attaching allocator probes"));
         assert!(table.contains("| block | refused | no | 0 | 0 | refused | loading"));
+    }
+
+    #[test]
+    fn the_matrix_holds_runs_to_what_the_check_said() {
+        let states = check_states(
+            "kernel 6.1: BTF yes\ncpu      ready\nheap     unavailable (needs x)\nblock    degraded (y)\nmutex    ready\noffcpu   ready\nunwind fp    ready\n",
+        );
+        assert_eq!(states.len(), 5);
+        let run = |profile: &str, exit, ready, samples, error: Option<&str>| TypeResult {
+            profile: profile.to_string(),
+            exit: Some(exit),
+            ready,
+            files: u32::from(samples > 0),
+            samples,
+            error: error.map(str::to_string),
+            warning: None,
+        };
+        let mut results = vec![
+            run("cpu", 0, true, 10, None),
+            run("heap", 1, false, 0, Some("the heap profile cannot run")),
+            run("block", 0, true, 3, None),
+            run("mutex", 0, true, 2, None),
+            run("offcpu", 0, true, 5, None),
+        ];
+        assert!(disagreements(&results, &states).is_empty());
+        // Said ready, wrote nothing; said unavailable, ran anyway.
+        results[4].samples = 0;
+        results[1] = run("heap", 0, true, 0, None);
+        let wrong = disagreements(&results, &states);
+        assert_eq!(wrong.len(), 2, "{wrong:?}");
+        assert!(
+            wrong[0].starts_with("heap: --check said unavailable"),
+            "{wrong:?}"
+        );
+        assert!(
+            wrong[1].starts_with("offcpu: --check said ready"),
+            "{wrong:?}"
+        );
     }
 
     #[test]
