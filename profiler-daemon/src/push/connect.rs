@@ -114,6 +114,12 @@ pub struct Client {
 #[error("cannot set up the push client: {0}")]
 pub struct ClientError(String);
 
+impl ClientError {
+    pub fn new(why: String) -> Self {
+        ClientError(why)
+    }
+}
+
 impl Client {
     pub fn new(settings: &PushSettings) -> Result<Client, ClientError> {
         let http = reqwest::Client::builder()

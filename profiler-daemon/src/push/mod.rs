@@ -46,6 +46,9 @@ pub use settings::{PushSettings, PushTable};
 /// Profiles waiting to be sent. At the default 60 s interval and five
 /// profile types this is about 13 minutes of an unreachable server.
 pub const QUEUE_CAPACITY: usize = 64;
+/// Profiles waiting to be split into uploads: a few windows' worth; more
+/// means the preparing thread cannot keep up.
+pub const PREPARE_CAPACITY: usize = 8;
 /// Tries per upload, the first included.
 pub const MAX_ATTEMPTS: u32 = 6;
 /// Wait before the first retry; doubled after each failed retry.
@@ -82,8 +85,11 @@ pub struct PushStats {
     pub sent: AtomicU64,
     /// Requests that failed (connection, timeout or a non-2xx answer).
     pub failed_requests: AtomicU64,
-    /// Dropped because the queue was full (in profiles or bytes).
+    /// Dropped because the queue was full (in profiles or bytes); a
+    /// profile dropped before it was split counts as one.
     pub dropped_queue_full: AtomicU64,
+    /// Profiles dropped before they were split (of `dropped_queue_full`).
+    pub unprepared: AtomicU64,
     /// Refused with an answer that a retry would not change (4xx other
     /// than 408 and 429, 501, 3xx).
     pub dropped_rejected: AtomicU64,
@@ -141,18 +147,27 @@ impl PushStats {
     }
 }
 
-/// The push queue and the task that empties it.
+/// The push: a thread that turns profiles into uploads (off the session's
+/// thread: splitting and gzipping a large profile takes a few hundred
+/// milliseconds), the upload queue, and the task that empties it.
 pub struct Pusher {
-    tx: mpsc::Sender<Batch>,
+    jobs: std::sync::mpsc::SyncSender<Job>,
     stats: Arc<PushStats>,
     task: JoinHandle<()>,
-    settings: Arc<PushSettings>,
-    queue_full_logged: AtomicBool,
-    too_large_logged: AtomicBool,
+    url: String,
+    full_logged: AtomicBool,
+}
+
+/// A profile waiting to be split into uploads.
+struct Job {
+    kind: ProfileKind,
+    profile: pprof_proto::Profile,
+    file: String,
 }
 
 impl Pusher {
-    /// Starts the push task on the current runtime.
+    /// Starts the push task on the current runtime, and its preparing
+    /// thread.
     pub fn start(settings: PushSettings) -> Result<Pusher, PushError> {
         let client = Client::new(&settings)?;
         let (tx, rx) = mpsc::channel(QUEUE_CAPACITY);
@@ -164,71 +179,63 @@ impl Pusher {
             logged: HashSet::new(),
         };
         let task = tokio::spawn(sender.run(rx));
-        Ok(Pusher {
+        let (jobs, incoming) = std::sync::mpsc::sync_channel(PREPARE_CAPACITY);
+        let url = settings.url.clone();
+        let mut preparer = Preparer {
             tx,
+            stats: stats.clone(),
+            settings,
+            full_logged: false,
+            too_large_logged: false,
+        };
+        std::thread::Builder::new()
+            .name("push-prepare".into())
+            .spawn(move || {
+                while let Ok(job) = incoming.recv() {
+                    preparer.enqueue(job);
+                }
+                // Dropping `tx` here ends the sender task's queue.
+            })
+            .map_err(|e| PushError::new(format!("cannot start its thread: {e}")))?;
+        Ok(Pusher {
+            jobs,
             stats,
             task,
-            settings: Arc::new(settings),
-            queue_full_logged: AtomicBool::new(false),
-            too_large_logged: AtomicBool::new(false),
+            url,
+            full_logged: AtomicBool::new(false),
         })
     }
 
     /// The URL pushed to (no userinfo: safe to log).
     pub fn url(&self) -> &str {
-        &self.settings.url
+        &self.url
     }
 
-    /// Turns `profile` into uploads and queues them; never waits. A full
-    /// queue drops them (counted). `file` names the profile in log lines.
+    /// Hands `profile` over to be split into uploads and queued; never
+    /// waits. A profile without samples gives none (the server would store
+    /// nothing). When [`PREPARE_CAPACITY`] profiles already wait, it is
+    /// dropped and counted (as one upload: it was never split). `file`
+    /// names it in log lines.
     pub fn push(&self, kind: ProfileKind, profile: &pprof_proto::Profile, file: &str) {
         self.stats.profiles.fetch_add(1, Ordering::Relaxed);
-        let (uploads, too_large) = prepare(kind, profile, &self.settings);
-        if too_large > 0 {
-            self.stats
-                .samples_too_large
-                .fetch_add(too_large as u64, Ordering::Relaxed);
-            if !self.too_large_logged.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "pushing {file}: {too_large} samples left out, each alone larger than \
-                     push.max_profile_bytes ({}) (further ones are counted, not logged)",
-                    self.settings.max_profile_bytes
-                );
-            }
-        }
-        if uploads.is_empty() {
-            // No samples: the server would store nothing.
+        if profile.sample.is_empty() {
             return;
         }
-        let n = uploads.len() as u64;
-        let bytes: u64 = uploads.iter().map(|u| u.body.len() as u64).sum();
-        let queued_bytes = self.stats.queued_bytes.load(Ordering::Relaxed);
-        let fits = queued_bytes + bytes <= self.settings.queue_bytes as u64;
-        let batch = Batch {
+        let job = Job {
+            kind,
+            profile: profile.clone(),
             file: file.to_owned(),
-            uploads,
         };
-        self.stats.queued.fetch_add(n, Ordering::Relaxed);
-        self.stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let refused = match fits {
-            true => self.tx.try_send(batch).err().map(|e| match e {
-                mpsc::error::TrySendError::Full(b) | mpsc::error::TrySendError::Closed(b) => b,
-            }),
-            false => Some(batch),
-        };
-        if let Some(batch) = refused {
-            self.stats.queued.fetch_sub(n, Ordering::Relaxed);
-            self.stats.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if self.jobs.try_send(job).is_err() {
+            self.stats.unprepared.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .dropped_queue_full
-                .fetch_add(n, Ordering::Relaxed);
-            if !self.queue_full_logged.swap(true, Ordering::Relaxed) {
+                .fetch_add(1, Ordering::Relaxed);
+            if !self.full_logged.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "pushing to {}: queue full ({QUEUE_CAPACITY} profiles or {} bytes), dropped \
-                     the {n} uploads of {} (further drops are counted, not logged)",
-                    self.settings.url,
-                    self.settings.queue_bytes,
-                    batch.file
+                    "pushing to {}: {PREPARE_CAPACITY} profiles already wait to be split, \
+                     dropped {file} (further drops are counted, not logged)",
+                    self.url
                 );
             }
         }
@@ -238,29 +245,103 @@ impl Pusher {
         self.stats.clone()
     }
 
-    /// Closes the queue and waits up to `grace` for it to empty; what is
-    /// left then is dropped and counted. Returns the statistics.
+    /// Closes the queue and waits up to `grace` for the profiles handed
+    /// over to be split and sent; what is left then is dropped and
+    /// counted. Returns the statistics.
     pub async fn finish(self, grace: Duration) -> Arc<PushStats> {
         let Pusher {
-            tx,
+            jobs,
             stats,
             mut task,
-            settings,
+            url,
             ..
         } = self;
-        drop(tx);
+        // The preparing thread ends when it has split what it holds, and
+        // with it the task's queue.
+        drop(jobs);
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             task.abort();
             let left = stats.queued.swap(0, Ordering::Relaxed);
             stats.queued_bytes.store(0, Ordering::Relaxed);
             stats.dropped_shutdown.fetch_add(left, Ordering::Relaxed);
             tracing::warn!(
-                "pushing to {}: {left} uploads not sent within the {} s shutdown grace",
-                settings.url,
+                "pushing to {url}: {left} uploads not sent within the {} s shutdown grace",
                 grace.as_secs()
             );
         }
         stats
+    }
+}
+
+/// The preparing thread's state: splits profiles and queues their uploads.
+struct Preparer {
+    tx: mpsc::Sender<Batch>,
+    stats: Arc<PushStats>,
+    settings: PushSettings,
+    full_logged: bool,
+    too_large_logged: bool,
+}
+
+impl Preparer {
+    fn enqueue(&mut self, job: Job) {
+        let Job {
+            kind,
+            profile,
+            file,
+        } = job;
+        let (uploads, too_large) = prepare(kind, &profile, &self.settings);
+        drop(profile);
+        if too_large > 0 {
+            self.stats
+                .samples_too_large
+                .fetch_add(too_large as u64, Ordering::Relaxed);
+            if !std::mem::replace(&mut self.too_large_logged, true) {
+                tracing::warn!(
+                    "pushing {file}: {too_large} samples left out, each alone larger than \
+                     push.max_profile_bytes ({}) (further ones are counted, not logged)",
+                    self.settings.max_profile_bytes
+                );
+            }
+        }
+        if uploads.is_empty() {
+            return;
+        }
+        let n = uploads.len() as u64;
+        let bytes: u64 = uploads.iter().map(|u| u.body.len() as u64).sum();
+        let queued_bytes = self.stats.queued_bytes.load(Ordering::Relaxed);
+        let fits = queued_bytes + bytes <= self.settings.queue_bytes as u64;
+        let batch = Batch { file, uploads };
+        self.stats.queued.fetch_add(n, Ordering::Relaxed);
+        self.stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+        let refused = match fits {
+            true => self.tx.try_send(batch).err().map(|e| match e {
+                mpsc::error::TrySendError::Full(b) => (b, false),
+                mpsc::error::TrySendError::Closed(b) => (b, true),
+            }),
+            false => Some((batch, false)),
+        };
+        let Some((batch, closed)) = refused else {
+            return;
+        };
+        self.stats.queued.fetch_sub(n, Ordering::Relaxed);
+        self.stats.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        if closed {
+            // The task was stopped at the end of the shutdown grace.
+            self.stats.dropped_shutdown.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        self.stats
+            .dropped_queue_full
+            .fetch_add(n, Ordering::Relaxed);
+        if !std::mem::replace(&mut self.full_logged, true) {
+            tracing::warn!(
+                "pushing to {}: queue full ({QUEUE_CAPACITY} profiles or {} bytes), dropped \
+                 the {n} uploads of {} (further drops are counted, not logged)",
+                self.settings.url,
+                self.settings.queue_bytes,
+                batch.file
+            );
+        }
     }
 }
 
@@ -288,7 +369,7 @@ pub fn prepare(
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
         for chunk in cut.profiles {
-            let raw = pprof_proto::encode_gzip(&chunk);
+            let raw = wire::gzip(&chunk);
             uploads.push(Upload {
                 body: Bytes::from(wire::encode(&s.labels, raw, wire::uuid())),
                 time_nanos: chunk.time_nanos,

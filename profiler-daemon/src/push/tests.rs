@@ -191,11 +191,13 @@ async fn retries_and_drops() {
     let stats = pusher.finish(Duration::from_millis(300)).await;
     assert_eq!(stats.sent.load(Ordering::Relaxed), 0);
     let full = stats.dropped_queue_full.load(Ordering::Relaxed);
-    // The task may have taken one profile off the queue before the rest came.
-    assert!((4..=6).contains(&full), "{}", stats.summary());
+    let unprepared = stats.unprepared.load(Ordering::Relaxed);
+    // The task may have taken one profile off the queue before the rest
+    // came; a profile dropped before it was split counts once.
+    assert!(full >= 4, "{}", stats.summary());
     assert_eq!(
         stats.dropped(),
-        2 * (QUEUE_CAPACITY as u64 + 3),
+        2 * (QUEUE_CAPACITY as u64 + 3 - unprepared) + unprepared,
         "{}",
         stats.summary()
     );
