@@ -441,18 +441,22 @@ fn retries_after_server_errors() {
 }
 
 /// A 400 (invalid_argument) is the server's final word: that upload is
-/// dropped, counted and logged, never retried; the others arrive.
+/// dropped, counted and logged, never retried; the others arrive, with
+/// basic auth from the URL's userinfo, whose password is never logged.
 #[test]
 fn refusals_are_not_retried() {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::CpuRatioC.build(tmp.path(), "push_refused_burner");
     let out = tmp.path().join("out");
+    // Basic auth from the URL's userinfo: "user:hunter2".
     let pyroscope = Pyroscope::start(Behaviour {
         fail_first: vec!["invalid_argument"],
+        authorization: Some("Basic dXNlcjpodW50ZXIy".into()),
         ..Behaviour::default()
     });
-    let mut args = args(&out, None, &pyroscope.url(), "cpu", "1s");
+    let url = pyroscope.url().replace("http://", "http://user:hunter2@");
+    let mut args = args(&out, None, &url, "cpu", "1s");
     args.extend(
         ["--", exe.to_str().unwrap(), "3"]
             .iter()
@@ -483,6 +487,15 @@ fn refusals_are_not_retried() {
         .filter(|l| l.contains("server answered 400") && l.contains("invalid_argument"))
         .count();
     assert_eq!(logged, 1, "{diag}");
+    // The password is sent, never shown.
+    let lines = daemon.stderr_lines();
+    assert!(lines.iter().all(|l| !l.contains("hunter2")), "{diag}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("pushing every profile to {}", pyroscope.url()))),
+        "{diag}"
+    );
 }
 
 /// Nobody listens at the push URL: the daemon runs as usual, writes every
