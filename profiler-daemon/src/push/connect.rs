@@ -21,6 +21,8 @@ use super::wire;
 /// Whole request, connection to answer.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bytes of an error answer read for the log line.
+const MAX_ERROR_BODY: usize = 4096;
 /// Longest `Retry-After` honoured; the backoff's own bound.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -215,9 +217,17 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|s| Duration::from_secs(s).min(MAX_BACKOFF));
-        // Read a bounded piece of the body for the log line.
-        let body = response.bytes().await.unwrap_or_default();
-        let reason = wire::error_reason(&body[..body.len().min(4096)]);
+        // Read at most a few KiB of the body, for the log line: a server
+        // that answers with a flood must not take the daemon's memory.
+        let mut body = Vec::new();
+        let mut response = response;
+        while body.len() < MAX_ERROR_BODY {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let reason = wire::error_reason(&body[..body.len().min(MAX_ERROR_BODY)]);
         let mut what = match reason.is_empty() {
             true => format!("server answered {status}"),
             false => format!("server answered {status}: {reason}"),
