@@ -3,7 +3,7 @@
 //! protobuf), beside the file and from its own task, so that a slow or
 //! absent server never holds up the drain and write loop.
 //!
-//! A profile becomes uploads here, when it is handed over: its samples are
+//! A profile becomes uploads on a preparing thread of its own: its samples are
 //! split into series (series.rs: bounded labels, per-thread and per-object
 //! labels summed away), each series is cut into profiles under the
 //! server's sample and size limits (chunks.rs), and each chunk is encoded,
@@ -12,7 +12,8 @@
 //! refuses the series of a request one by one, so a retried request of
 //! several would store again those it had taken.
 //!
-//! Bounds: a queue of [`QUEUE_CAPACITY`] profiles and at most `[push]
+//! Bounds: [`PREPARE_CAPACITY`] profiles waiting to be split, a queue of
+//! [`QUEUE_CAPACITY`] profiles and at most `[push]
 //! queue_bytes` of uploads (a profile that does not fit is dropped and
 //! counted), a request timeout, [`MAX_ATTEMPTS`] tries with exponential
 //! backoff (or the server's `Retry-After`) for connection errors, timeouts,
