@@ -31,11 +31,14 @@
 //! block_rate = "10us"
 //! mutex_fraction = 100
 //! retention = "24h"          # or "off" (also "0"): keep every file
-//! push_url = "http://pyroscope:4040"
+//! push_url = "http://pyroscope:4040"   # Pyroscope's base URL
 //! metrics_addr = "127.0.0.1:9464"
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
 //! env = "prod"
+//!
+//! [push]                      # series, limits, tenant and auth of the push (push/settings.rs)
+//! tenant = "team-a"
 //!
 //! [limits]                    # sizes of the kernel maps (limits.rs); file only
 //! stack_samples_bytes = 8388608
@@ -64,6 +67,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 use crate::limits::{LimitsTable, MapLimits};
 use crate::profile_kind::ProfileKind;
+use crate::push::{PushSettings, PushTable};
 use crate::stack_switches::{DebugTable, StackSwitches};
 
 /// Default for `--interval`.
@@ -145,9 +149,9 @@ pub struct Settings {
     /// Delete own profile files older than this (retention.rs); `None`
     /// (`off` or `0`) keeps every file. Longer than `interval`.
     pub retention: Option<Duration>,
-    /// Pyroscope ingest URL every written profile is also sent to
-    /// (checked and completed by `push::parse_url`).
-    pub push_url: Option<String>,
+    /// Where and how every written profile is also pushed to Pyroscope
+    /// (`--push-url` and `[push]`, checked by `push::settings::build`).
+    pub push: Option<PushSettings>,
     /// Where `/metrics` is served.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sizes of the kernel maps (`[limits]` in the config file).
@@ -344,7 +348,8 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
 
-    /// Also send every profile to this Pyroscope server (its /ingest API)
+    /// Also send every profile to this Pyroscope server (its base URL; the
+    /// push API, series and auth set in the config file's [push] table)
     #[arg(long, value_name = "URL")]
     push_url: Option<String>,
 
@@ -381,6 +386,7 @@ struct FileConfig {
     labels: Option<BTreeMap<String, String>>,
     push_url: Option<String>,
     metrics_addr: Option<String>,
+    push: Option<PushTable>,
     limits: Option<LimitsTable>,
     debug: Option<DebugTable>,
 }
@@ -723,10 +729,17 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         // rather than refuse a setting the user did not make.
         None => None,
     };
-    let push_url = match pick(cli.push_url, fc.push_url, "push-url", "push_url", path) {
-        Some((raw, opt)) => {
-            Some(crate::push::parse_url(&raw).map_err(|why| invalid(&opt, &raw, why))?)
-        }
+    let push = match pick(cli.push_url, fc.push_url, "push-url", "push_url", path) {
+        Some((raw, opt)) => Some(
+            crate::push::settings::build(&raw, fc.push.as_ref(), &labels, interval).map_err(
+                |e| match e.key {
+                    "push_url" => invalid(&opt, e.value, e.expected),
+                    // A default of the [push] table, when there is no file.
+                    key if path.is_none() => invalid(&format!("'{key}'"), e.value, e.expected),
+                    key => invalid(&origin("", key, path), e.value, e.expected),
+                },
+            )?,
+        ),
         None => None,
     };
     let metrics_addr = match pick(
@@ -779,7 +792,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         labels,
         unwind,
         retention,
-        push_url,
+        push,
         metrics_addr,
         limits,
         stack_switches,
@@ -1144,7 +1157,7 @@ mod tests {
                 labels: vec![],
                 unwind: UnwindMode::Auto,
                 retention: Some(Duration::from_secs(24 * 3600)),
-                push_url: None,
+                push: None,
                 metrics_addr: None,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),
@@ -1644,7 +1657,7 @@ region = "eu"
     #[test]
     fn push_url_and_metrics_addr() {
         let s = parse(&[]).unwrap();
-        assert_eq!((s.push_url, s.metrics_addr), (None, None));
+        assert_eq!((s.push, s.metrics_addr), (None, None));
         let s = parse(&[
             "--push-url",
             "http://localhost:4040",
@@ -1652,17 +1665,34 @@ region = "eu"
             "127.0.0.1:9464",
         ])
         .unwrap();
-        assert_eq!(s.push_url.as_deref(), Some("http://localhost:4040/ingest"));
+        assert_eq!(
+            s.push.map(|p| p.url).as_deref(),
+            Some("http://localhost:4040/push.v1.PusherService/Push")
+        );
         assert_eq!(s.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
-        let f =
-            config_file("push_url = \"https://p.example/x/ingest\"\nmetrics_addr = \"[::]:0\"\n");
+        let f = config_file(
+            "push_url = \"https://p.example/x\"\nmetrics_addr = \"[::]:0\"\n\
+             [push]\ntenant = \"t1\"\n",
+        );
         let s = parse(&["--config", path_str(&f)]).unwrap();
-        assert_eq!(s.push_url.as_deref(), Some("https://p.example/x/ingest"));
+        let push = s.push.unwrap();
+        assert_eq!(push.url, "https://p.example/x/push.v1.PusherService/Push");
+        assert_eq!(push.tenant.as_deref(), Some("t1"));
         assert_eq!(s.metrics_addr, Some("[::]:0".parse().unwrap()));
 
         error(&["--push-url", "ftp://x/"], "'ftp://x/' for --push-url");
         error(&["--push-url", "localhost:4040"], "--push-url");
         error(&["--push-url", "http://"], "--push-url");
+        // A password in the URL is not echoed.
+        let e = parse(&["--push-url", "ftp://u:hunter2@x/"]).unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        let f = config_file("push_url = \"http://h\"\n[push]\ntenant = \"a b\"\n");
+        error(&["--config", path_str(&f)], "'push.tenant' in config file");
+        // Every window would be too old for the server.
+        error(
+            &["--push-url", "http://h", "--interval", "2h"],
+            "'push.reject_older_than'",
+        );
         error(
             &["--metrics-addr", "localhost"],
             "'localhost' for --metrics-addr",

@@ -129,6 +129,7 @@ pub struct Metrics {
     push_failed: IntCounter,
     push_dropped: IntCounterVec,
     push_queue: IntGauge,
+    push_too_large: IntCounter,
     resident: IntGauge,
     unavailable: IntGaugeVec,
     push: std::sync::Mutex<Option<Arc<PushStats>>>,
@@ -209,7 +210,7 @@ impl Metrics {
             )?,
             push_sent: counter(
                 "profilerd_push_sent_total",
-                "Profiles the push endpoint accepted.",
+                "Uploads (one series' profile each) the push endpoint accepted.",
             )?,
             push_failed: counter(
                 "profilerd_push_failed_total",
@@ -217,12 +218,16 @@ impl Metrics {
             )?,
             push_dropped: counter_vec(
                 "profilerd_push_dropped_total",
-                "Profiles not pushed, by reason (queue_full, rejected, retries, shutdown).",
+                "Uploads not pushed, by reason (queue_full, rejected, retries, too_old, shutdown).",
                 &["reason"],
             )?,
             push_queue: gauge(
                 "profilerd_push_queue_length",
-                "Profiles waiting to be pushed, the one being sent included.",
+                "Uploads waiting to be pushed, the one being sent included.",
+            )?,
+            push_too_large: counter(
+                "profilerd_push_samples_too_large_total",
+                "Samples left out of the push, each alone over push.max_profile_bytes.",
             )?,
             resident: gauge(
                 "profilerd_resident_memory_bytes",
@@ -261,7 +266,7 @@ impl Metrics {
         for (_, map, lost) in BPF_DROPS {
             metrics.bpf_dropped.with_label_values(&[map, lost]);
         }
-        for reason in ["queue_full", "rejected", "retries", "shutdown"] {
+        for reason in ["queue_full", "rejected", "retries", "too_old", "shutdown"] {
             metrics.push_dropped.with_label_values(&[reason]);
         }
         Ok(metrics)
@@ -321,15 +326,11 @@ impl Metrics {
             let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
             mirror(&self.push_sent, get(&push.sent));
             mirror(&self.push_failed, get(&push.failed_requests));
-            for (reason, value) in [
-                ("queue_full", get(&push.dropped_queue_full)),
-                ("rejected", get(&push.dropped_rejected)),
-                ("retries", get(&push.dropped_retries)),
-                ("shutdown", get(&push.dropped_shutdown)),
-            ] {
+            for (reason, value) in push.dropped_reasons() {
                 mirror(&self.push_dropped.with_label_values(&[reason]), value);
             }
             self.push_queue.set(get(&push.queued) as i64);
+            mirror(&self.push_too_large, get(&push.samples_too_large));
         }
         if let Some(rss) = resident_bytes() {
             self.resident.set(rss as i64);

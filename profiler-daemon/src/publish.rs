@@ -1,6 +1,6 @@
 //! Where a finished profile goes: gzipped once, written to its file (always),
-//! counted in the metrics, and queued for the push endpoint when one is
-//! set. The push gets the file's exact bytes.
+//! counted in the metrics, and handed to the push when one is set (which
+//! makes its own uploads of it: push/mod.rs).
 //!
 //! A failed write (full disk, vanished directory) is logged once per window,
 //! not once per profile type, and the first successful write after failures
@@ -9,13 +9,11 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
-
-use bytes::Bytes;
+use std::time::SystemTime;
 
 use crate::metrics::Metrics;
 use crate::profile_kind::ProfileKind;
-use crate::push::{Pusher, Upload, window_seconds};
+use crate::push::Pusher;
 use crate::writer::{ProfileWriter, WriteError};
 
 /// The outputs of the session's windows.
@@ -50,17 +48,16 @@ impl Publisher {
         &self.metrics
     }
 
-    /// Writes `profile` of the window that started at `start` and lasted
-    /// `duration`, then queues it for the push (never waits for it). Logs
+    /// Writes `profile` of the window that started at `start`, then hands
+    /// it to the push (never waits for it). Logs
     /// the failure (once per window) or a recovery.
     pub fn publish(
         &self,
         kind: ProfileKind,
         start: SystemTime,
-        duration: Duration,
         profile: &pprof_proto::Profile,
     ) -> Result<PathBuf, WriteError> {
-        let bytes = Bytes::from(pprof_proto::encode_gzip(profile));
+        let bytes = pprof_proto::encode_gzip(profile);
         let path = match self.writer.write_gzipped(kind, start, &bytes) {
             Ok(path) => path,
             Err(e) => {
@@ -73,17 +70,11 @@ impl Publisher {
         self.metrics
             .profile_written(kind, profile.sample.len(), bytes.len());
         if let Some(pusher) = &self.pusher {
-            let (from, until) = window_seconds(start, duration);
-            pusher.push(Upload {
-                kind,
-                body: bytes,
-                from,
-                until,
-                file: path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-            });
+            let file = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            pusher.push(kind, profile, &file);
         }
         Ok(path)
     }

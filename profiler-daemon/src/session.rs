@@ -1046,7 +1046,7 @@ fn write_window(
         };
         let built = began.elapsed();
         // A failure is logged by the publisher, once per window.
-        if let Ok(path) = publisher.publish(kind, window.start, duration, &profile) {
+        if let Ok(path) = publisher.publish(kind, window.start, &profile) {
             tracing::info!(
                 "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
@@ -1487,11 +1487,11 @@ async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Pub
         let (bound, _) = crate::metrics::serve(addr, metrics.clone()).await?;
         tracing::info!("serving metrics at http://{bound}/metrics");
     }
-    let pusher = match &settings.push_url {
-        Some(url) => {
-            let pusher = Pusher::start(url, &settings.labels)?;
+    let pusher = match &settings.push {
+        Some(push) => {
+            let pusher = Pusher::start(push.clone())?;
             metrics.watch_push(pusher.stats());
-            tracing::info!("pushing every profile to {url}");
+            tracing::info!("pushing every profile to {}", pusher.url());
             Some(pusher)
         }
         None => None,

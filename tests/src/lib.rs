@@ -13,7 +13,9 @@
 //! - [`profiles`]: reading, validating and analysing the profile files;
 //! - [`pprof_tool`]: checking every file with `go tool pprof -raw`;
 //! - [`cgroups`]: cgroups a test creates and removes, workloads put in them.
-//! - [`http`]: a stand-in Pyroscope server and `/metrics` scrapes.
+//! - [`http`]: `/metrics` scrapes.
+//! - [`pyroscope`]: a stand-in Pyroscope server that decodes pushes with
+//!   Pyroscope's published API and checks them by the server's rules.
 //! - [`perf`]: `perf record` over the same stretch as the daemon, and its
 //!   samples read back with `perf script`.
 //! - [`resources`]: the daemon's memory and open descriptors over time.
@@ -28,6 +30,7 @@ pub mod perf;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
+pub mod pyroscope;
 pub mod resources;
 pub mod workloads;
 

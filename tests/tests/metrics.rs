@@ -14,7 +14,7 @@ use profiler_tests::workloads::Workload;
 use profiler_tests::{pause, temp_dir};
 
 /// Every metric the daemon exports, with its type.
-const EXPECTED: [(&str, &str); 17] = [
+const EXPECTED: [(&str, &str); 18] = [
     ("profilerd_samples_total", "counter"),
     ("profilerd_files_written_total", "counter"),
     ("profilerd_written_bytes_total", "counter"),
@@ -31,6 +31,7 @@ const EXPECTED: [(&str, &str); 17] = [
     ("profilerd_push_failed_total", "counter"),
     ("profilerd_push_dropped_total", "counter"),
     ("profilerd_push_queue_length", "gauge"),
+    ("profilerd_push_samples_too_large_total", "counter"),
     ("profilerd_resident_memory_bytes", "gauge"),
 ];
 

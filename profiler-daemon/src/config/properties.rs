@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// The keys a config file may have, and some it may not.
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "pid",
     "command",
     "profiles",
@@ -24,6 +24,7 @@ const KEYS: [&str; 19] = [
     "unwind",
     "retention",
     "push_url",
+    "push",
     "metrics_addr",
     "labels",
     "label",
