@@ -95,7 +95,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Labels that profilerd sets on every sample itself; a `--label` with one of
 /// these names would make two labels with the same key. The last seven are
 /// `environment::LABELS`.
-pub const RESERVED_LABELS: [&str; 12] = [
+pub const RESERVED_LABELS: [&str; 13] = [
     "pid",
     "tid",
     "comm",
@@ -107,8 +107,10 @@ pub const RESERVED_LABELS: [&str; 12] = [
     "pod_uid",
     "systemd_unit",
     "node",
-    // The futex word of block and mutex samples.
+    // The futex word of block and mutex samples, and the condition
+    // variable a block sample waited on.
     "lock",
+    "cond",
 ];
 
 const DURATION_EXPECTED: &str = "expected a duration like 30s, 5m or 1h";
