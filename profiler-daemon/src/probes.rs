@@ -74,6 +74,18 @@ pub enum ProbeError {
     KernelLog(#[source] aya_log::Error),
 }
 
+/// Entries of a preallocated map that nothing uses (a few, not none: the
+/// kernel refuses a map of 0).
+const UNUSED_MAP_ENTRIES: u32 = 64;
+
+/// The size of a ring that nothing writes: one page, the least a ring
+/// buffer map takes.
+fn unused_ring_bytes() -> u32 {
+    // SAFETY: plain libc call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
 /// How the kernel side should behave.
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
@@ -203,12 +215,40 @@ impl Probes {
             true => aya_log::Level::Trace as u8,
             false => 0,
         };
+        // The rings of profile types that are off get the smallest size the
+        // kernel takes, one page: nothing writes them, and each ring's pages
+        // are mapped into the daemon (twice over for its data).
+        let mut limits = config.limits;
+        let unused = unused_ring_bytes();
+        if !config.cpu {
+            limits.stack_samples_bytes = unused;
+        }
+        if config.heap_sample_bytes.is_none() {
+            limits.heap_events_bytes = unused;
+            limits.heap_live_entries = UNUSED_MAP_ENTRIES;
+        }
+        if !(config.block || config.offcpu || config.mutex_fraction.is_some()) {
+            limits.wait_events_bytes = unused;
+        }
         let mut loader = EbpfLoader::new();
         // FUTEX_CALLS is task-local storage, which aya creates but does not
         // wrap; only the kernel reads and writes it.
         loader.allow_unsupported_maps();
-        for (name, size) in config.limits.map_sizes() {
+        for (name, size) in limits.map_sizes() {
             loader.map_max_entries(name, size);
+        }
+        // Preallocated maps of profile types that are off: nothing uses
+        // them, and their elements are allocated when they are created.
+        let waits = config.block || config.offcpu || config.mutex_fraction.is_some();
+        for (name, on) in [
+            ("HEAP_THREADS", config.heap_sample_bytes.is_some()),
+            ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
+            ("GO_PARKED", config.block),
+            ("WALK_HINTS", waits),
+        ] {
+            if !on {
+                loader.map_max_entries(name, UNUSED_MAP_ENTRIES);
+            }
         }
         let mut ebpf = loader
             .override_global("FILTER_TARGETS", &filter, true)
@@ -225,13 +265,9 @@ impl Probes {
             .override_global("MUTEX_FRACTION", &mutex_fraction, true)
             .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
             .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
-            .override_global(
-                "STACK_SAMPLES_RING",
-                &config.limits.stack_samples_bytes,
-                true,
-            )
-            .override_global("HEAP_EVENTS_RING", &config.limits.heap_events_bytes, true)
-            .override_global("WAIT_EVENTS_RING", &config.limits.wait_events_bytes, true)
+            .override_global("STACK_SAMPLES_RING", &limits.stack_samples_bytes, true)
+            .override_global("HEAP_EVENTS_RING", &limits.heap_events_bytes, true)
+            .override_global("WAIT_EVENTS_RING", &limits.wait_events_bytes, true)
             .override_global("BRIEF_RECORDS", &brief_records, true)
             .override_global("SHORT_RECORDS", &short_records, true)
             .override_global("USE_STACK_TOPS", &stack_tops, true)

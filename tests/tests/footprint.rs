@@ -1,0 +1,105 @@
+//! What profilerd holds for the profile types that are on, and no more:
+//! the ring buffer of a profile type that is off is one page, so that a
+//! cpu-only daemon does not map the heap and wait rings (16 MiB each,
+//! mapped twice over) it never reads.
+//!
+//! The rings are told apart by size: `[limits]` gives each a size no
+//! other map of the daemon has, and the daemon's descriptors
+//! (/proc/PID/fdinfo) list every map it holds with its type and size.
+
+use std::time::Duration;
+
+use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::temp_dir;
+
+/// `BPF_MAP_TYPE_RINGBUF`.
+const RINGBUF: u32 = 27;
+const STACK_SAMPLES: u64 = 2 << 20;
+const HEAP_EVENTS: u64 = 4 << 20;
+const WAIT_EVENTS: u64 = 1 << 20;
+const EXIT_BOUND: Duration = Duration::from_secs(20);
+
+/// The sizes of the ring buffers process `pid` holds.
+fn ring_sizes(pid: u32) -> Vec<u64> {
+    let mut sizes = Vec::new();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for entry in std::fs::read_dir(&dir).expect("reading the daemon's fdinfo") {
+        let Ok(text) = std::fs::read_to_string(entry.expect("an fdinfo entry").path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if field("map_type:") == Some(u64::from(RINGBUF))
+            && let Some(size) = field("max_entries:")
+        {
+            sizes.push(size);
+        }
+    }
+    sizes
+}
+
+/// Starts the daemon with `profiles` and the distinctive ring sizes, and
+/// returns the ring sizes it holds once ready.
+fn rings_with(profiles: &str) -> Vec<u64> {
+    require_root();
+    let tmp = temp_dir();
+    let config = tmp.path().join("profilerd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[limits]\nstack_samples_bytes = {STACK_SAMPLES}\nheap_events_bytes = {HEAP_EVENTS}\nwait_events_bytes = {WAIT_EVENTS}\n"
+        ),
+    )
+    .expect("writing the config");
+    let out = tmp.path().join("out");
+    let mut daemon = Daemon::start(&[
+        "--profiles",
+        profiles,
+        "--duration",
+        "2s",
+        "--config",
+        config.to_str().expect("UTF-8 path"),
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+    ]);
+    daemon.wait_ready();
+    let sizes = ring_sizes(daemon.pid());
+    daemon.wait_success(EXIT_BOUND);
+    sizes
+}
+
+#[test]
+fn rings_exist_only_for_the_profile_types_that_are_on() {
+    for (profiles, on) in [
+        ("cpu", vec![STACK_SAMPLES]),
+        ("heap", vec![HEAP_EVENTS]),
+        ("block,mutex,offcpu", vec![WAIT_EVENTS]),
+        (
+            "cpu,heap,block",
+            vec![STACK_SAMPLES, HEAP_EVENTS, WAIT_EVENTS],
+        ),
+    ] {
+        let sizes = rings_with(profiles);
+        for ring in [STACK_SAMPLES, HEAP_EVENTS, WAIT_EVENTS] {
+            assert_eq!(
+                sizes.contains(&ring),
+                on.contains(&ring),
+                "--profiles {profiles}: a ring of {ring} bytes {} (rings held: {sizes:?})",
+                if on.contains(&ring) {
+                    "is missing"
+                } else {
+                    "is held though its profile is off"
+                }
+            );
+        }
+        let page = 4096;
+        assert_eq!(
+            sizes.iter().filter(|&&s| s == page).count(),
+            3 - on.len(),
+            "--profiles {profiles}: every ring of a type that is off is one page (rings held: {sizes:?})"
+        );
+    }
+}
