@@ -69,10 +69,8 @@ fn trial_load(settings: &Settings, features: &KernelFeatures, kind: ProfileKind)
     config.filter_targets = true;
     config.follow_forks = false;
     match Probes::load(&config) {
-        Ok(probes) => {
-            drop(probes);
-            None
-        }
+        // Dropped at once: everything it attached goes with it.
+        Ok(_probes) => None,
         Err(e) => Some(reason(&format!("{:#}", anyhow::Error::from(e)))),
     }
 }

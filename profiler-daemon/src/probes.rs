@@ -218,6 +218,7 @@ impl Probes {
         // The rings of profile types that are off get the smallest size the
         // kernel takes, one page: nothing writes them, and each ring's pages
         // are mapped into the daemon (twice over for its data).
+        let waits_on = futex_on || config.offcpu;
         let mut limits = config.limits;
         let unused = unused_ring_bytes();
         if !config.cpu {
@@ -227,7 +228,7 @@ impl Probes {
             limits.heap_events_bytes = unused;
             limits.heap_live_entries = UNUSED_MAP_ENTRIES;
         }
-        if !(config.block || config.offcpu || config.mutex_fraction.is_some()) {
+        if !waits_on {
             limits.wait_events_bytes = unused;
         }
         let mut loader = EbpfLoader::new();
@@ -239,12 +240,11 @@ impl Probes {
         }
         // Preallocated maps of profile types that are off: nothing uses
         // them, and their elements are allocated when they are created.
-        let waits = config.block || config.offcpu || config.mutex_fraction.is_some();
         for (name, on) in [
             ("HEAP_THREADS", config.heap_sample_bytes.is_some()),
             ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
             ("GO_PARKED", config.block),
-            ("WALK_HINTS", waits),
+            ("WALK_HINTS", waits_on),
         ] {
             if !on {
                 loader.map_max_entries(name, UNUSED_MAP_ENTRIES);
