@@ -891,4 +891,63 @@ mod tests {
         assert_eq!(parse_field_offset(format, "parent_pid"), Some(24));
         assert_eq!(parse_field_offset(format, "nope"), None);
     }
+
+    /// The names the daemon and users know the kernel side by: every
+    /// program with its section, every map with its type and sizes, every
+    /// load-time global. A change to how the eBPF crate is laid out must not
+    /// change any of them; a change meant to is made by rewriting the file
+    /// (`PROFILERD_UPDATE_GOLDEN=1`) and shows in review.
+    #[test]
+    fn object_programs_maps_and_globals_are_as_recorded() {
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let obj = aya_obj::Object::parse(EBPF_OBJECT).expect("parse the eBPF object");
+        let mut lines = Vec::new();
+        for (name, program) in &obj.programs {
+            lines.push(format!("program {name} {:?}", program.section));
+        }
+        for (name, map) in &obj.maps {
+            lines.push(format!(
+                "map {name} type={} key={} value={} max_entries={} flags={:#x}",
+                map.map_type(),
+                map.key_size(),
+                map.value_size(),
+                map.max_entries(),
+                map.map_flags()
+            ));
+        }
+        let elf = object::File::parse(EBPF_OBJECT).expect("parse the eBPF object as ELF");
+        for symbol in elf.symbols() {
+            let Some(section) = symbol.section_index().and_then(|i| elf.section_by_index(i).ok())
+            else {
+                continue;
+            };
+            let section = section.name().unwrap_or("?");
+            if matches!(section, ".rodata" | ".data" | ".bss") && symbol.is_global() {
+                let name = symbol.name().unwrap_or("?");
+                lines.push(format!("global {name} {section} size={}", symbol.size()));
+            }
+        }
+        lines.sort();
+        let text = lines.join("\n") + "\n";
+        let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/ebpf-object.txt");
+        if std::env::var_os("PROFILERD_UPDATE_GOLDEN").is_some() {
+            std::fs::write(golden, &text).expect("write the golden file");
+        }
+        let recorded = std::fs::read_to_string(golden).unwrap_or_default();
+        assert!(
+            recorded == text,
+            "the eBPF object's programs, maps or globals changed; if that is meant, \
+             rerun with PROFILERD_UPDATE_GOLDEN=1 and review {golden}:\n{}",
+            line_diff(&recorded, &text)
+        );
+    }
+
+    /// The lines only one of two texts has, marked `-` (recorded) or `+`.
+    fn line_diff(recorded: &str, now: &str) -> String {
+        let old: std::collections::BTreeSet<&str> = recorded.lines().collect();
+        let new: std::collections::BTreeSet<&str> = now.lines().collect();
+        let gone = old.difference(&new).map(|l| format!("- {l}"));
+        let came = new.difference(&old).map(|l| format!("+ {l}"));
+        gone.chain(came).collect::<Vec<_>>().join("\n")
+    }
 }

@@ -100,7 +100,7 @@ static LOG_BUDGETS: PerCpuArray<Budget> = PerCpuArray::with_max_entries(why::COU
 /// Whether kernel diagnostics are on.
 #[inline(always)]
 pub fn on() -> bool {
-    crate::global_u8(&KERNEL_LOG) != 0
+    crate::globals::global_u8(&KERNEL_LOG) != 0
 }
 
 /// Runs a program's body (an `#[inline(always)]` function of its context),
@@ -169,7 +169,7 @@ pub fn note(kind: u32, tgid: u32, tid: u32, values: [u64; 4]) {
                 };
                 (*notes).len = len as u64 + 1;
             }
-            None => crate::count(counter::KERNEL_LOGS_DROPPED),
+            None => crate::counters::count(counter::KERNEL_LOGS_DROPPED),
         }
     }
 }
@@ -190,7 +190,7 @@ fn allowed(kind: u32) -> bool {
             (*budget).sent = 0;
         }
         if (*budget).sent >= BURST {
-            crate::count(counter::KERNEL_LOGS_DROPPED);
+            crate::counters::count(counter::KERNEL_LOGS_DROPPED);
             return false;
         }
         (*budget).sent += 1;

@@ -1,0 +1,101 @@
+//! The read-only globals the daemon sets before it loads the object
+//! (`EbpfLoader::override_global`): which profiles are on, their rates,
+//! tracepoint record offsets of this kernel, ring sizes and the stack
+//! optimizations' switches. Read through [`global`] and [`global_u8`], so
+//! that the compiler does not fold in the defaults written here.
+
+use profiler_common::{HEAP_EVENTS_BYTES, STACK_SAMPLES_BYTES, WAIT_EVENTS_BYTES};
+
+/// 1 when only processes in `TARGETS` are sampled (`--pid`, `-- COMMAND`).
+#[unsafe(no_mangle)]
+pub(crate) static FILTER_TARGETS: u8 = 0;
+
+/// 1 when children of targets become targets (`-- COMMAND` mode).
+#[unsafe(no_mangle)]
+pub(crate) static FOLLOW_FORKS: u8 = 0;
+
+/// Offset of `child_pid` in the sched_process_fork record, read by the
+/// daemon from the tracepoint's format file (it differs between kernels).
+#[unsafe(no_mangle)]
+pub(crate) static FORK_CHILD_PID_OFFSET: u32 = 44;
+
+/// How user stacks are unwound (`unwind_mode`).
+#[unsafe(no_mangle)]
+pub(crate) static UNWIND_MODE: u8 = 0;
+
+/// Mean bytes between heap samples (`--heap-sample-bytes`).
+#[unsafe(no_mangle)]
+pub(crate) static HEAP_SAMPLE_BYTES: u64 = 524_288;
+
+/// The daemon's own process id: its allocations are not profiled.
+#[unsafe(no_mangle)]
+pub(crate) static SELF_TGID: u32 = 0;
+
+/// 1 when the execs of all targets and their followed forks are reported
+/// (heap profiles look for allocators in new programs), not only those of
+/// processes already seen.
+#[unsafe(no_mangle)]
+pub(crate) static REPORT_PROCESS_EVENTS: u8 = 0;
+
+/// Block profile on, and its rate (`--block-rate`, ns).
+#[unsafe(no_mangle)]
+pub(crate) static BLOCK_ON: u8 = 0;
+
+#[unsafe(no_mangle)]
+pub(crate) static BLOCK_RATE_NS: u64 = 10_000;
+
+/// Mutex profile on, and 1 in how many contended wake-ups it keeps.
+#[unsafe(no_mangle)]
+pub(crate) static MUTEX_ON: u8 = 0;
+
+#[unsafe(no_mangle)]
+pub(crate) static MUTEX_FRACTION: u64 = 100;
+
+/// Off-CPU profile on (its rate is BLOCK_RATE_NS).
+#[unsafe(no_mangle)]
+pub(crate) static OFFCPU_ON: u8 = 0;
+
+/// Offsets in the syscall tracepoint records, from their format files
+/// (futex's `op` follows `uaddr`: the daemon checks).
+#[unsafe(no_mangle)]
+pub(crate) static FUTEX_UADDR_OFFSET: u32 = 16;
+
+#[unsafe(no_mangle)]
+pub(crate) static SYSCALL_RET_OFFSET: u32 = 16;
+
+/// Byte sizes of the rings as loaded (`[limits]` may change them), for the
+/// wake-up threshold.
+#[unsafe(no_mangle)]
+pub(crate) static STACK_SAMPLES_RING: u32 = STACK_SAMPLES_BYTES;
+
+#[unsafe(no_mangle)]
+pub(crate) static HEAP_EVENTS_RING: u32 = HEAP_EVENTS_BYTES;
+
+#[unsafe(no_mangle)]
+pub(crate) static WAIT_EVENTS_RING: u32 = WAIT_EVENTS_BYTES;
+
+/// Stack optimizations, each on (1) unless the daemon turns it off to
+/// compare (`[debug]` in its config): a matched walk hint sends a record
+/// without a stack copy; a stack known to fit in SHORT_STACK_BYTES goes in
+/// the short record form; copies stop at the thread's known stack top.
+#[unsafe(no_mangle)]
+pub(crate) static BRIEF_RECORDS: u8 = 1;
+
+#[unsafe(no_mangle)]
+pub(crate) static SHORT_RECORDS: u8 = 1;
+
+#[unsafe(no_mangle)]
+pub(crate) static USE_STACK_TOPS: u8 = 1;
+
+#[inline(always)]
+pub(crate) fn global<T: Copy>(v: &T) -> T {
+    // SAFETY: as for global_u8.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[inline(always)]
+pub(crate) fn global_u8(v: &u8) -> u8 {
+    // SAFETY: the daemon patches these read-only globals before loading;
+    // a volatile read keeps the compiler from folding the default value.
+    unsafe { core::ptr::read_volatile(v) }
+}

@@ -1,0 +1,304 @@
+//! `cpu_sample`, on every CPU-clock tick of every online CPU: keeps the
+//! sample only for targeted processes (when filtering is on) and either
+//! sends it with a copy of the user stack for the daemon to unwind, or
+//! records frame-pointer stacks in a stack map keyed by a 64-bit hash of
+//! the frames and adds one to the sample's per-CPU count. (The kernel's
+//! own stack-trace map is not used: it has one slot per hash bucket and
+//! loses a stack whenever two stacks share a bucket.) Counts and stacks
+//! are double-buffered: the daemon flips `CONTROL[ACTIVE_BUFFER]` and
+//! drains the buffer the kernel no longer writes, so draining never races
+//! a writer and per-CPU counts never lose an update.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, bpf_perf_event_data},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid,
+        generated::{bpf_get_stack, bpf_ktime_get_ns},
+    },
+    macros::{map, perf_event},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::PerfEventContext,
+};
+use profiler_common::{
+    COMM_LEN, COUNTS_ENTRIES, MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
+    STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample,
+    control, counter,
+};
+
+use crate::{
+    counters::count,
+    globals::STACK_SAMPLES_RING,
+    klog::{self, klog, why},
+    maps::wake_flag,
+    process::{anchor_young_image, is_target, note_process},
+    stack::{
+        copy::{counted_copy_stack, stack_fits},
+        task_user_regs, use_dwarf,
+    },
+};
+
+/// -EFAULT from bpf_get_stack: no stack of that kind for this sample.
+const EFAULT: i64 = -14;
+
+#[map]
+static CONTROL: Array<u32> = Array::with_max_entries(control::COUNT, 0);
+
+#[map]
+static COUNTS_0: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+
+#[map]
+static COUNTS_1: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(COUNTS_ENTRIES, 0);
+
+#[map]
+static STACKS_0: HashMap<StackHash, Stack> =
+    HashMap::with_max_entries(STACKS_ENTRIES, BPF_F_NO_PREALLOC);
+
+#[map]
+static STACKS_1: HashMap<StackHash, Stack> =
+    HashMap::with_max_entries(STACKS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Per-CPU scratch space for the stack being recorded (too big for the
+/// 512-byte BPF stack).
+#[map]
+static SCRATCH: PerCpuArray<Stack> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTES, 0);
+
+#[perf_event]
+pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
+    klog::run(ctx, cpu_sample_run)
+}
+
+#[inline(always)]
+fn cpu_sample_run(ctx: PerfEventContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    // The idle task: the CPU did no work for anyone.
+    if tid == 0 || !is_target(tgid) {
+        return 0;
+    }
+    count(counter::SAMPLES);
+    let image_since = note_process(tgid);
+    anchor_young_image(ctx.as_ptr(), tgid, image_since);
+
+    let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
+    if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
+        return 0;
+    }
+    let active = CONTROL.get(control::ACTIVE_BUFFER).copied().unwrap_or(0);
+    let (stacks, counts) = if active == 0 {
+        (&STACKS_0, &COUNTS_0)
+    } else {
+        (&STACKS_1, &COUNTS_1)
+    };
+    let user_stack = record_stack(
+        &ctx,
+        stacks,
+        BPF_F_USER_STACK as u64,
+        counter::USER_STACK_LOST,
+    );
+    // A sample taken in user mode has no kernel stack: skip the helper.
+    let kernel_stack = if in_user_mode(&ctx) {
+        STACK_NONE
+    } else {
+        record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST)
+    };
+    let key = SampleKey {
+        tgid,
+        tid,
+        user_stack,
+        kernel_stack,
+        comm,
+        image_since,
+    };
+    match counts.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot of a per-CPU map; no other writer.
+        Some(v) => unsafe { *v += 1 },
+        None => {
+            // Inserting from a program zeroes the other CPUs' slots.
+            if counts.insert(key, 1u64, BPF_NOEXIST as u64).is_err() {
+                // Another CPU inserted the key first: add to our slot.
+                match counts.get_ptr_mut(key) {
+                    // SAFETY: as above.
+                    Some(v) => unsafe { *v += 1 },
+                    None => {
+                        count(counter::COUNTS_FULL);
+                        klog!(why::COUNTS_FULL, tgid, tid);
+                    }
+                }
+            }
+        }
+    }
+    0
+}
+
+/// The user registers (ip, sp, bp) of the current task: those of the
+/// interrupted context when the sample hit user code, else the ones the
+/// task saved on entering the kernel. None for kernel threads.
+#[inline(always)]
+fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
+    let (ip, sp, bp) = if in_user_mode(ctx) {
+        let data = ctx.as_ptr() as *const bpf_perf_event_data;
+        // SAFETY: direct context loads, which the verifier rewrites to the
+        // sampled registers (a probe read of the context would read the
+        // kernel's own, different structure).
+        unsafe { ((*data).regs.rip, (*data).regs.rsp, (*data).regs.rbp) }
+    } else {
+        task_user_regs()?
+    };
+    if ip == 0 || sp == 0 {
+        return None;
+    }
+    Some((ip, sp, bp))
+}
+
+/// Sends the sample with a copy of the user stack for unwinding in the
+/// daemon. Returns false (the caller records a frame-pointer sample
+/// instead) for kernel threads and when the ring buffer is full.
+#[inline(always)]
+fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; COMM_LEN]) -> bool {
+    let Some((ip, sp, bp)) = user_regs(ctx) else {
+        return false;
+    };
+    let sent = if stack_fits(tid, sp, SHORT_STACK_BYTES) {
+        send_stack_sample_in::<SHORT_STACK_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+    } else {
+        send_stack_sample_in::<STACK_COPY_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+    };
+    if sent {
+        count(counter::STACK_SAMPLES);
+    } else {
+        count(counter::STACK_SAMPLES_FULL);
+        klog!(why::FRAME_POINTER_FALLBACK, tgid, tid);
+    }
+    sent
+}
+
+/// Sends a CPU sample in the record form with an N-byte stack copy.
+#[inline(always)]
+fn send_stack_sample_in<const N: usize>(
+    ctx: &PerfEventContext,
+    tgid: u32,
+    tid: u32,
+    comm: &[u8; COMM_LEN],
+    (ip, sp, bp): (u64, u64, u64),
+) -> bool {
+    let Some(mut entry) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; fields are written in
+    // place because the record is far larger than the BPF stack.
+    unsafe {
+        (*out).tgid = tgid;
+        (*out).tid = tid;
+        (*out).time_ns = bpf_ktime_get_ns();
+        (*out).ip = ip;
+        (*out).sp = sp;
+        (*out).bp = bp;
+        (*out).comm = *comm;
+        let mut kernel_len = 0u64;
+        if !in_user_mode(ctx) {
+            let bytes = bpf_get_stack(
+                ctx.as_ptr(),
+                (*out).kernel.as_mut_ptr().cast(),
+                (MAX_STACK_DEPTH * 8) as u32,
+                0,
+            );
+            if bytes > 0 {
+                kernel_len = (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64);
+            }
+        }
+        (*out).kernel_len = kernel_len;
+        (*out).stack_len = counted_copy_stack::<N>((*out).stack.as_mut_ptr(), sp);
+    }
+    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
+    true
+}
+
+/// Whether the interrupted code ran in user mode (CPL 3 in CS).
+#[inline(always)]
+fn in_user_mode(ctx: &PerfEventContext) -> bool {
+    let data = ctx.as_ptr() as *const bpf_perf_event_data;
+    // SAFETY: the context of a perf_event program is bpf_perf_event_data;
+    // reading its registers is a checked context access.
+    let cs = unsafe { (*data).regs.cs };
+    cs & 3 == 3
+}
+
+/// Records the current user (`flags` = BPF_F_USER_STACK) or kernel stack
+/// and returns its hash, or STACK_NONE / STACK_LOST.
+#[inline(always)]
+fn record_stack(
+    ctx: &PerfEventContext,
+    stacks: &HashMap<StackHash, Stack>,
+    flags: u64,
+    lost: u32,
+) -> StackHash {
+    let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        count(lost);
+        return STACK_LOST;
+    };
+    // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
+    let buf = unsafe { &mut *buf };
+    // SAFETY: the buffer is a map value of exactly the size passed.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            buf.ips.as_mut_ptr().cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            flags,
+        )
+    };
+    if bytes <= 0 {
+        // -EFAULT or nothing: a kernel thread has no user stack, and a
+        // sample taken in user mode has no kernel stack.
+        if bytes == 0 || bytes == EFAULT {
+            return STACK_NONE;
+        }
+        count(lost);
+        let why = match flags {
+            0 => why::KERNEL_STACK_WALK_FAILED,
+            _ => why::USER_STACK_WALK_FAILED,
+        };
+        klog!(why, klog::tgid(), klog::tid(), bytes);
+        return STACK_LOST;
+    }
+    let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
+    buf.len = len as u64;
+    // FxHash-style mixing of every frame; 64 bits keep collisions between
+    // the few thousand stacks of a window improbable.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ len as u64;
+    for i in 0..MAX_STACK_DEPTH {
+        if i >= len {
+            break;
+        }
+        hash = (hash.rotate_left(5) ^ buf.ips[i]).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    if hash <= STACK_LOST {
+        hash += 2;
+    }
+    // SAFETY: presence check only.
+    if unsafe { stacks.get(hash).is_none() } {
+        // -EEXIST: another CPU stored the same stack first, which is fine.
+        // By reference: a copy of the 1 KiB stack would not fit the
+        // 512-byte BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        let stored = stacks.insert(hash, &*buf, BPF_NOEXIST as u64);
+        if let Err(e) = stored
+            && e != -17
+        {
+            count(lost);
+            let why = match flags {
+                0 => why::KERNEL_STACK_MAP_FULL,
+                _ => why::USER_STACK_MAP_FULL,
+            };
+            klog!(why, klog::tgid(), klog::tid(), e);
+            return STACK_LOST;
+        }
+    }
+    hash
+}

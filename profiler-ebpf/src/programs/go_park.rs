@@ -1,0 +1,169 @@
+//! Go's park points for the block profile (runtime.gopark and
+//! runtime.ready): goroutine waits that never reach a futex.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_user as read_user,
+        generated::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns},
+    },
+    macros::map,
+    maps::LruHashMap,
+    programs::ProbeContext,
+};
+use profiler_common::{
+    COMM_LEN, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey, MAX_STACK_DEPTH, WaitHead, WaitStack,
+    counter, go_fn, sampling::keep_block_event, wait_event, wait_flags,
+};
+
+use crate::{
+    counters::count,
+    globals::{BLOCK_ON, BLOCK_RATE_NS, SELF_TGID, WAIT_EVENTS_RING, global, global_u8},
+    klog::{self, klog, why},
+    maps::wake_flag,
+    process::is_target,
+    waits::WAIT_EVENTS,
+};
+
+/// Parked goroutines by (process, g address).
+#[map]
+static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
+
+/// Go's park points for the block profile, attached to runtime.gopark and
+/// runtime.ready of Go executables (the cookie says which). A goroutine
+/// that parks (channel, select, sync) is remembered by its `g` (R14 in
+/// Go's register ABI) with its stack registers; when another goroutine
+/// readies it (`gp` in RAX), the wait is kept by Go's block rule and its
+/// stack walked by frame pointers (Go keeps them) through the parked
+/// goroutine's memory, which lies in the same address space. Entry probes
+/// only: a return probe would move a return address that Go's stack
+/// copying must find.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "uprobe")]
+pub fn go_park_probe(ctx: *mut core::ffi::c_void) -> u32 {
+    klog::run(ProbeContext::new(ctx), go_park_probe_run)
+}
+
+#[inline(always)]
+fn go_park_probe_run(ctx: ProbeContext) -> u32 {
+    go_park_run(ctx);
+    0
+}
+
+#[inline(always)]
+fn go_park_run(ctx: ProbeContext) {
+    if global_u8(&BLOCK_ON) == 0 {
+        return;
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == global(&SELF_TGID) || !is_target(tgid) {
+        return;
+    }
+    let regs = ctx.regs;
+    // SAFETY: plain helpers; checked context loads of the user's pt_regs.
+    let (function, now, r14, rax, sp, bp) = unsafe {
+        (
+            bpf_get_attach_cookie(ctx.regs.cast()),
+            bpf_ktime_get_ns(),
+            (*regs).r14,
+            (*regs).rax,
+            (*regs).rsp,
+            (*regs).rbp,
+        )
+    };
+    if function == go_fn::GOPARK {
+        let park = GoPark {
+            start_ns: now,
+            sp,
+            bp,
+            tid: pid_tgid as u32,
+            _pad: 0,
+            comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+        };
+        let key = FutexKey {
+            tgid,
+            _pad: 0,
+            addr: r14,
+        };
+        let _ = GO_PARKED.insert(key, park, 0);
+        return;
+    }
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: rax,
+    };
+    // SAFETY: copied out before the entry is removed.
+    let Some(park) = (unsafe { GO_PARKED.get(key) }).copied() else {
+        return;
+    };
+    let _ = GO_PARKED.remove(key);
+    count(counter::FUTEX_WAITS);
+    let waited = now.saturating_sub(park.start_ns);
+    // SAFETY: plain helper.
+    let random = unsafe { bpf_get_prandom_u32() };
+    if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
+        send_go_block(tgid, &park, waited);
+    }
+}
+
+/// Sends a kept goroutine wait with its frames: the return address at
+/// gopark's entry, then the frame-pointer chain.
+#[inline(always)]
+fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+        count(counter::WAIT_EVENTS_LOST);
+        klog!(why::GO_WAIT_LOST, tgid, park.tid, waited);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; user memory is read
+    // through the checked helper.
+    unsafe {
+        (*out).head = WaitHead {
+            kind: wait_event::BLOCK,
+            tgid,
+            tid: park.tid,
+            flags: wait_flags::RETURN_ADDRESS,
+            value: waited,
+            uaddr: 0,
+            ip: 0,
+            sp: park.sp,
+            bp: park.bp,
+            hint_id: 0,
+            time_ns: park.start_ns + waited,
+            cond: 0,
+            comm: park.comm,
+        };
+        (*out).stack_len = 0;
+        let mut len = 0u64;
+        if let Ok(ret) = read_user(park.sp as *const u64) {
+            (*out).frames[0] = ret;
+            len = 1;
+            let mut bp = park.bp;
+            for i in 1..MAX_STACK_DEPTH {
+                if bp == 0 {
+                    break;
+                }
+                let Ok(ret) = read_user((bp + 8) as *const u64) else {
+                    break;
+                };
+                let Ok(next) = read_user(bp as *const u64) else {
+                    break;
+                };
+                if ret == 0 {
+                    break;
+                }
+                (*out).frames[i] = ret;
+                len = i as u64 + 1;
+                // Frames lie at increasing addresses towards the root.
+                if next <= bp {
+                    break;
+                }
+                bp = next;
+            }
+        }
+        (*out).frames_len = len;
+    }
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+}

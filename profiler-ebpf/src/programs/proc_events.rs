@@ -1,0 +1,195 @@
+//! The process tracepoints: fork (following descendants in `-- COMMAND`
+//! mode), exec (a new image; its start from its point of no return) and
+//! exit (the daemon drops its probes and state), sent on the process event
+//! ring.
+
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid,
+        generated::{bpf_get_current_task, bpf_ktime_get_ns},
+    },
+    macros::{btf_map, map, tracepoint},
+    maps::LruHashMap,
+    programs::TracePointContext,
+};
+use profiler_common::{FORKED_ENTRIES, counter, proc_event};
+
+use crate::{
+    counters::count,
+    globals::{FOLLOW_FORKS, FORK_CHILD_PID_OFFSET, REPORT_PROCESS_EVENTS, global_u8},
+    klog::{self, klog, why},
+    maps::{SEEN, TARGETS},
+    process::{
+        EXITED, is_target, note_image, send_proc_event, send_proc_event_at, send_proc_event_from,
+    },
+    programs::{heap::HEAP_THREADS, offcpu::OFFCPU_PARKED},
+    stack::copy::STACK_TOPS,
+    task_storage::TaskStorage,
+};
+
+/// Tasks forked by a known process that have not exec'd: their exec must
+/// reach the daemon, which symbolizes them with their parent's mappings
+/// until then.
+#[map]
+static FORKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(FORKED_ENTRIES, 0);
+
+/// Where the thread's exec is (ns), from its point of no return until it
+/// completes: when it passed that point, then when the thread took the
+/// new program's name. The EXEC event carries the latter: records taken
+/// from then on show the new name, as `perf` charges samples after an
+/// exec's COMM event to the new program; the exec's own end comes some
+/// 100 us later.
+#[btf_map]
+static EXEC_STARTS: TaskStorage<u64> = TaskStorage::new();
+
+#[tracepoint]
+pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, sched_process_fork_run)
+}
+
+#[inline(always)]
+fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
+    let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: the offset comes from this kernel's format file.
+    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
+    // SAFETY: reading a field of the tracepoint record.
+    let child: i32 = match unsafe { ctx.read_at(offset) } {
+        Ok(c) => c,
+        Err(_) => return 0,
+    };
+    // The pid of a process that exited is someone else's from now on.
+    let _ = SEEN.remove(child as u32);
+    // SAFETY: presence check only.
+    let parent_seen = unsafe { SEEN.get(parent_tgid).is_some() };
+    let follow = global_u8(&FOLLOW_FORKS) != 0
+        // SAFETY: presence check only.
+        && unsafe { TARGETS.get(parent_tgid).is_some() };
+    if !parent_seen && !follow {
+        return 0;
+    }
+    if parent_seen && child as u32 != parent_tgid && FORKED.insert(child as u32, 1u8, 0).is_ok() {
+        // Sent before the child can run, so before its NEW event: a child
+        // that is gone before the daemon reads its mappings is symbolized
+        // with its parent's, which it shares until it execs.
+        send_proc_event_from(proc_event::FORK, child as u32, parent_tgid);
+    }
+    if !follow {
+        return 0;
+    }
+    // A new thread's id lands here too; sched_process_exit removes it.
+    if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
+        count(counter::FORKS_FOLLOWED);
+        if global_u8(&REPORT_PROCESS_EVENTS) != 0 {
+            // The daemon attaches heap probes for the child (it ignores
+            // the event for a new thread).
+            send_proc_event(proc_event::NEW, child as u32);
+        }
+    } else {
+        count(counter::TARGETS_FULL);
+        klog!(why::TARGETS_FULL, parent_tgid, klog::tid(), child);
+    }
+    0
+}
+
+/// Notes when an exec passed its point of no return (Linux 6.10+; older
+/// kernels lack the tracepoint, and the EXEC event then carries its own
+/// time).
+#[tracepoint]
+pub fn sched_prepare_exec(_ctx: TracePointContext) -> u32 {
+    if let Some(start) = EXEC_STARTS.current(true) {
+        // SAFETY: the current thread's value.
+        unsafe { *start = bpf_ktime_get_ns() };
+    }
+    0
+}
+
+/// Notes when an exec in progress gave the thread its new name. Renames
+/// outside an exec (prctl, /proc/PID/comm) find no exec to note.
+#[tracepoint]
+pub fn task_rename(_ctx: TracePointContext) -> u32 {
+    if let Some(start) = EXEC_STARTS.current(false) {
+        // SAFETY: the current thread's value.
+        let renamed = unsafe {
+            if *start == 0 {
+                return 0;
+            }
+            *start = bpf_ktime_get_ns();
+            *start
+        };
+        note_image((bpf_get_current_pid_tgid() >> 32) as u32, renamed);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
+    klog::run(_ctx, sched_process_exec_run)
+}
+
+#[inline(always)]
+fn sched_process_exec_run(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let forked = FORKED.remove(tgid).is_ok();
+    // SAFETY: plain helper.
+    let mut started = unsafe { bpf_ktime_get_ns() };
+    if let Some(start) = EXEC_STARTS.current(false) {
+        // SAFETY: the current thread's value; taken, so that a later exec
+        // on a kernel without the prepare tracepoint cannot reuse it.
+        unsafe {
+            if *start != 0 && *start <= started {
+                started = *start;
+            }
+            *start = 0;
+        }
+    }
+    note_image(tgid, started);
+    // SAFETY: presence check only.
+    if (global_u8(&REPORT_PROCESS_EVENTS) != 0 && is_target(tgid))
+        || unsafe { SEEN.get(tgid).is_some() }
+    {
+        send_proc_event_at(proc_event::EXEC, tgid, 0, started);
+    } else if forked {
+        send_proc_event(proc_event::FORGET_FORK, tgid);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
+    klog::run(_ctx, sched_process_exit_run)
+}
+
+#[inline(always)]
+fn sched_process_exit_run(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    let _ = HEAP_THREADS.remove(tid);
+    // SAFETY: plain helper; the address is only a key.
+    let _ = OFFCPU_PARKED.remove(unsafe { bpf_get_current_task() });
+    let _ = STACK_TOPS.remove(tid);
+    let _ = FORKED.remove(tid);
+    if tid != tgid {
+        // A thread of a followed process; its id may be reused by an
+        // unrelated process later.
+        if global_u8(&FOLLOW_FORKS) != 0 {
+            let _ = TARGETS.remove(tid);
+        }
+        return 0;
+    }
+    // The process is gone: a new process that gets its pid is someone else,
+    // not a target (the daemon's own clean-up comes up to a second later).
+    let was_target = TARGETS.remove(tgid).is_ok();
+    // SAFETY: the value is copied out.
+    let seen = unsafe { SEEN.get(tgid) }.copied();
+    // A target the daemon heard of (it holds probes for it) is reported even
+    // if it was never sampled, or its probes would outlive it.
+    let reported_target = was_target && global_u8(&REPORT_PROCESS_EVENTS) != 0;
+    if seen.is_some_and(|v| v != EXITED) || (seen.is_none() && reported_target) {
+        // Marked, so that the samples of its exit path are not taken for a
+        // new process.
+        let _ = SEEN.insert(tgid, EXITED, 0);
+        send_proc_event(proc_event::EXIT, tgid);
+    }
+    0
+}

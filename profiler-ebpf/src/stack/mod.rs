@@ -1,0 +1,83 @@
+//! The user stack of an event: a copy of stack memory for the daemon to
+//! unwind (`copy.rs`), or a frame-pointer walk by the kernel for processes
+//! unwound that way; and walk hints (`hints.rs`), which let a wait record
+//! name a walk the daemon already made instead of carrying a copy.
+
+pub(crate) mod copy;
+pub(crate) mod hints;
+
+use aya_ebpf::{
+    bindings::{BPF_F_USER_STACK, pt_regs},
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::HashMap,
+};
+use profiler_common::{MAX_STACK_DEPTH, TARGETS_ENTRIES, unwind_mode};
+
+use crate::{
+    globals::{UNWIND_MODE, global_u8},
+    stack::copy::counted_copy_stack,
+};
+
+/// Processes to unwind with frame pointers in `AUTO` mode (set by the daemon,
+/// e.g. for Go binaries).
+#[map]
+static FP_PROCESSES: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+
+#[inline(always)]
+pub(crate) fn use_dwarf(tgid: u32) -> bool {
+    match global_u8(&UNWIND_MODE) {
+        unwind_mode::FP => false,
+        unwind_mode::DWARF => true,
+        // SAFETY: presence check only.
+        _ => unsafe { FP_PROCESSES.get(tgid).is_none() },
+    }
+}
+
+/// Records the current thread's user stack for an event: a copy of up to
+/// N bytes from `sp` (into `stack`, N long) for unwinding in the daemon,
+/// or frame-pointer frames (into `frames`, MAX_STACK_DEPTH long) walked by
+/// the kernel. Returns (bytes copied, frames walked).
+#[inline(always)]
+pub(crate) unsafe fn record_user_stack<const N: usize>(
+    ctx: *mut core::ffi::c_void,
+    tgid: u32,
+    sp: u64,
+    stack: *mut u8,
+    frames: *mut u64,
+) -> (u64, u64) {
+    if sp != 0 && use_dwarf(tgid) {
+        // SAFETY: the caller's buffer is N long.
+        return (unsafe { counted_copy_stack::<N>(stack, sp) }, 0);
+    }
+    // SAFETY: the caller's buffer holds MAX_STACK_DEPTH frames.
+    let bytes = unsafe {
+        bpf_get_stack(
+            ctx,
+            frames.cast(),
+            (MAX_STACK_DEPTH * 8) as u32,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    let walked = if bytes > 0 {
+        (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
+    } else {
+        0
+    };
+    (0, walked)
+}
+
+/// The current task's user registers as saved on entering the kernel.
+#[inline(always)]
+pub(crate) fn task_user_regs() -> Option<(u64, u64, u64)> {
+    // SAFETY: plain helpers; the pointer is only read through
+    // bpf_probe_read_kernel.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
+    // One read of the whole structure costs less than three of a word.
+    // SAFETY: a read of a pt_regs, checked by the helper.
+    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    Some((regs.rip, regs.rsp, regs.rbp))
+}
