@@ -8,7 +8,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };
-    let facts = profilerd::environment::parse_cgroup_path(path);
+    let facts = profilerd::procs::environment::parse_cgroup_path(path);
     if let Some(id) = facts.container_id {
         assert!(id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()));
     }

@@ -1,40 +1,24 @@
-//! profilerd: a system-wide continuous profiler. The modules follow the data
-//! flow; docs/ARCHITECTURE.md maps them.
+//! profilerd: a system-wide continuous profiler. The folders follow the data
+//! flow, and each uses only those listed before it (`cargo xtask layout`
+//! checks): the shared vocabulary, the configuration, the kernel side,
+//! the processes, their stacks, the profiles built from them, where the
+//! profiles go, and the session that schedules it all. `report` reads
+//! profile files. docs/ARCHITECTURE.md maps them.
 
-pub mod allocators;
-pub mod cond_park;
+pub mod model;
+
 pub mod config;
-pub mod drain;
-pub mod environment;
-pub mod frames;
-pub mod go_park;
-pub mod heap;
-pub mod kernel_check;
-pub mod kernel_features;
-pub mod kernel_log;
-pub mod limits;
-pub mod link_closer;
-pub mod map_syscalls;
-pub mod metrics;
-pub mod notify;
-pub mod plt;
-pub mod pprof;
-pub mod probe_placement;
-pub mod probes;
-pub mod process;
-pub mod profile_kind;
-pub mod publish;
-pub mod push;
-pub mod report;
-pub mod rescale;
-pub mod retention;
+
+pub mod kernel;
+
+pub mod procs;
+
+pub mod stacks;
+
+pub mod profiles;
+
+pub mod output;
+
 pub mod session;
-pub mod stack_switches;
-pub mod stack_tops;
-pub mod symbolize;
-pub mod text;
-pub mod unwind;
-pub mod uprobe_session;
-pub mod waits;
-pub mod walk_memo;
-pub mod writer;
+
+pub mod report;

@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     if settings.kernel_log {
         // `[debug] kernel_log`: the kernel's lines are shown whatever the level.
         filter = filter.add_directive(
-            format!("{}=debug", profilerd::kernel_log::TARGET)
+            format!("{}=debug", profilerd::kernel::log::TARGET)
                 .parse()
                 .expect("a valid directive"),
         );
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         .init();
 
     if settings.check {
-        return profilerd::kernel_check::run_check(&settings);
+        return profilerd::kernel::check::run_check(&settings);
     }
     raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -104,7 +104,7 @@ mod tests {
     #[test]
     fn causes_are_not_repeated() {
         let io = std::io::Error::from_raw_os_error(2);
-        let e = anyhow::Error::new(profilerd::writer::WriteError::CreateDir {
+        let e = anyhow::Error::new(profilerd::output::writer::WriteError::CreateDir {
             dir: "/proc/nope".into(),
             source: io,
         });

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench::Reaped;
-use crate::bench_heap::{line_channel, median};
+use crate::bench::harness::Reaped;
+use crate::bench::harness::{line_channel, median};
 
 #[derive(clap::Args)]
 pub struct KernelLogArgs {

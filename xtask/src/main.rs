@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask setup|build|run|test|bench|bench-kernel-log|fuzz|soak|vm`.
+//! Project tasks: `cargo xtask setup|build|run|test|layout|check-deploy|bench|bench-kernel-log|fuzz|soak|vm`.
 //!
 //! Each task first installs what it lacks on a fresh machine (nightly's
 //! rust-src, bpf-linker 0.10.4, gcc, golang-go for `go tool pprof` and the Go
@@ -8,12 +8,13 @@
 //! profiler and one runs every test.
 
 mod bench;
-mod bench_heap;
+
 mod bench_kernel_log;
-mod bench_waits;
+
 mod deploy_check;
 mod empty_uprobe;
 mod fuzz;
+mod layout;
 mod soak;
 mod vm;
 
@@ -55,6 +56,9 @@ enum Task {
         #[arg(long)]
         kernels: bool,
     },
+    /// Check that the daemon's folders are used in data-flow order and
+    /// that no modules use each other (also part of `test`).
+    Layout,
     /// Check deploy/: systemd-analyze verify on the unit, the Kubernetes
     /// manifests against the schemas (also part of `test`).
     CheckDeploy,
@@ -107,6 +111,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Task::Layout => layout::check(&root()),
         Task::CheckDeploy => {
             setup(true)?;
             build(true)?;
@@ -282,6 +287,7 @@ fn build(release: bool) -> Result<()> {
 fn test(quick: bool) -> Result<()> {
     if !quick {
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        layout::check(&root())?;
         run(cargo().args([
             "clippy",
             "--workspace",

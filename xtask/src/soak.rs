@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::bench::{Reaped, status_field};
+use crate::bench::harness::{Reaped, status_field};
 
 /// Allowed RssAnon growth after warm-up.
 const MAX_GROWTH: f64 = 0.10;

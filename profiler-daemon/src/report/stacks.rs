@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use pprof_proto::Profile;
 
 use super::ReportError;
-use crate::profile_kind::ProfileKind;
+use crate::model::profile_kind::ProfileKind;
 
 /// A stack of frames, leaf first, and its summed value.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,6 +7,8 @@
 
 use std::fmt::Write as _;
 
+use crate::bench::harness::strip_ansi;
+
 /// The profile types, in the order the smoke runs them.
 pub const PROFILE_TYPES: &[&str] = &["cpu", "heap", "block", "mutex", "offcpu"];
 
@@ -209,24 +211,6 @@ fn samples_written(message: &str) -> Option<u64> {
     let rest = message.strip_prefix("wrote ")?;
     let (_, counts) = rest.rsplit_once(" (")?;
     counts.split_once(" samples")?.0.parse().ok()
-}
-
-/// `line` without terminal colour sequences (`ESC [ ... m`).
-fn strip_ansi(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The results as a Markdown table (pasted as is into the docs).

@@ -1,0 +1,234 @@
+//! Sizes of the kernel maps and ring buffers (the `[limits]` table of the
+//! config file): their defaults, validation, and the names of the maps they
+//! size. The sizes are applied when the eBPF object is loaded (probes.rs).
+//!
+//! Every map has a bound and a drop counter in the kernel; these settings
+//! only move the bounds, for example to fit a small node's memory or, in
+//! tests, to make the maps overflow on purpose.
+//!
+//! ```toml
+//! [limits]
+//! stack_samples_bytes = 8388608   # ring of user stack copies (power of two, >= 4096)
+//! heap_events_bytes = 16777216    # ring of sampled allocations and frees
+//! wait_events_bytes = 16777216    # ring of block, mutex and off-CPU events
+//! heap_live_entries = 2097152     # sampled allocations tracked as live
+//! counts_entries = 16384          # distinct CPU sample keys per window
+//! stacks_entries = 16384          # distinct kernel-walked stacks per window
+//! walk_memo_entries = 4096        # remembered stack walks per generation (0: none)
+//! ```
+
+use serde::Deserialize;
+
+/// Default bound of remembered walks per generation.
+pub const DEFAULT_MAX_WALKS: usize = 4096;
+
+use profiler_common::{
+    COUNTS_ENTRIES, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
+    WAIT_EVENTS_BYTES,
+};
+
+/// Smallest ring buffer: the kernel wants a power-of-two number of pages.
+pub const MIN_RING_BYTES: u32 = 4096;
+/// Largest ring buffer accepted (1 GiB): more is a typo, not a setting.
+pub const MAX_RING_BYTES: u32 = 1 << 30;
+/// Largest number of entries accepted for a hash map.
+pub const MAX_ENTRIES: u32 = 1 << 26;
+
+/// Validated sizes of the kernel maps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLimits {
+    /// Bytes of the `STACK_SAMPLES` ring (user stack copies for unwinding).
+    pub stack_samples_bytes: u32,
+    /// Bytes of the `HEAP_EVENTS` ring.
+    pub heap_events_bytes: u32,
+    /// Bytes of the `WAIT_EVENTS` ring.
+    pub wait_events_bytes: u32,
+    /// Entries of `HEAP_LIVE` (sampled allocations not yet freed).
+    pub heap_live_entries: u32,
+    /// Entries of each of `COUNTS_0` and `COUNTS_1`.
+    pub counts_entries: u32,
+    /// Entries of each of `STACKS_0` and `STACKS_1`.
+    pub stacks_entries: u32,
+    /// Stack walks the daemon remembers per generation (walk_memo.rs; 0
+    /// turns the memo, and with it walk hints, off). Not a kernel map:
+    /// the kernel's `WALK_HINTS` holds at most as many as the memo's
+    /// current table, and its bound stays.
+    pub walk_memo_entries: u32,
+}
+
+impl Default for MapLimits {
+    fn default() -> Self {
+        MapLimits {
+            stack_samples_bytes: STACK_SAMPLES_BYTES,
+            heap_events_bytes: HEAP_EVENTS_BYTES,
+            wait_events_bytes: WAIT_EVENTS_BYTES,
+            heap_live_entries: HEAP_LIVE_ENTRIES,
+            counts_entries: COUNTS_ENTRIES,
+            stacks_entries: STACKS_ENTRIES,
+            walk_memo_entries: DEFAULT_MAX_WALKS as u32,
+        }
+    }
+}
+
+impl MapLimits {
+    /// (map name in the eBPF object, size) for every map these limits size.
+    pub fn map_sizes(&self) -> [(&'static str, u32); 8] {
+        [
+            ("STACK_SAMPLES", self.stack_samples_bytes),
+            ("HEAP_EVENTS", self.heap_events_bytes),
+            ("WAIT_EVENTS", self.wait_events_bytes),
+            ("HEAP_LIVE", self.heap_live_entries),
+            ("COUNTS_0", self.counts_entries),
+            ("COUNTS_1", self.counts_entries),
+            ("STACKS_0", self.stacks_entries),
+            ("STACKS_1", self.stacks_entries),
+        ]
+    }
+}
+
+/// The `[limits]` table as written; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsTable {
+    stack_samples_bytes: Option<i64>,
+    heap_events_bytes: Option<i64>,
+    wait_events_bytes: Option<i64>,
+    heap_live_entries: Option<i64>,
+    counts_entries: Option<i64>,
+    stacks_entries: Option<i64>,
+    walk_memo_entries: Option<i64>,
+}
+
+/// A `[limits]` value out of range: the key, the value and what is expected.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LimitError {
+    pub key: &'static str,
+    pub value: i64,
+    pub expected: String,
+}
+
+impl LimitsTable {
+    /// Checks every key and fills the missing ones with their defaults.
+    pub fn validate(&self) -> Result<MapLimits, LimitError> {
+        let d = MapLimits::default();
+        Ok(MapLimits {
+            stack_samples_bytes: ring("stack_samples_bytes", self.stack_samples_bytes)?
+                .unwrap_or(d.stack_samples_bytes),
+            heap_events_bytes: ring("heap_events_bytes", self.heap_events_bytes)?
+                .unwrap_or(d.heap_events_bytes),
+            wait_events_bytes: ring("wait_events_bytes", self.wait_events_bytes)?
+                .unwrap_or(d.wait_events_bytes),
+            heap_live_entries: entries("heap_live_entries", self.heap_live_entries)?
+                .unwrap_or(d.heap_live_entries),
+            counts_entries: entries("counts_entries", self.counts_entries)?
+                .unwrap_or(d.counts_entries),
+            stacks_entries: entries("stacks_entries", self.stacks_entries)?
+                .unwrap_or(d.stacks_entries),
+            walk_memo_entries: match self.walk_memo_entries {
+                Some(0) => 0,
+                other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
+            },
+        })
+    }
+}
+
+/// A ring buffer size: a power of two from 4096 to 1 GiB (the kernel would
+/// refuse anything else, or aya would round it silently).
+fn ring(key: &'static str, value: Option<i64>) -> Result<Option<u32>, LimitError> {
+    let Some(v) = value else { return Ok(None) };
+    match u32::try_from(v) {
+        Ok(n) if (MIN_RING_BYTES..=MAX_RING_BYTES).contains(&n) && n.is_power_of_two() => {
+            Ok(Some(n))
+        }
+        _ => Err(LimitError {
+            key,
+            value: v,
+            expected: format!(
+                "expected a power of two number of bytes from {MIN_RING_BYTES} to {MAX_RING_BYTES}"
+            ),
+        }),
+    }
+}
+
+/// A hash map size: 1 to [`MAX_ENTRIES`].
+fn entries(key: &'static str, value: Option<i64>) -> Result<Option<u32>, LimitError> {
+    let Some(v) = value else { return Ok(None) };
+    match u32::try_from(v) {
+        Ok(n) if (1..=MAX_ENTRIES).contains(&n) => Ok(Some(n)),
+        _ => Err(LimitError {
+            key,
+            value: v,
+            expected: format!("expected a number of entries from 1 to {MAX_ENTRIES}"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(text: &str) -> Result<LimitsTable, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    #[test]
+    fn empty_table_gives_defaults() {
+        let limits = table("").expect("parse").validate().expect("valid");
+        assert_eq!(limits, MapLimits::default());
+        assert_eq!(limits.stack_samples_bytes, STACK_SAMPLES_BYTES);
+    }
+
+    #[test]
+    fn given_keys_replace_defaults() {
+        let limits = table("stack_samples_bytes = 4096\ncounts_entries = 1\nheap_live_entries = 8")
+            .expect("parse")
+            .validate()
+            .expect("valid");
+        assert_eq!(limits.stack_samples_bytes, 4096);
+        assert_eq!(limits.counts_entries, 1);
+        assert_eq!(limits.heap_live_entries, 8);
+        assert_eq!(limits.wait_events_bytes, WAIT_EVENTS_BYTES);
+        // The memo may be off, not negative.
+        let memo = |text: &str| table(text).expect("parse").validate();
+        assert_eq!(
+            memo("walk_memo_entries = 0").map(|l| l.walk_memo_entries),
+            Ok(0)
+        );
+        assert_eq!(
+            memo("walk_memo_entries = 3").map(|l| l.walk_memo_entries),
+            Ok(3)
+        );
+        assert!(memo("walk_memo_entries = -1").is_err());
+        let sizes = limits.map_sizes();
+        assert!(sizes.contains(&("COUNTS_1", 1)), "{sizes:?}");
+    }
+
+    #[test]
+    fn ring_sizes_must_be_powers_of_two_in_range() {
+        for bad in [0, -1, 1000, 4095, 6000, 1 << 31, i64::MAX] {
+            let err = table(&format!("heap_events_bytes = {bad}"))
+                .expect("parse")
+                .validate()
+                .expect_err("out of range");
+            assert_eq!((err.key, err.value), ("heap_events_bytes", bad));
+            assert!(err.expected.contains("power of two"), "{}", err.expected);
+        }
+    }
+
+    #[test]
+    fn entries_must_be_positive_and_bounded() {
+        for bad in [0, -5, i64::from(MAX_ENTRIES) + 1] {
+            let err = table(&format!("stacks_entries = {bad}"))
+                .expect("parse")
+                .validate()
+                .expect_err("out of range");
+            assert_eq!(err.key, "stacks_entries");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = table("ring_bytes = 4096").expect_err("unknown key");
+        assert!(err.to_string().contains("ring_bytes"), "{err}");
+    }
+}

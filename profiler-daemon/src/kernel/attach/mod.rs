@@ -1,0 +1,8 @@
+//! Where user-space probes go: allocator entry points of heap profiles,
+//! Go's and pthread's park points of block profiles, and the placement of
+//! a probe within a function's first instructions.
+
+pub mod allocators;
+pub mod cond_park;
+pub mod go_park;
+pub mod placement;

@@ -1,0 +1,967 @@
+//! Kernel probes: loads the embedded eBPF object, sets its globals, attaches
+//! its programs and owns its maps. Everything that touches the kernel's BPF
+//! interface lives here; the rest of the daemon sees plain Rust values.
+
+use std::fs;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
+use aya::{Btf, BtfError};
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::{
+    LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
+};
+
+use crate::kernel::link_closer::LinkCloser;
+use crate::kernel::log::KernelLog;
+use crate::kernel::map_syscalls::{self, BatchError};
+use crate::kernel::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
+use thiserror::Error;
+
+/// A change to the kernel's table of stack tops (stacks/stack_tops.rs
+/// decides them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopUpdate {
+    /// Copies of thread `tid` stop at `top`.
+    Set { tid: u32, top: u64 },
+    /// Copies of thread `tid` read as far as they can again.
+    Clear { tid: u32 },
+}
+
+/// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("loading the eBPF programs failed: {0}")]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF program {0} is missing from the object")]
+    MissingProgram(&'static str),
+    #[error("eBPF map {0} is missing from the object")]
+    MissingMap(&'static str),
+    #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux) for the off-CPU probe: {0}")]
+    KernelBtf(#[source] BtfError),
+    #[error("eBPF program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("duplicating the target map's descriptor: {0}")]
+    Dup(std::io::Error),
+    #[error("eBPF map {0} has an unexpected type")]
+    MapType(&'static str),
+    #[error("draining eBPF map {name}: {source}")]
+    Drain {
+        name: &'static str,
+        #[source]
+        source: BatchError,
+    },
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error("cannot list online CPUs: {0}")]
+    Cpus(String),
+    #[error("tracefs is not available at {TRACEFS} and mounting it failed: {0}")]
+    Tracefs(std::io::Error),
+    #[error("cannot read tracepoint format {path}: {reason}")]
+    Format { path: PathBuf, reason: String },
+    #[error("reading the kernel's diagnostics: {0}")]
+    KernelLog(#[source] aya_log::Error),
+}
+
+/// Entries of a preallocated map that nothing uses (a few, not none: the
+/// kernel refuses a map of 0).
+const UNUSED_MAP_ENTRIES: u32 = 64;
+
+/// The size of a ring that nothing writes: one page, the least a ring
+/// buffer map takes.
+fn unused_ring_bytes() -> u32 {
+    // SAFETY: plain libc call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// How the kernel side should behave.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    /// Sample only processes in the target set.
+    pub filter_targets: bool,
+    /// Children of targets become targets.
+    pub follow_forks: bool,
+    /// CPU-clock samples per second per CPU.
+    pub cpu_frequency: u64,
+    /// How user stacks are unwound (`profiler_common::unwind_mode`).
+    pub unwind_mode: u8,
+    /// Whether CPU samples are taken.
+    pub cpu: bool,
+    /// Heap probes with this mean sampling distance in bytes, if enabled.
+    pub heap_sample_bytes: Option<u64>,
+    /// Block profile on.
+    pub block: bool,
+    /// Off-CPU profile on.
+    pub offcpu: bool,
+    /// Rate of the block and off-CPU profiles (ns).
+    pub wait_rate_ns: u64,
+    /// Mutex profile keeping 1 in this many contended wake-ups, if enabled.
+    pub mutex_fraction: Option<u64>,
+    /// Sizes of the maps and rings (`[limits]`).
+    pub limits: crate::config::limits::MapLimits,
+    /// Which stack optimizations the kernel uses (`[debug]`).
+    pub stack_switches: crate::config::stack_switches::StackSwitches,
+    /// The programs log why they skip, drop, shorten or fall back
+    /// (kernel_log.rs); without it their log sites are removed at load.
+    pub kernel_log: bool,
+    /// The kernel makes uprobe_multi links (kernel_features.rs): without
+    /// them the block profile has no Go park or condition-variable probes.
+    pub uprobe_multi: bool,
+    /// The futex_wait, futex_wake and futex_waitv system calls have
+    /// tracepoints (Linux 6.7).
+    pub futex2_tracepoints: bool,
+}
+
+/// One buffer's worth of drained data.
+#[derive(Default, Debug)]
+pub struct Drained {
+    /// Aggregated counts, summed over CPUs.
+    pub counts: Vec<(SampleKey, u64)>,
+    /// Stack hash -> instruction pointers, leaf first.
+    pub stacks: std::collections::HashMap<StackHash, Vec<u64>>,
+}
+
+/// Loaded and attached probes with the maps the daemon reads.
+pub struct Probes {
+    ebpf: Ebpf,
+    targets: HashMap<MapData, u32, u8>,
+    /// A second descriptor of TARGETS (typed aya maps do not expose theirs).
+    targets_fd: OwnedFd,
+    control: Array<MapData, u32>,
+    counters: PerCpuArray<MapData, u64>,
+    /// Per-CPU hash maps SampleKey -> u64, drained in batches.
+    counts: [MapData; 2],
+    /// Hash maps StackHash -> Stack, drained in batches.
+    stacks: [MapData; 2],
+    possible_cpus: usize,
+    proc_events: Option<RingBuf<MapData>>,
+    stack_samples: Option<RingBuf<MapData>>,
+    fp_processes: HashMap<MapData, u32, u8>,
+    active: u32,
+    cpu_attached: bool,
+    heap_events: Option<RingBuf<MapData>>,
+    wait_events: Option<RingBuf<MapData>>,
+    walk_hints: Option<HashMap<MapData, WalkHintKey, WalkHint>>,
+    /// Where the kernel's copies of each thread's stack stop.
+    stack_tops: HashMap<MapData, u32, u64>,
+    heap_live: HashMap<MapData, LiveKey, u64>,
+    /// The heap probes' program and links (when heap profiles are on).
+    allocators: Option<UprobeLinks>,
+    /// The Go park probes' program and links (when block profiles are on).
+    go_parks: Option<UprobeLinks>,
+    /// The condition variable probes' program and links (likewise).
+    cond_parks: Option<UprobeLinks>,
+    /// Closes the uprobe links that are let go.
+    closer: Arc<LinkCloser>,
+    /// The reader of the programs' diagnostics, when they are on.
+    kernel_log: Option<KernelLog>,
+}
+
+impl Probes {
+    /// Loads the object and attaches every program. The probes are live
+    /// when this returns.
+    pub fn load(config: &ProbeConfig) -> Result<Self, ProbeError> {
+        raise_memlock_limit();
+        ensure_tracefs()?;
+        let fork_offset = tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?;
+        let filter = u8::from(config.filter_targets);
+        let follow = u8::from(config.follow_forks);
+        let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
+        // Heap and Go park probes look for files to probe in new programs.
+        let report_execs = u8::from(config.heap_sample_bytes.is_some() || config.block);
+        let self_tgid = std::process::id();
+        let futex_on = config.block || config.mutex_fraction.is_some();
+        let (uaddr_offset, ret_offset) = if futex_on {
+            let uaddr = tracepoint_field_offset("syscalls", "sys_enter_futex", "uaddr")?;
+            let op = tracepoint_field_offset("syscalls", "sys_enter_futex", "op")?;
+            // The kernel side reads both in one go.
+            if op != uaddr + 8 {
+                return Err(ProbeError::Format {
+                    path: tracepoint_format_path("syscalls", "sys_enter_futex"),
+                    reason: format!("'op' at offset {op} does not follow 'uaddr' at {uaddr}"),
+                });
+            }
+            (
+                uaddr,
+                tracepoint_field_offset("syscalls", "sys_exit_futex", "ret")?,
+            )
+        } else {
+            (16, 16)
+        };
+        let block_on = u8::from(config.block);
+        let block_rate = config.wait_rate_ns;
+        let offcpu_on = u8::from(config.offcpu);
+        let mutex_on = u8::from(config.mutex_fraction.is_some());
+        let mutex_fraction = config.mutex_fraction.unwrap_or(1);
+        let switches = config.stack_switches;
+        let brief_records = u8::from(switches.brief_records);
+        let short_records = u8::from(switches.short_records && switches.stack_tops);
+        let stack_tops = u8::from(switches.stack_tops);
+        // Off, both are 0, and the verifier drops every log site.
+        let kernel_log = u8::from(config.kernel_log);
+        let log_level = match config.kernel_log {
+            true => aya_log::Level::Trace as u8,
+            false => 0,
+        };
+        // The rings of profile types that are off get the smallest size the
+        // kernel takes, one page: nothing writes them, and each ring's pages
+        // are mapped into the daemon (twice over for its data).
+        let waits_on = futex_on || config.offcpu;
+        let mut limits = config.limits;
+        let unused = unused_ring_bytes();
+        if !config.cpu {
+            limits.stack_samples_bytes = unused;
+        }
+        if config.heap_sample_bytes.is_none() {
+            limits.heap_events_bytes = unused;
+            limits.heap_live_entries = UNUSED_MAP_ENTRIES;
+        }
+        if !waits_on {
+            limits.wait_events_bytes = unused;
+        }
+        let mut loader = EbpfLoader::new();
+        // FUTEX_CALLS is task-local storage, which aya creates but does not
+        // wrap; only the kernel reads and writes it.
+        loader.allow_unsupported_maps();
+        for (name, size) in limits.map_sizes() {
+            loader.map_max_entries(name, size);
+        }
+        // Preallocated maps of profile types that are off: nothing uses
+        // them, and their elements are allocated when they are created.
+        for (name, on) in [
+            ("HEAP_THREADS", config.heap_sample_bytes.is_some()),
+            ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
+            ("GO_PARKED", config.block),
+            ("WALK_HINTS", waits_on),
+        ] {
+            if !on {
+                loader.map_max_entries(name, UNUSED_MAP_ENTRIES);
+            }
+        }
+        let mut ebpf = loader
+            .override_global("FILTER_TARGETS", &filter, true)
+            .override_global("FOLLOW_FORKS", &follow, true)
+            .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .override_global("UNWIND_MODE", &config.unwind_mode, true)
+            .override_global("HEAP_SAMPLE_BYTES", &heap_bytes, true)
+            .override_global("SELF_TGID", &self_tgid, true)
+            .override_global("REPORT_PROCESS_EVENTS", &report_execs, true)
+            .override_global("BLOCK_ON", &block_on, true)
+            .override_global("BLOCK_RATE_NS", &block_rate, true)
+            .override_global("OFFCPU_ON", &offcpu_on, true)
+            .override_global("MUTEX_ON", &mutex_on, true)
+            .override_global("MUTEX_FRACTION", &mutex_fraction, true)
+            .override_global("FUTEX_UADDR_OFFSET", &uaddr_offset, true)
+            .override_global("SYSCALL_RET_OFFSET", &ret_offset, true)
+            .override_global("STACK_SAMPLES_RING", &limits.stack_samples_bytes, true)
+            .override_global("HEAP_EVENTS_RING", &limits.heap_events_bytes, true)
+            .override_global("WAIT_EVENTS_RING", &limits.wait_events_bytes, true)
+            .override_global("BRIEF_RECORDS", &brief_records, true)
+            .override_global("SHORT_RECORDS", &short_records, true)
+            .override_global("USE_STACK_TOPS", &stack_tops, true)
+            .override_global("KERNEL_LOG", &kernel_log, true)
+            .override_global(aya_log::LEVEL, &log_level, true)
+            .load(EBPF_OBJECT)
+            .map_err(ProbeError::Load)?;
+        // Before any map is taken out of `ebpf`: the program refers to them.
+        let closer = LinkCloser::new();
+        let allocators = match config.heap_sample_bytes {
+            Some(_) => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "heap_probe", true)?,
+                "allocator",
+                crate::kernel::attach::allocators::find,
+                &profiler_common::alloc_fn::NAMES,
+                config.filter_targets,
+                Arc::clone(&closer),
+            )),
+            None => None,
+        };
+        let go_parks = match config.block && config.uprobe_multi {
+            true => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "go_park_probe", false)?,
+                "Go runtime",
+                crate::kernel::attach::go_park::find,
+                &profiler_common::go_fn::NAMES,
+                config.filter_targets,
+                Arc::clone(&closer),
+            )),
+            false => None,
+        };
+        let cond_parks = match config.block && config.uprobe_multi {
+            true => Some(UprobeLinks::new(
+                UprobeProgram::load(EBPF_OBJECT, &ebpf, "cond_wait_probe", false)?,
+                "condition variable",
+                crate::kernel::attach::cond_park::find,
+                &profiler_common::cond_fn::NAMES,
+                config.filter_targets,
+                Arc::clone(&closer),
+            )),
+            false => None,
+        };
+        // After the uprobe programs, which refer to the log ring.
+        let kernel_log = match config.kernel_log {
+            true => Some(KernelLog::take(&mut ebpf).map_err(ProbeError::KernelLog)?),
+            false => None,
+        };
+
+        let targets = hash(take_map(&mut ebpf, "TARGETS")?, "TARGETS")?;
+        let targets_fd = targets
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(ProbeError::Dup)?;
+        let targets =
+            HashMap::try_from(Map::HashMap(targets)).map_err(|source| ProbeError::Map {
+                name: "TARGETS",
+                source,
+            })?;
+        let control = typed_map(&mut ebpf, "CONTROL")?;
+        let counters = typed_map(&mut ebpf, "COUNTERS")?;
+        let counts = [
+            per_cpu_hash(take_map(&mut ebpf, "COUNTS_0")?, "COUNTS_0")?,
+            per_cpu_hash(take_map(&mut ebpf, "COUNTS_1")?, "COUNTS_1")?,
+        ];
+        let stacks = [
+            hash(take_map(&mut ebpf, "STACKS_0")?, "STACKS_0")?,
+            hash(take_map(&mut ebpf, "STACKS_1")?, "STACKS_1")?,
+        ];
+        let possible_cpus =
+            aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let proc_events = typed_map(&mut ebpf, "PROC_EVENTS")?;
+        let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
+        let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
+        let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
+        let wait_events = typed_map(&mut ebpf, "WAIT_EVENTS")?;
+        let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
+        let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
+        let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
+        let mut probes = Probes {
+            ebpf,
+            targets,
+            targets_fd,
+            control,
+            counters,
+            counts,
+            stacks,
+            possible_cpus,
+            proc_events: Some(proc_events),
+            stack_samples: Some(stack_samples),
+            fp_processes,
+            active: 0,
+            cpu_attached: false,
+            heap_events: Some(heap_events),
+            wait_events: Some(wait_events),
+            walk_hints: Some(walk_hints),
+            stack_tops,
+            heap_live,
+            allocators,
+            go_parks,
+            cond_parks,
+            closer,
+            kernel_log,
+        };
+        for name in [
+            "sched_process_fork",
+            "sched_process_exec",
+            "sched_process_exit",
+        ] {
+            probes.attach_tracepoint(name, &[("sched", name)])?;
+        }
+        // Where an exec gives the thread its new name, which records from
+        // then on show (sched_prepare_exec is Linux 6.10+): without them,
+        // records are told apart at the exec's end, ~100 us later.
+        let tracefs = Path::new(tracefs_root());
+        if tracefs.join("events/sched/sched_prepare_exec").is_dir() {
+            probes.attach_tracepoint("sched_prepare_exec", &[("sched", "sched_prepare_exec")])?;
+            if tracefs.join("events/task/task_rename").is_dir() {
+                probes.attach_tracepoint("task_rename", &[("task", "task_rename")])?;
+            }
+        }
+        if config.offcpu {
+            probes.attach_btf_tracepoint("sched_switch", "sched_switch")?;
+        }
+        if futex_on {
+            probes.attach_tracepoint("futex_enter", &[("syscalls", "sys_enter_futex")])?;
+            // futex_waitv is Linux 5.16, futex_wait and futex_wake 6.7:
+            // older kernels have no waits through them to miss.
+            if config.futex2_tracepoints {
+                probes.attach_tracepoint(
+                    "futex_wait_enter",
+                    &[
+                        ("syscalls", "sys_enter_futex_wait"),
+                        ("syscalls", "sys_enter_futex_waitv"),
+                    ],
+                )?;
+                probes.attach_tracepoint(
+                    "futex_wake_enter",
+                    &[("syscalls", "sys_enter_futex_wake")],
+                )?;
+            } else if tracefs
+                .join("events/syscalls/sys_enter_futex_waitv")
+                .is_dir()
+            {
+                probes.attach_tracepoint(
+                    "futex_wait_enter",
+                    &[("syscalls", "sys_enter_futex_waitv")],
+                )?;
+            }
+            probes.attach_tracepoint(
+                "futex_exit",
+                &[
+                    ("syscalls", "sys_exit_futex"),
+                    ("syscalls", "sys_exit_futex_wait"),
+                    ("syscalls", "sys_exit_futex_waitv"),
+                    ("syscalls", "sys_exit_futex_wake"),
+                ],
+            )?;
+        }
+        if config.cpu {
+            probes.attach_cpu(config.cpu_frequency)?;
+        }
+        Ok(probes)
+    }
+
+    /// Loads tracepoint program `name` and attaches it to each tracepoint
+    /// of `points` that this kernel has (the first must exist; newer
+    /// system calls such as futex_waitv may not).
+    /// Loads and attaches a BTF tracepoint program (tp_btf), typed against
+    /// the running kernel's BTF.
+    fn attach_btf_tracepoint(&mut self, name: &'static str, point: &str) -> Result<(), ProbeError> {
+        let btf = Btf::from_sys_fs().map_err(ProbeError::KernelBtf)?;
+        let program: &mut BtfTracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(ProbeError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .load(point, &btf)
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .attach()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        Ok(())
+    }
+
+    fn attach_tracepoint(
+        &mut self,
+        name: &'static str,
+        points: &[(&str, &str)],
+    ) -> Result<(), ProbeError> {
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(ProbeError::MissingProgram(name))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Program { name, source })?;
+        for (i, (category, point)) in points.iter().enumerate() {
+            let exists = Path::new(tracefs_root())
+                .join("events")
+                .join(category)
+                .join(point)
+                .is_dir();
+            if i > 0 && !exists {
+                tracing::debug!("tracepoint {category}:{point} does not exist here");
+                continue;
+            }
+            program
+                .attach(category, point)
+                .map_err(|source| ProbeError::Program { name, source })?;
+        }
+        Ok(())
+    }
+
+    fn attach_cpu(&mut self, frequency: u64) -> Result<(), ProbeError> {
+        const NAME: &str = "cpu_sample";
+        let cpus = aya::util::online_cpus()
+            .map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(NAME)
+            .ok_or(ProbeError::MissingProgram(NAME))?
+            .try_into()
+            .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        program
+            .load()
+            .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        // A fixed period in nanoseconds of CPU clock, not a frequency: each
+        // sample then stands for exactly 1e9/HZ ns, which is what the cpu
+        // profile's period says.
+        let period = 1_000_000_000 / frequency.max(1);
+        for cpu in cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period),
+                    false,
+                )
+                .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        }
+        self.cpu_attached = true;
+        Ok(())
+    }
+
+    /// Stops sampling (detaches the perf events, the heap probes and the
+    /// futex tracepoints); the maps stay readable.
+    pub fn stop_sampling(&mut self) {
+        for links in self.uprobe_links() {
+            links.detach_all();
+        }
+        self.closer.finish();
+        for name in [
+            "futex_enter",
+            "futex_wait_enter",
+            "futex_wake_enter",
+            "futex_exit",
+        ] {
+            if let Some(program) = self.ebpf.program_mut(name)
+                && let Ok(program) = <&mut TracePoint>::try_from(program)
+                && program.fd().is_ok()
+                && let Err(e) = program.unload()
+            {
+                tracing::warn!("detaching {name} failed: {e}");
+            }
+        }
+        if !self.cpu_attached {
+            return;
+        }
+        if let Some(program) = self.ebpf.program_mut("cpu_sample")
+            && let Ok(program) = <&mut PerfEvent>::try_from(program)
+            // Unloading detaches every link of the program.
+            && let Err(e) = program.unload()
+        {
+            tracing::warn!("detaching the CPU sampler failed: {e}");
+        }
+        self.cpu_attached = false;
+    }
+
+    /// Adds a process to the target set.
+    pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        self.targets
+            .insert(tgid, 1, 0)
+            .map_err(|source| ProbeError::Map {
+                name: "TARGETS",
+                source,
+            })
+    }
+
+    /// The target map's descriptor, for a forked child to add itself before
+    /// it execs (see `session::start_command`).
+    pub fn targets_fd(&self) -> BorrowedFd<'_> {
+        self.targets_fd.as_fd()
+    }
+
+    /// Removes a process from the target set (it exited).
+    pub fn remove_target(&mut self, tgid: u32) {
+        let _ = self.targets.remove(&tgid);
+    }
+
+    /// The ring buffer of process events, taken once by the caller.
+    pub fn take_proc_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.proc_events.take()
+    }
+
+    /// The ring buffer of samples with stack copies, taken once by the caller.
+    pub fn take_stack_samples(&mut self) -> Option<RingBuf<MapData>> {
+        self.stack_samples.take()
+    }
+
+    /// The ring buffer of heap events, taken once by the caller.
+    pub fn take_heap_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.heap_events.take()
+    }
+
+    /// The ring buffer of wait events, taken once by the caller.
+    pub fn take_wait_events(&mut self) -> Option<RingBuf<MapData>> {
+        self.wait_events.take()
+    }
+
+    /// The reader of the programs' diagnostics (when on), taken once by the
+    /// caller.
+    pub fn take_kernel_log(&mut self) -> Option<KernelLog> {
+        self.kernel_log.take()
+    }
+
+    /// The kernel's walk hints (see walk_memo.rs), taken once by the caller
+    /// that reads wait events.
+    pub fn take_walk_hints(&mut self) -> Option<HashMap<MapData, WalkHintKey, WalkHint>> {
+        self.walk_hints.take()
+    }
+
+    /// Applies stack tops learned from complete walks (see stack_tops.rs).
+    /// A failed update only leaves that thread's copies as they were.
+    pub fn update_stack_tops(&mut self, updates: &[TopUpdate]) {
+        for update in updates {
+            let result = match *update {
+                TopUpdate::Set { tid, top } => self.stack_tops.insert(tid, top, 0),
+                TopUpdate::Clear { tid } => self.stack_tops.remove(&tid),
+            };
+            if let Err(e) = result {
+                tracing::debug!("stack top update {update:?} not applied: {e}");
+            }
+        }
+    }
+
+    /// The heap probes' links, when heap profiles are on.
+    pub fn allocators(&mut self) -> Option<&mut UprobeLinks> {
+        self.allocators.as_mut()
+    }
+
+    /// Uprobe links closed on the event loop's thread, the closer's queue
+    /// being full.
+    pub fn links_closed_inline(&self) -> u64 {
+        self.closer.closed_inline()
+    }
+
+    /// The condition variable probes' links, when block profiles are on.
+    pub fn cond_parks(&mut self) -> Option<&mut UprobeLinks> {
+        self.cond_parks.as_mut()
+    }
+
+    /// Every set of uprobe links (heap allocators, Go and condition
+    /// variable park points) that is on: each looks at new processes and
+    /// files.
+    pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
+        self.allocators
+            .iter_mut()
+            .chain(self.go_parks.iter_mut())
+            .chain(self.cond_parks.iter_mut())
+    }
+
+    /// Removes a process's sampled addresses from the kernel's live map
+    /// (the process exited; its pid may be reused).
+    pub fn forget_live(&mut self, tgid: u32, addrs: &[u64]) {
+        for &addr in addrs {
+            let _ = self.heap_live.remove(&LiveKey {
+                tgid,
+                _pad: 0,
+                addr,
+            });
+        }
+    }
+
+    /// In `auto` unwinding, lets the kernel walk this process's frame
+    /// pointers instead of sending stack copies.
+    pub fn mark_frame_pointer_process(&mut self, tgid: u32) {
+        if let Err(e) = self.fp_processes.insert(tgid, 1, 0) {
+            tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
+        }
+    }
+
+    /// Forgets a process marked with `mark_frame_pointer_process`.
+    pub fn unmark_frame_pointer_process(&mut self, tgid: u32) {
+        let _ = self.fp_processes.remove(&tgid);
+    }
+
+    /// Makes the kernel write the other buffer; returns the one to drain.
+    /// The caller waits a moment before draining so that a program that
+    /// read the old index just before the flip has finished its update.
+    pub fn flip(&mut self) -> Result<usize, ProbeError> {
+        let old = self.active;
+        let new = 1 - old;
+        self.control
+            .set(control::ACTIVE_BUFFER, new, 0)
+            .map_err(|source| ProbeError::Map {
+                name: "CONTROL",
+                source,
+            })?;
+        self.active = new;
+        Ok(old as usize)
+    }
+
+    /// Reads and clears one buffer that the kernel no longer writes, with
+    /// one batch system call per few thousand entries rather than three per
+    /// entry.
+    pub fn drain(&mut self, buffer: usize) -> Result<Drained, ProbeError> {
+        let names = [("COUNTS_0", "STACKS_0"), ("COUNTS_1", "STACKS_1")][buffer];
+        let cpus = self.possible_cpus;
+        let mut out = Drained::default();
+        let counts = map_syscalls::lookup_and_delete_all::<SampleKey, u64>(
+            self.counts[buffer].fd().as_fd(),
+            cpus,
+        )
+        .map_err(|source| ProbeError::Drain {
+            name: names.0,
+            source,
+        })?;
+        out.counts = counts
+            .into_iter()
+            .map(|(key, per_cpu)| (key, per_cpu.iter().sum()))
+            .filter(|&(_, total)| total > 0)
+            .collect();
+        let stacks = map_syscalls::lookup_and_delete_all::<StackHash, Stack>(
+            self.stacks[buffer].fd().as_fd(),
+            1,
+        )
+        .map_err(|source| ProbeError::Drain {
+            name: names.1,
+            source,
+        })?;
+        out.stacks = stacks
+            .into_iter()
+            .filter_map(|(hash, stack)| {
+                let stack = stack.first()?;
+                let len = (stack.len as usize).min(stack.ips.len());
+                Some((hash, stack.ips[..len].to_vec()))
+            })
+            .collect();
+        Ok(out)
+    }
+
+    /// Kernel-side counters, summed over CPUs, indexed by `counter::*`.
+    pub fn counters(&self) -> [u64; counter::COUNT as usize] {
+        let mut out = [0u64; counter::COUNT as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            if let Ok(values) = self.counters.get(&(i as u32), 0) {
+                *slot = values.iter().sum();
+            }
+        }
+        out
+    }
+
+    /// Run count and run time of each program (kernel BPF stats; zero
+    /// unless kernel.bpf_stats_enabled is set).
+    pub fn run_stats(&self) -> Vec<(String, u64, Duration)> {
+        let mut stats: Vec<(String, u64, Duration)> = self
+            .ebpf
+            .programs()
+            .filter_map(|(name, program)| {
+                // The heap probe is loaded by `uprobe_session`, not by aya.
+                let info = program.info().ok()?;
+                Some((name.to_string(), info.run_count(), info.run_time()))
+            })
+            .collect();
+        for (name, links) in [
+            ("heap_probe", &self.allocators),
+            ("go_park_probe", &self.go_parks),
+            ("cond_wait_probe", &self.cond_parks),
+        ] {
+            if let Some((runs, time)) = links.as_ref().and_then(|a| a.program().run_stats()) {
+                stats.push((name.to_string(), runs, time));
+            }
+        }
+        stats
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, ProbeError> {
+    ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))
+}
+
+/// Takes a map out of the object as the typed aya map `T`.
+fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<Map, Error = aya::maps::MapError>,
+{
+    T::try_from(take_map(ebpf, name)?).map_err(|source| ProbeError::Map { name, source })
+}
+
+fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
+    match map {
+        Map::PerCpuHashMap(data) => Ok(data),
+        _ => Err(ProbeError::MapType(name)),
+    }
+}
+
+fn hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
+    match map {
+        Map::HashMap(data) => Ok(data),
+        _ => Err(ProbeError::MapType(name)),
+    }
+}
+
+/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones use the
+/// memory cgroup and ignore it. Raising it is harmless either way.
+fn raise_memlock_limit() {
+    let limit = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid pointer.
+    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
+    if ret != 0 {
+        tracing::debug!(
+            "raising RLIMIT_MEMLOCK failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Tracepoints need tracefs; mount it where the kernel expects it when the
+/// system has not.
+fn ensure_tracefs() -> Result<(), ProbeError> {
+    if Path::new(TRACEFS).join("events").is_dir()
+        || Path::new("/sys/kernel/debug/tracing/events").is_dir()
+    {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new(TRACEFS).map_err(|e| ProbeError::Tracefs(e.into()))?;
+    let fstype = c"tracefs";
+    let source = c"nodev";
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let ret = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if ret != 0 {
+        return Err(ProbeError::Tracefs(std::io::Error::last_os_error()));
+    }
+    tracing::info!("mounted tracefs at {TRACEFS}");
+    Ok(())
+}
+
+/// Where tracepoints are listed, mounting tracefs if it is not.
+pub fn tracefs_dir() -> Result<&'static Path, ProbeError> {
+    ensure_tracefs()?;
+    Ok(Path::new(tracefs_root()))
+}
+
+fn tracefs_root() -> &'static str {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        TRACEFS
+    } else {
+        "/sys/kernel/debug/tracing"
+    }
+}
+
+/// Offset of one field of a tracepoint record, from its format file:
+/// `field:pid_t child_pid; offset:44; size:4; signed:1;` (tab-separated).
+pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Result<u32, ProbeError> {
+    let path = tracepoint_format_path(category, name);
+    let text = fs::read_to_string(&path).map_err(|e| ProbeError::Format {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    parse_field_offset(&text, field).ok_or_else(|| ProbeError::Format {
+        path,
+        reason: format!("no field '{field}'"),
+    })
+}
+
+fn tracepoint_format_path(category: &str, name: &str) -> PathBuf {
+    Path::new(tracefs_root())
+        .join("events")
+        .join(category)
+        .join(name)
+        .join("format")
+}
+
+fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
+    format.lines().find_map(|line| {
+        let line = line.trim();
+        let decl = line.strip_prefix("field:")?.split(';').next()?;
+        let declared = decl.split_whitespace().last()?;
+        if declared.trim_start_matches('*') != field {
+            return None;
+        }
+        let offset = line.split("offset:").nth(1)?.split(';').next()?;
+        offset.trim().parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fork_format() {
+        let format = "name: sched_process_fork\nID: 300\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:0;\n\tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;\n";
+        assert_eq!(parse_field_offset(format, "child_pid"), Some(44));
+        assert_eq!(parse_field_offset(format, "parent_pid"), Some(24));
+        assert_eq!(parse_field_offset(format, "nope"), None);
+    }
+
+    /// The names the daemon and users know the kernel side by: every
+    /// program with its section, every map with its type and sizes, every
+    /// load-time global. A change to how the eBPF crate is laid out must not
+    /// change any of them; a change meant to is made by rewriting the file
+    /// (`PROFILERD_UPDATE_GOLDEN=1`) and shows in review.
+    #[test]
+    fn object_programs_maps_and_globals_are_as_recorded() {
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let obj = aya_obj::Object::parse(EBPF_OBJECT).expect("parse the eBPF object");
+        let mut lines = Vec::new();
+        for (name, program) in &obj.programs {
+            lines.push(format!("program {name} {:?}", program.section));
+        }
+        for (name, map) in &obj.maps {
+            lines.push(format!(
+                "map {name} type={} key={} value={} max_entries={} flags={:#x}",
+                map.map_type(),
+                map.key_size(),
+                map.value_size(),
+                map.max_entries(),
+                map.map_flags()
+            ));
+        }
+        let elf = object::File::parse(EBPF_OBJECT).expect("parse the eBPF object as ELF");
+        for symbol in elf.symbols() {
+            let Some(section) = symbol
+                .section_index()
+                .and_then(|i| elf.section_by_index(i).ok())
+            else {
+                continue;
+            };
+            let section = section.name().unwrap_or("?");
+            if matches!(section, ".rodata" | ".data" | ".bss") && symbol.is_global() {
+                let name = symbol.name().unwrap_or("?");
+                lines.push(format!("global {name} {section} size={}", symbol.size()));
+            }
+        }
+        lines.sort();
+        let text = lines.join("\n") + "\n";
+        let golden = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/golden/ebpf-object.txt"
+        );
+        if std::env::var_os("PROFILERD_UPDATE_GOLDEN").is_some() {
+            std::fs::write(golden, &text).expect("write the golden file");
+        }
+        let recorded = std::fs::read_to_string(golden).unwrap_or_default();
+        assert!(
+            recorded == text,
+            "the eBPF object's programs, maps or globals changed; if that is meant, \
+             rerun with PROFILERD_UPDATE_GOLDEN=1 and review {golden}:\n{}",
+            line_diff(&recorded, &text)
+        );
+    }
+
+    /// The lines only one of two texts has, marked `-` (recorded) or `+`.
+    fn line_diff(recorded: &str, now: &str) -> String {
+        let old: std::collections::BTreeSet<&str> = recorded.lines().collect();
+        let new: std::collections::BTreeSet<&str> = now.lines().collect();
+        let gone = old.difference(&new).map(|l| format!("- {l}"));
+        let came = new.difference(&old).map(|l| format!("+ {l}"));
+        gone.chain(came).collect::<Vec<_>>().join("\n")
+    }
+}

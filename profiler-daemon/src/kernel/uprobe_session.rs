@@ -1,0 +1,529 @@
+//! Uprobe sessions: one program that runs at a function's entry and, only
+//! when the entry asks for it (returns 0), at the function's return
+//! (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13+). The heap probes use them so
+//! that an unsampled allocation pays no return probe.
+//!
+//! aya 0.14 neither loads a program with this expected attach type nor
+//! creates uprobe_multi links, so this module does both with the raw `bpf`
+//! system call: it relocates the program's instructions with aya-obj against
+//! the maps aya has already created, and loads them itself.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use procfs::process::{MMPermissions, MMapPath, Process};
+use std::ffi::CStr;
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use aya::Ebpf;
+use aya::maps::Map;
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type};
+use thiserror::Error;
+
+use crate::kernel::link_closer::LinkCloser;
+
+/// Files whose probe points are remembered (found or not).
+const MAX_FILES: usize = 4096;
+/// Links kept at once (files times target processes).
+const MAX_LINKS: usize = 8192;
+
+/// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
+/// bindings of aya-obj 0.3).
+pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
+/// `BPF_TRACE_UPROBE_MULTI`: entry probes only.
+pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
+
+#[derive(Debug, Error)]
+pub enum SessionError {
+    #[error("parsing the eBPF object: {0}")]
+    Parse(String),
+    #[error("eBPF program {0} is missing from the object")]
+    MissingProgram(String),
+    #[error("relocating eBPF program {name}: {reason}")]
+    Relocate { name: String, reason: String },
+    #[error(
+        "loading eBPF program {name} as a uprobe session failed (needs Linux 6.13 or later): {source}\n{log}"
+    )]
+    Load {
+        name: String,
+        #[source]
+        source: io::Error,
+        log: String,
+    },
+}
+
+/// A loaded uprobe_multi program: a session (entry, and return when the
+/// entry asks) or entry only.
+pub struct UprobeProgram {
+    fd: OwnedFd,
+    attach_type: u32,
+}
+
+/// The probe points of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbePoints {
+    /// File offsets of the probed instructions.
+    pub offsets: Vec<u64>,
+    /// The function of each offset (the uprobe cookie).
+    pub cookies: Vec<u64>,
+    /// Cookies of the probes the kernel must single-step (no emulated
+    /// instruction before an argument changes; glibc's reallocarray).
+    pub single_stepped: Vec<u64>,
+}
+
+/// Finds the probe points of an ELF file.
+pub type Finder = fn(&Path) -> Result<Option<ProbePoints>, String>;
+
+impl UprobeProgram {
+    /// Loads program `name` of `object` (the same bytes `ebpf` was loaded
+    /// from), with its map references pointing at `ebpf`'s maps. Call it
+    /// before any map is taken out of `ebpf`.
+    pub fn load(
+        object: &[u8],
+        ebpf: &Ebpf,
+        name: &str,
+        session: bool,
+    ) -> Result<Self, SessionError> {
+        let attach_type = if session {
+            BPF_TRACE_UPROBE_SESSION
+        } else {
+            BPF_TRACE_UPROBE_MULTI
+        };
+        let mut obj =
+            aya_obj::Object::parse(object).map_err(|e| SessionError::Parse(e.to_string()))?;
+        let relocate = |reason: String| SessionError::Relocate {
+            name: name.to_string(),
+            reason,
+        };
+        let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
+        let mut maps = Vec::with_capacity(objects.len());
+        for (map_name, map_obj) in &objects {
+            // Maps the kernel does not need (none today) are simply absent;
+            // FUTEX_CALLS (task storage) is one aya leaves unwrapped.
+            if let Some(fd) = ebpf.map(map_name).and_then(map_fd) {
+                maps.push((map_name.as_str(), fd, map_obj));
+            }
+        }
+        let text_sections: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
+        obj.relocate_maps(maps.into_iter(), &text_sections)
+            .map_err(|e| relocate(e.to_string()))?;
+        obj.relocate_calls(&text_sections)
+            .map_err(|e| relocate(e.to_string()))?;
+        let program = obj
+            .programs
+            .get(name)
+            .ok_or_else(|| SessionError::MissingProgram(name.to_string()))?;
+        let function = obj
+            .functions
+            .get(&program.function_key())
+            .ok_or_else(|| SessionError::MissingProgram(name.to_string()))?;
+        let fd = load_program(name, &function.instructions, &obj.license, attach_type).map_err(
+            |(source, log)| SessionError::Load {
+                name: name.to_string(),
+                source,
+                log,
+            },
+        )?;
+        Ok(UprobeProgram { fd, attach_type })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The link attach type (session or entry-only).
+    pub fn attach_type(&self) -> u32 {
+        self.attach_type
+    }
+
+    /// Run count and run time (kernel BPF stats; zero unless
+    /// kernel.bpf_stats_enabled is set).
+    pub fn run_stats(&self) -> Option<(u64, std::time::Duration)> {
+        // SAFETY: plain data; all-zero is valid.
+        let mut info: bpf_prog_info = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        // `info` outlives the call.
+        attr.info.bpf_fd = self.fd() as u32;
+        attr.info.info_len = size_of::<bpf_prog_info>() as u32;
+        attr.info.info = &mut info as *mut bpf_prog_info as u64;
+        sys_bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long, &mut attr).ok()?;
+        Some((
+            info.run_cnt,
+            std::time::Duration::from_nanos(info.run_time_ns),
+        ))
+    }
+
+    /// Attaches the program to `offsets` (file offsets of instructions) in
+    /// the ELF file at `path`, each with its cookie, in process `pid` only
+    /// (0: every process that maps the file, now or later). Detached when
+    /// the returned link is dropped.
+    pub fn attach(
+        &self,
+        path: &CStr,
+        offsets: &[u64],
+        cookies: &[u64],
+        pid: u32,
+    ) -> io::Result<OwnedFd> {
+        let fd = create_link(self.fd(), self.attach_type, path, offsets, cookies, pid)?;
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Identity of a file: device and inode.
+type FileId = (u64, u64);
+
+/// Counts of what attaching did, for the exit summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AttachStats {
+    pub links: usize,
+    pub failures: u64,
+    pub single_stepped: usize,
+    /// Files whose probe points were forgotten to keep the cache bounded
+    /// (found again if a process maps them later).
+    pub files_forgotten: u64,
+}
+
+/// One uprobe program's links, made as processes and files appear: one per
+/// file for every process (system-wide), or one per file and target
+/// process, so that other processes pay nothing.
+pub struct UprobeLinks {
+    program: UprobeProgram,
+    /// What the probes are for, in logs ("allocator", "Go runtime").
+    what: &'static str,
+    /// Finds the probe points of a file (None: nothing to probe there).
+    find: Finder,
+    /// Function names by cookie, for logs.
+    names: &'static [&'static str],
+    /// Links per target process (true) or per file for every process.
+    per_process: bool,
+    files: HashMap<FileId, Option<Arc<ProbePoints>>>,
+    links: HashMap<(FileId, u32), OwnedFd>,
+    /// Where dropped links go to be closed (see `link_closer`).
+    closer: Arc<LinkCloser>,
+    stats: AttachStats,
+    failure_logged: bool,
+}
+
+impl UprobeLinks {
+    pub fn new(
+        program: UprobeProgram,
+        what: &'static str,
+        find: Finder,
+        names: &'static [&'static str],
+        per_process: bool,
+        closer: Arc<LinkCloser>,
+    ) -> Self {
+        UprobeLinks {
+            program,
+            what,
+            find,
+            names,
+            per_process,
+            files: HashMap::new(),
+            links: HashMap::new(),
+            closer,
+            stats: AttachStats::default(),
+            failure_logged: false,
+        }
+    }
+
+    pub fn program(&self) -> &UprobeProgram {
+        &self.program
+    }
+
+    pub fn stats(&self) -> AttachStats {
+        AttachStats {
+            links: self.links.len(),
+            ..self.stats
+        }
+    }
+
+    /// Attaches to every allocator file that process `pid` maps and that is
+    /// not attached yet (for this process, or for everyone). A process that
+    /// has gone is no error.
+    pub fn attach_process(&mut self, pid: u32) {
+        let Ok(process) = Process::new(pid as i32) else {
+            return;
+        };
+        let Ok(maps) = process.maps() else {
+            return;
+        };
+        for map in maps {
+            let MMapPath::Path(path) = &map.pathname else {
+                continue;
+            };
+            if !map.perms.contains(MMPermissions::EXECUTE) {
+                continue;
+            }
+            let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
+            let owner = if self.per_process { pid } else { 0 };
+            if self.links.contains_key(&(id, owner)) {
+                continue;
+            }
+            // The mapping's own file, whichever mount namespace or deleted
+            // state it is in.
+            let via = PathBuf::from(format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                map.address.0, map.address.1
+            ));
+            let Some(probes) = self.probes_of(id, &via, path) else {
+                continue;
+            };
+            self.attach(id, owner, &via, &probes);
+        }
+    }
+
+    /// Attaches to a file by path for one process (or all: pid 0), before
+    /// the process maps it.
+    pub fn attach_file(&mut self, path: &Path, pid: u32) {
+        let Ok(meta) = fs::metadata(path) else { return };
+        let id = (meta.dev(), meta.ino());
+        if self.links.contains_key(&(id, pid)) {
+            return;
+        }
+        if let Some(probes) = self.probes_of(id, path, path) {
+            self.attach(id, pid, path, &probes);
+        }
+    }
+
+    /// The allocator probes of one file, from the cache or found now.
+    fn probes_of(&mut self, id: FileId, open: &Path, shown: &Path) -> Option<Arc<ProbePoints>> {
+        if let Some(known) = self.files.get(&id) {
+            return known.clone();
+        }
+        if self.files.len() >= MAX_FILES {
+            self.stats.files_forgotten += self.files.len() as u64;
+            self.files.clear();
+        }
+        let found = match (self.find)(open) {
+            Ok(found) => found.map(Arc::new),
+            Err(e) => {
+                tracing::debug!("looking for the {} in {}: {e}", self.what, shown.display());
+                None
+            }
+        };
+        if let Some(p) = &found {
+            tracing::info!(
+                "probes: {} in {} ({} entry points{})",
+                self.what,
+                shown.display(),
+                p.offsets.len(),
+                if p.single_stepped.is_empty() {
+                    String::new()
+                } else {
+                    let names: Vec<&str> = p
+                        .single_stepped
+                        .iter()
+                        .map(|&f| self.names.get(f as usize).copied().unwrap_or("?"))
+                        .collect();
+                    format!("; single-stepped: {}", names.join(", "))
+                }
+            );
+            self.stats.single_stepped += p.single_stepped.len();
+        }
+        self.files.insert(id, found.clone());
+        found
+    }
+
+    fn attach(&mut self, id: FileId, pid: u32, path: &Path, probes: &ProbePoints) {
+        if self.links.len() >= MAX_LINKS {
+            self.note_failure(path, "too many links");
+            return;
+        }
+        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+            return;
+        };
+        match self
+            .program
+            .attach(&c_path, &probes.offsets, &probes.cookies, pid)
+        {
+            Ok(link) => {
+                if let Some(old) = self.links.insert((id, pid), link) {
+                    self.closer.close(old);
+                }
+            }
+            // The process may have exited meanwhile (ESRCH, ENOENT).
+            Err(e) => self.note_failure(path, &e.to_string()),
+        }
+    }
+
+    /// Takes a link that a child made for itself before exec.
+    pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
+        if let Ok(meta) = fs::metadata(path)
+            && let Some(old) = self.links.insert(((meta.dev(), meta.ino()), pid), link)
+        {
+            self.closer.close(old);
+        }
+    }
+
+    pub fn note_failure(&mut self, path: &Path, reason: &str) {
+        self.stats.failures += 1;
+        if !self.failure_logged {
+            self.failure_logged = true;
+            tracing::warn!(
+                "attaching {} probes to {} failed: {reason} (further failures are counted)",
+                self.what,
+                path.display()
+            );
+        }
+    }
+
+    /// Drops the links of a process that exited.
+    pub fn forget_process(&mut self, pid: u32) {
+        if pid != 0 {
+            for (_, link) in self.links.extract_if(|&(_, owner), _| owner == pid) {
+                self.closer.close(link);
+            }
+        }
+    }
+
+    /// Detaches everything (the links are closed by the closer: see
+    /// [`LinkCloser::finish`]).
+    pub fn detach_all(&mut self) {
+        for (_, link) in self.links.drain() {
+            self.closer.close(link);
+        }
+    }
+}
+
+/// The descriptor of a map aya created.
+fn map_fd(map: &Map) -> Option<RawFd> {
+    let data = match map {
+        Map::Array(d)
+        | Map::HashMap(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::RingBuf(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d) => d,
+        _ => return None,
+    };
+    Some(data.fd().as_fd().as_raw_fd())
+}
+
+fn load_program(
+    name: &str,
+    insns: &[bpf_insn],
+    license: &CStr,
+    attach_type: u32,
+) -> Result<OwnedFd, (io::Error, String)> {
+    let mut log = vec![0u8; 1 << 20];
+    let mut attempt = |with_log: bool| {
+        // SAFETY: bpf_attr is plain data; all-zero is its documented default.
+        let mut attr: bpf_attr = unsafe { zeroed() };
+        // SAFETY: writing plain fields of the BPF_PROG_LOAD member.
+        unsafe {
+            let load = &mut attr.__bindgen_anon_3;
+            load.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
+            load.insn_cnt = insns.len() as u32;
+            load.insns = insns.as_ptr() as u64;
+            load.license = license.as_ptr() as u64;
+            load.expected_attach_type = attach_type;
+            for (dst, src) in load.prog_name.iter_mut().zip(name.bytes().take(15)) {
+                *dst = src as libc::c_char;
+            }
+            if with_log {
+                load.log_level = 1;
+                load.log_size = log.len() as u32;
+                load.log_buf = log.as_mut_ptr() as u64;
+            }
+        }
+        sys_bpf(bpf_cmd::BPF_PROG_LOAD as libc::c_long, &mut attr)
+    };
+    match attempt(false) {
+        // SAFETY: a new descriptor that nothing else owns.
+        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        Err(first) => {
+            // Again with the verifier's log, to say why.
+            let _ = attempt(true);
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            Err((first, tail.into_iter().rev().collect::<Vec<_>>().join("\n")))
+        }
+    }
+}
+
+/// `BPF_LINK_CREATE` of a uprobe_multi link (`attach_type`: session or
+/// entry-only, as the program was loaded). Allocates nothing and
+/// calls only `syscall`, so it may run in a forked child before exec.
+pub fn create_link(
+    prog_fd: RawFd,
+    attach_type: u32,
+    path: &CStr,
+    offsets: &[u64],
+    cookies: &[u64],
+    pid: u32,
+) -> io::Result<RawFd> {
+    if offsets.len() != cookies.len() || offsets.is_empty() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: bpf_attr is plain data; all-zero is its documented default.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    // SAFETY: writing plain fields of the BPF_LINK_CREATE member.
+    unsafe {
+        let link = &mut attr.link_create;
+        link.__bindgen_anon_1.prog_fd = prog_fd as u32;
+        link.attach_type = attach_type;
+        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
+        multi.path = path.as_ptr() as u64;
+        multi.offsets = offsets.as_ptr() as u64;
+        multi.cookies = cookies.as_ptr() as u64;
+        multi.cnt = offsets.len() as u32;
+        multi.pid = pid;
+    }
+    sys_bpf(bpf_cmd::BPF_LINK_CREATE as libc::c_long, &mut attr)
+}
+
+/// Whether this kernel creates uprobe_multi links of `attach_type`: a
+/// program that does nothing is loaded with it and linked to "/", which a
+/// kernel that knows the link refuses as not a regular file (EBADF) and
+/// one that does not refuses as invalid (EINVAL, at the load or the link).
+/// Nothing is attached either way.
+pub fn kernel_supports(attach_type: u32) -> bool {
+    // r0 = 0 (BPF_ALU64 | BPF_MOV | BPF_K, r0); exit (BPF_JMP | BPF_EXIT).
+    // SAFETY: bpf_insn is plain data; all-zero is r0 and no offset.
+    let mut insns: [bpf_insn; 2] = unsafe { zeroed() };
+    insns[0].code = 0xb7;
+    insns[1].code = 0x95;
+    let Ok(prog) = load_program("feature_probe", &insns, c"GPL", attach_type) else {
+        return false;
+    };
+    match create_link(prog.as_raw_fd(), attach_type, c"/", &[0], &[0], 0) {
+        Ok(fd) => {
+            // Not expected ("/" is no file to probe), but then it works.
+            // SAFETY: a new descriptor that nothing else owns.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            true
+        }
+        Err(e) => e.raw_os_error() == Some(libc::EBADF),
+    }
+}
+
+fn sys_bpf(cmd: libc::c_long, attr: &mut bpf_attr) -> io::Result<RawFd> {
+    // SAFETY: attr is a valid bpf_attr whose pointers stay alive for the
+    // call (the callers' borrows outlive it).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut bpf_attr,
+            size_of::<bpf_attr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as RawFd)
+}

@@ -1,0 +1,112 @@
+//! Where a finished profile goes: gzipped once, written to its file (always),
+//! counted in the metrics, and handed to the push when one is set (which
+//! makes its own uploads of it: push/mod.rs).
+//!
+//! A failed write (full disk, vanished directory) is logged once per window,
+//! not once per profile type, and the first successful write after failures
+//! says how many windows were lost: a full disk must not flood the log that
+//! may live on the same disk.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use crate::model::profile_kind::ProfileKind;
+use crate::output::metrics::Metrics;
+use crate::output::push::Pusher;
+use crate::output::writer::{ProfileWriter, WriteError};
+
+/// The outputs of the session's windows.
+pub struct Publisher {
+    pub writer: ProfileWriter,
+    pub metrics: Arc<Metrics>,
+    pub pusher: Option<Pusher>,
+    failures: Mutex<Failures>,
+}
+
+/// Windows whose profiles could not be written, since the last success.
+#[derive(Debug, Default)]
+struct Failures {
+    /// Start of the last window that had a failed write.
+    last_window: Option<SystemTime>,
+    /// Windows with a failed write since the last successful one.
+    windows: u32,
+}
+
+impl Publisher {
+    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, pusher: Option<Pusher>) -> Self {
+        Publisher {
+            writer,
+            metrics,
+            pusher,
+            failures: Mutex::default(),
+        }
+    }
+
+    /// The metrics every output reports to.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Writes `profile` of the window that started at `start`, then hands
+    /// it to the push (never waits for it). Logs
+    /// the failure (once per window) or a recovery.
+    pub fn publish(
+        &self,
+        kind: ProfileKind,
+        start: SystemTime,
+        profile: &pprof_proto::Profile,
+    ) -> Result<PathBuf, WriteError> {
+        let bytes = pprof_proto::encode_gzip(profile);
+        let path = match self.writer.write_gzipped(kind, start, &bytes) {
+            Ok(path) => path,
+            Err(e) => {
+                self.metrics.write_failed(kind);
+                self.failed(kind, start, &e);
+                return Err(e);
+            }
+        };
+        self.succeeded();
+        self.metrics
+            .profile_written(kind, profile.sample.len(), bytes.len());
+        if let Some(pusher) = &self.pusher {
+            let file = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            pusher.push(kind, profile, &file);
+        }
+        Ok(path)
+    }
+}
+
+impl Publisher {
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
+        // The counts stay meaningful even if a writer panicked holding them.
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn failed(&self, kind: ProfileKind, start: SystemTime, e: &WriteError) {
+        let mut f = self.failures();
+        if f.last_window == Some(start) {
+            return;
+        }
+        f.last_window = Some(start);
+        f.windows += 1;
+        tracing::error!(
+            "writing the profiles of this window failed (first: {kind}): {e}; \
+             the window is lost, writing is retried next window"
+        );
+    }
+
+    fn succeeded(&self) {
+        let mut f = self.failures();
+        if f.windows > 0 {
+            tracing::info!(
+                "writing profiles recovered after {} failed window(s)",
+                f.windows
+            );
+            *f = Failures::default();
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! One push request over the Connect protocol's unary form: `POST
+//! <base>/push.v1.PusherService/Push` with `Content-Type: application/proto`
+//! and `Connect-Protocol-Version: 1`, the tenant (`X-Scope-OrgID`), the
+//! credentials and the extra headers; and what its answer means: sent,
+//! worth another try (connection errors, timeouts, 408, 429, 5xx but 501),
+//! or refused for good (other answers).
+//!
+//! Secret files are re-read when they change (tokens are rotated in place);
+//! if a re-read fails, the last good value is used and the failure logged
+//! once. No secret and no URL userinfo is ever put in a log line.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use super::wire;
+use crate::config::push::{Auth, PushSettings, Secret, SecretSource, read_secret};
+
+/// Whole request, connection to answer.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bytes of an error answer read for the log line.
+const MAX_ERROR_BODY: usize = 4096;
+/// Longest `Retry-After` honoured; the backoff's own bound.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How one try ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Sent,
+    /// Worth another try: a key for log-once, what happened, and how long
+    /// the server asked to wait, if it did.
+    Retry {
+        key: String,
+        what: String,
+        after: Option<Duration>,
+    },
+    /// Not worth another try.
+    Rejected {
+        key: String,
+        what: String,
+    },
+}
+
+/// A secret and where it is refreshed from.
+struct Refreshing {
+    source: SecretSource,
+    current: Secret,
+    modified: Option<SystemTime>,
+    /// A failed re-read was logged.
+    complained: bool,
+}
+
+impl Refreshing {
+    fn new(source: SecretSource) -> Self {
+        let (current, modified) = match &source {
+            SecretSource::Url(s) => (s.clone(), None),
+            SecretSource::File { path, first } => (first.clone(), modified(path)),
+        };
+        Refreshing {
+            source,
+            current,
+            modified,
+            complained: false,
+        }
+    }
+
+    /// The secret, re-read first if its file changed since last read.
+    fn get(&mut self) -> &str {
+        if let SecretSource::File { path, .. } = &self.source {
+            let now = modified(path);
+            if now != self.modified {
+                match read_secret(path) {
+                    Ok(secret) => {
+                        self.current = secret;
+                        self.modified = now;
+                        self.complained = false;
+                    }
+                    Err(why) if !self.complained => {
+                        self.complained = true;
+                        tracing::warn!(
+                            "push credentials in {}: {why}; using the last value read",
+                            path.display()
+                        );
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        self.current.expose()
+    }
+}
+
+fn modified(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+enum Credentials {
+    Basic { user: String, password: Refreshing },
+    Bearer(Refreshing),
+}
+
+/// Sends push requests to one server.
+pub struct Client {
+    http: reqwest::Client,
+    url: String,
+    credentials: Option<Credentials>,
+    /// Content type, protocol version, tenant and the extra headers.
+    headers: HeaderMap,
+}
+
+/// Why the client could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up the push client: {0}")]
+pub struct ClientError(String);
+
+impl ClientError {
+    pub fn new(why: String) -> Self {
+        ClientError(why)
+    }
+}
+
+impl Client {
+    pub fn new(settings: &PushSettings) -> Result<Client, ClientError> {
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            // A redirected POST would turn into a GET; say so instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("profilerd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ClientError(error_chain(&e.without_url())))?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/proto"));
+        headers.insert(
+            HeaderName::from_static("connect-protocol-version"),
+            HeaderValue::from_static("1"),
+        );
+        headers.insert(
+            HeaderName::from_static("connect-timeout-ms"),
+            HeaderValue::from(REQUEST_TIMEOUT.as_millis() as u64),
+        );
+        let bad = |what: &str| ClientError(format!("{what} cannot be sent as a header"));
+        if let Some(tenant) = &settings.tenant {
+            headers.insert(
+                HeaderName::from_static("x-scope-orgid"),
+                HeaderValue::from_str(tenant).map_err(|_| bad("the tenant"))?,
+            );
+        }
+        for (name, value) in &settings.headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("a header name"))?;
+            let mut value =
+                HeaderValue::from_str(value.expose()).map_err(|_| bad("a header value"))?;
+            value.set_sensitive(true);
+            headers.append(name, value);
+        }
+        let credentials = settings.auth.clone().map(|auth| match auth {
+            Auth::Basic { user, password } => Credentials::Basic {
+                user,
+                password: Refreshing::new(password),
+            },
+            Auth::Bearer(token) => Credentials::Bearer(Refreshing::new(token)),
+        });
+        Ok(Client {
+            http,
+            url: settings.url.clone(),
+            credentials,
+            headers,
+        })
+    }
+
+    /// The URL requests go to (no userinfo: safe to log).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends one encoded `PushRequest`.
+    pub async fn send(&mut self, body: Bytes) -> Outcome {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .body(body);
+        request = match &mut self.credentials {
+            None => request,
+            Some(Credentials::Basic { user, password }) => {
+                request.basic_auth(user.as_str(), Some(password.get()))
+            }
+            Some(Credentials::Bearer(token)) => request.bearer_auth(token.get()),
+        };
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let key = if e.is_timeout() {
+                    "timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "request"
+                };
+                return Outcome::Retry {
+                    key: key.to_owned(),
+                    what: error_chain(&e.without_url()),
+                    after: None,
+                };
+            }
+        };
+        let status = response.status();
+        if status.is_success() {
+            return Outcome::Sent;
+        }
+        let after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|s| Duration::from_secs(s).min(MAX_BACKOFF));
+        // Read at most a few KiB of the body, for the log line: a server
+        // that answers with a flood must not take the daemon's memory.
+        let mut body = Vec::new();
+        let mut response = response;
+        while body.len() < MAX_ERROR_BODY {
+            match response.chunk().await {
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let reason = wire::error_reason(&body[..body.len().min(MAX_ERROR_BODY)]);
+        let mut what = match reason.is_empty() {
+            true => format!("server answered {status}"),
+            false => format!("server answered {status}: {reason}"),
+        };
+        if matches!(status, StatusCode::NOT_FOUND | StatusCode::NOT_IMPLEMENTED) {
+            what.push_str(" (no push API at this URL: Pyroscope 1.0 or later serves it)");
+        }
+        let key = format!("status {}", status.as_u16());
+        if retryable(status) {
+            Outcome::Retry { key, what, after }
+        } else {
+            Outcome::Rejected { key, what }
+        }
+    }
+}
+
+/// Answers that another try may change: the server is busy or failing
+/// (429 is Connect's resource_exhausted, 503 unavailable, 500 internal or
+/// unknown), or the request timed out. 501 (unimplemented) stays so.
+pub fn retryable(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::REQUEST_TIMEOUT
+        || (status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED)
+}
+
+/// An error and its causes on one line, each said once.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_answers_are_retried() {
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(retryable(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+        for code in [301, 400, 401, 403, 404, 413, 415, 422, 501] {
+            assert!(!retryable(StatusCode::from_u16(code).unwrap()), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_rotated_token_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, "one\n").unwrap();
+        let first = read_secret(&path).unwrap();
+        let mut token = Refreshing::new(SecretSource::File {
+            path: path.clone(),
+            first,
+        });
+        assert_eq!(token.get(), "one");
+        // A later mtime, as a rotation gives.
+        std::fs::write(&path, "two\n").unwrap();
+        let later = SystemTime::now() + Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        assert_eq!(token.get(), "two");
+        // Gone: the last value stays.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(token.get(), "two");
+    }
+}

@@ -1,0 +1,1554 @@
+//! Per-process metadata that symbolization needs: the process name and its
+//! executable mappings, each with an open handle to the mapped file and the
+//! file's build ID. It is snapshotted while the process lives, so that a
+//! process that exits (or whose files are deleted) before the profile window
+//! closes can still be symbolized. The table is bounded; handles and build IDs
+//! are shared across processes by (device, inode). Each snapshot also keeps
+//! the process's environment labels (container, pod, service; see
+//! `environment`), resolved at first sight and at exec.
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// x86_64 page size: the loader maps each PT_LOAD from its page-aligned
+/// file offset.
+pub const PAGE_SIZE: u64 = 4096;
+
+use procfs::ProcError;
+use procfs::process::{LimitValue, MMPermissions, MMapPath, MemoryMap, Process};
+use tracing::{debug, warn};
+
+use profiler_common::{ANCHOR_FRAMES, BUILD_ID_VALID, ImageAnchors};
+
+use crate::model::frames::Mapping;
+use crate::procs::environment::Environment;
+
+/// Minimum time between two re-reads of one process's mappings.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// A snapshot taken right after exec sees only the executable and the
+/// dynamic loader; libraries are mapped (or dlopened) moments later. Each
+/// snapshot is re-read once after each of these delays while the process
+/// lives, so that a short-lived process still has its libraries recorded.
+const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(500)];
+/// `PF_KTHREAD` in /proc/PID/stat flags.
+const PF_KTHREAD: u32 = 0x0020_0000;
+/// Bytes of the vDSO compared to tell whether a process maps our vDSO image.
+const ELF_HEADER_LEN: usize = 64;
+/// Name given to executable memory that no file backs (JIT code), as perf does.
+const ANON_NAME: &str = "//anon";
+const DELETED_SUFFIX: &str = " (deleted)";
+
+/// Object identities are unique for the daemon's lifetime, so a cache keyed
+/// by them can never confuse a file with a later one that reuses its inode.
+static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Why a process could not be snapshotted.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("process {0} is gone")]
+    Gone(u32),
+    #[error("reading /proc/{pid}: {source}")]
+    Proc {
+        pid: u32,
+        #[source]
+        source: ProcError,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn proc_error(pid: u32, err: ProcError) -> ProcessError {
+    match err {
+        ProcError::NotFound(_) => ProcessError::Gone(pid),
+        ProcError::Io(e, _) if e.raw_os_error() == Some(libc::ESRCH) => ProcessError::Gone(pid),
+        source => ProcessError::Proc { pid, source },
+    }
+}
+
+/// Counters of the process table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessStats {
+    /// Successful snapshots (first sight, exec, refresh).
+    pub snapshots: u64,
+    /// Snapshots that failed, almost always because the process was gone.
+    pub failures: u64,
+    /// Processes dropped because the table was full.
+    pub evictions: u64,
+    /// Re-reads of mappings after an address fell in no known mapping.
+    pub refreshes: u64,
+    /// Re-reads of mappings shortly after a snapshot (see `settle`).
+    pub settles: u64,
+    /// Objects that got no file handle because the handle budget was spent;
+    /// they can be symbolized only while their process lives.
+    pub handle_limit_hits: u64,
+    /// Label lookup cache entries dropped because the cache was full.
+    pub label_cache_drops: u64,
+    /// Forked children gone before their mappings were read, symbolized
+    /// with their parent's snapshot (they had not exec'd).
+    pub inherited: u64,
+    /// Fork records (child to parent) dropped because the table was full.
+    pub fork_evictions: u64,
+    /// Processes gone before their mappings were read, placed instead from
+    /// the kernel's image anchors and files known by build ID.
+    pub anchored: u64,
+    /// Anchored files whose build ID matched no file the daemon holds.
+    pub anchor_files_unknown: u64,
+    /// Processes in the table now.
+    pub processes: usize,
+    /// File handles held now.
+    pub open_handles: usize,
+}
+
+/// Decrements the open-handle count when an object's handle is closed.
+#[derive(Debug)]
+struct HandleGuard(Arc<AtomicUsize>);
+
+impl Drop for HandleGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+enum ObjectSource {
+    /// An open handle: readable after the process exits or the file is deleted.
+    Handle(File),
+    /// A path through the live process's root; readable only while it lives.
+    LivePath(PathBuf),
+}
+
+/// A mapped ELF file (or the vDSO image) that can be read for symbols.
+#[derive(Debug)]
+pub struct ObjectFile {
+    id: u64,
+    build_id: Option<Arc<str>>,
+    source: ObjectSource,
+    _guard: Option<HandleGuard>,
+}
+
+impl ObjectFile {
+    fn new(source: ObjectSource, guard: Option<HandleGuard>) -> Self {
+        let mut object = Self {
+            id: NEXT_OBJECT_ID.fetch_add(1, Ordering::Relaxed),
+            build_id: None,
+            source,
+            _guard: guard,
+        };
+        object.build_id = object.read_build_id().map(Arc::from);
+        object
+    }
+
+    /// Identity unique to this opened file for the daemon's lifetime.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Hex GNU build ID, if the file has one.
+    pub fn build_id(&self) -> Option<&Arc<str>> {
+        self.build_id.as_ref()
+    }
+
+    /// Whether the file stays readable after its process exits.
+    pub fn has_handle(&self) -> bool {
+        matches!(self.source, ObjectSource::Handle(_))
+    }
+
+    /// A path that opens this file now: `/proc/self/fd/N` for a held handle
+    /// (works for deleted files too), else the live process's root path.
+    pub fn elf_path(&self) -> PathBuf {
+        match &self.source {
+            ObjectSource::Handle(file) => {
+                PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            }
+            ObjectSource::LivePath(path) => path.clone(),
+        }
+    }
+
+    fn read_build_id(&self) -> Option<String> {
+        let path = self.elf_path();
+        match blazesym::helper::read_elf_build_id(&path) {
+            Ok(Some(bytes)) => Some(hex(&bytes)),
+            Ok(None) => None,
+            Err(err) => {
+                debug!(path = %crate::model::text::escape_controls(&path.to_string_lossy()), %err, "no build ID");
+                None
+            }
+        }
+    }
+}
+
+/// Lower-case hex, as build IDs are written.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// One executable mapping of a process and the file behind it, if any.
+#[derive(Clone, Debug)]
+pub struct MappedObject {
+    pub mapping: Arc<Mapping>,
+    /// `None` for anonymous (JIT) code or a file that could not be opened.
+    pub object: Option<Arc<ObjectFile>>,
+}
+
+impl MappedObject {
+    /// File offset of `addr`, which must lie in the mapping.
+    pub fn file_offset(&self, addr: u64) -> u64 {
+        addr.wrapping_sub(self.mapping.start)
+            .wrapping_add(self.mapping.file_offset)
+    }
+}
+
+/// What is known about one process.
+#[derive(Debug)]
+pub struct ProcessInfo {
+    pub tgid: u32,
+    /// Process name from /proc/PID/comm.
+    pub comm: String,
+    /// Executable mappings sorted by start address.
+    mappings: Vec<MappedObject>,
+    /// Environment labels (container, pod, service), only those known.
+    labels: Vec<(&'static str, String)>,
+    /// Tick of the exit mark, if the process exited.
+    exited: Option<u64>,
+    /// Tick of the last lookup; drives LRU eviction and pruning.
+    last_used: Cell<u64>,
+    snapshot_at: Instant,
+    /// Where the mappings came from.
+    origin: Origin,
+}
+
+/// Where a snapshot's mappings came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// The process's own /proc/PID/maps.
+    Read,
+    /// A copy of the parent's snapshot, for a forked child gone before its
+    /// own could be read.
+    Parent,
+    /// Placed from image anchors (see [`ProcessTable::anchor_image`]), for
+    /// an image gone before its mappings could be read.
+    Anchors,
+}
+
+impl ProcessInfo {
+    /// The mapping that contains `addr`.
+    pub fn find(&self, addr: u64) -> Option<&MappedObject> {
+        let idx = self.mappings.partition_point(|m| m.mapping.start <= addr);
+        let found = self.mappings.get(idx.checked_sub(1)?)?;
+        (addr < found.mapping.limit).then_some(found)
+    }
+
+    /// All executable mappings, sorted by start address.
+    pub fn mappings(&self) -> &[MappedObject] {
+        &self.mappings
+    }
+
+    /// When this snapshot of the mappings was taken: a new snapshot of
+    /// the same process has a later time.
+    pub fn snapshot_at(&self) -> Instant {
+        self.snapshot_at
+    }
+
+    /// Whether the process was marked exited.
+    pub fn is_exited(&self) -> bool {
+        self.exited.is_some()
+    }
+}
+
+/// File handles shared by (device, inode). It holds weak references, so a
+/// file stays open exactly as long as some process snapshot maps it.
+#[derive(Debug)]
+struct ObjectCache {
+    by_inode: HashMap<(u64, u64), Weak<ObjectFile>>,
+    /// The same files by build ID, with the path a process mapped them
+    /// under: image anchors name files this way.
+    by_build_id: HashMap<Arc<str>, (Weak<ObjectFile>, String)>,
+    open_handles: Arc<AtomicUsize>,
+    max_handles: usize,
+    sweep_at: usize,
+}
+
+impl ObjectCache {
+    fn get(&self, key: (u64, u64)) -> Option<Arc<ObjectFile>> {
+        self.by_inode.get(&key)?.upgrade()
+    }
+
+    fn insert(&mut self, key: (u64, u64), object: &Arc<ObjectFile>) {
+        if self.by_inode.len() >= self.sweep_at {
+            self.sweep();
+        }
+        self.by_inode.insert(key, Arc::downgrade(object));
+    }
+
+    /// Notes that `object`, which has a build ID, is mapped as `path`.
+    fn note_build_id(&mut self, object: &Arc<ObjectFile>, path: &str) {
+        let Some(id) = object.build_id() else {
+            return;
+        };
+        if self
+            .by_build_id
+            .get(id)
+            .is_some_and(|(known, _)| known.strong_count() > 0)
+        {
+            return;
+        }
+        if self.by_build_id.len() >= self.sweep_at {
+            self.sweep();
+        }
+        self.by_build_id
+            .insert(Arc::clone(id), (Arc::downgrade(object), path.to_owned()));
+    }
+
+    /// A held file with this build ID (the kernel's zero-padded bytes; GNU
+    /// build IDs are 20, 16 or 8 bytes long), and the path it was mapped as.
+    fn by_build_id(&self, padded: &[u8; 20]) -> Option<(Arc<ObjectFile>, &str)> {
+        [20, 16, 8].into_iter().find_map(|len| {
+            let (known, path) = self.by_build_id.get(hex(&padded[..len]).as_str())?;
+            Some((known.upgrade()?, path.as_str()))
+        })
+    }
+
+    fn sweep(&mut self) {
+        self.by_inode.retain(|_, object| object.strong_count() > 0);
+        self.by_build_id
+            .retain(|_, (object, _)| object.strong_count() > 0);
+        self.sweep_at = (self.by_inode.len().max(self.by_build_id.len()) * 2).max(1024);
+    }
+
+    /// Takes one unit of the handle budget, if any is left.
+    fn reserve(&self) -> Option<HandleGuard> {
+        let open = self.open_handles.fetch_add(1, Ordering::Relaxed);
+        let guard = HandleGuard(Arc::clone(&self.open_handles));
+        (open < self.max_handles).then_some(guard)
+    }
+}
+
+#[derive(Debug)]
+enum Vdso {
+    Unknown,
+    Unavailable,
+    Ready {
+        object: Arc<ObjectFile>,
+        header: Vec<u8>,
+        len: u64,
+    },
+}
+
+/// Whether `new` still has every file mapping of `old` (libraries loaded
+/// since, not another image). Anonymous code (JIT) comes and goes.
+fn keeps_every_mapping(old: &[MappedObject], new: &[MappedObject]) -> bool {
+    old.iter().filter(|o| o.object.is_some()).all(|o| {
+        new.iter().any(|n| {
+            let (a, b) = (&o.mapping, &n.mapping);
+            (a.start, a.limit, a.file_offset, &a.path) == (b.start, b.limit, b.file_offset, &b.path)
+        })
+    })
+}
+
+/// Bounded table of process snapshots, keyed by tgid.
+#[derive(Debug)]
+pub struct ProcessTable {
+    max_processes: usize,
+    procs: HashMap<u32, ProcessInfo>,
+    objects: ObjectCache,
+    vdso: Vdso,
+    /// Logical clock for LRU order and "used since the last prune".
+    tick: Cell<u64>,
+    last_prune: u64,
+    /// Snapshots waiting for their re-read, one queue per settle delay.
+    settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
+    /// Recent forks of known processes: child to (parent, when), oldest
+    /// first in `fork_order`; bounded by `max_processes`.
+    forks: HashMap<u32, (u32, Instant)>,
+    fork_order: VecDeque<(u32, Instant)>,
+    environment: Environment,
+    /// The image generation of each process that exec'd or whose pid was
+    /// reused (absent: 0), with the kernel time its image started (0:
+    /// unknown).
+    generations: HashMap<u32, (u32, u64)>,
+    /// Snapshots of replaced images, by (tgid, generation), with the tick
+    /// they were replaced at and the kernel time they started: samples
+    /// taken before an exec are symbolized with them at the window's end.
+    /// Pruned like exited processes.
+    retired: HashMap<(u32, u32), Retired>,
+    stats: ProcessStats,
+}
+
+/// A replaced image kept for the samples it ran.
+#[derive(Debug)]
+struct Retired {
+    info: ProcessInfo,
+    /// The tick it was replaced at.
+    replaced: u64,
+    /// When it started (kernel ns; 0: unknown).
+    since_ns: u64,
+}
+
+/// How long a fork record may stand in for a child's own snapshot: the
+/// child's first event follows its fork within a drain period or two; an
+/// older record may name a pid that has since been reused.
+const FORK_RECORD_TTL: Duration = Duration::from_secs(5);
+
+impl ProcessTable {
+    /// A table of at most `max_processes` processes. The file-handle budget
+    /// is a third of the soft RLIMIT_NOFILE at this moment (the rest is left
+    /// to blazesym, which opens each file it reads once more, and to the
+    /// daemon); raise the limit before calling this to keep more handles.
+    pub fn new(max_processes: usize) -> Self {
+        Self::with_handle_limit(max_processes, default_handle_limit())
+    }
+
+    /// Like [`ProcessTable::new`] with an explicit file-handle budget.
+    pub fn with_handle_limit(max_processes: usize, max_handles: usize) -> Self {
+        Self {
+            max_processes: max_processes.max(1),
+            procs: HashMap::new(),
+            objects: ObjectCache {
+                by_inode: HashMap::new(),
+                by_build_id: HashMap::new(),
+                open_handles: Arc::new(AtomicUsize::new(0)),
+                max_handles,
+                sweep_at: 1024,
+            },
+            vdso: Vdso::Unknown,
+            tick: Cell::new(0),
+            last_prune: 0,
+            settling: Default::default(),
+            forks: HashMap::new(),
+            fork_order: VecDeque::new(),
+            environment: Environment::from_env(),
+            generations: HashMap::new(),
+            retired: HashMap::new(),
+            stats: ProcessStats::default(),
+        }
+    }
+
+    fn bump(&self) -> u64 {
+        let tick = self.tick.get() + 1;
+        self.tick.set(tick);
+        tick
+    }
+
+    /// Snapshot now: comm, executable mappings with build IDs and a handle to
+    /// each mapped file. Replaces an older snapshot of the same pid (exec).
+    /// Returns false if the process is gone (or cannot be read).
+    pub fn snapshot(&mut self, tgid: u32) -> bool {
+        self.settle();
+        self.take_snapshot(tgid, 0)
+    }
+
+    /// Re-reads, once per settle delay, the mappings of processes
+    /// snapshotted that long ago, while they live. Runs from `snapshot`,
+    /// `ensure`, `refresh` and `prune`; call it also from the event loop
+    /// (every few milliseconds) so that it runs when no events come.
+    pub fn settle(&mut self) {
+        for (stage, delay) in SETTLE_DELAYS.iter().enumerate() {
+            while let Some(&(at, tgid)) = self.settling[stage].front() {
+                if at.elapsed() < *delay {
+                    break;
+                }
+                self.settling[stage].pop_front();
+                // Skip it if the process exited or was re-read since.
+                let due = self
+                    .procs
+                    .get(&tgid)
+                    .is_some_and(|info| info.exited.is_none() && info.snapshot_at == at);
+                if due {
+                    self.stats.settles += 1;
+                    self.take_snapshot(tgid, stage + 1);
+                }
+            }
+        }
+    }
+
+    /// Reads the process and, if `settle_stage` names a settle delay, queues
+    /// the re-read after it.
+    fn take_snapshot(&mut self, tgid: u32, settle_stage: usize) -> bool {
+        match self.read_process(tgid) {
+            Ok((comm, mappings)) => {
+                let replaced = settle_stage > 0
+                    && self
+                        .procs
+                        .get(&tgid)
+                        .is_some_and(|info| !keeps_every_mapping(&info.mappings, &mappings));
+                if replaced {
+                    // Another image: an exec. Samples taken before it must
+                    // keep the old snapshot. A settling re-read leaves it to
+                    // the exec event, which reads those samples first; a
+                    // refresh (at a window's end, every sample read) keeps
+                    // the old snapshot under its generation, as the event
+                    // would (it may have been lost).
+                    if settle_stage < SETTLE_DELAYS.len() {
+                        return false;
+                    }
+                    self.retire(tgid, 0);
+                }
+                self.stats.snapshots += 1;
+                let tick = self.bump();
+                let now = Instant::now();
+                if let Some(queue) = self.settling.get_mut(settle_stage) {
+                    if queue.len() >= self.max_processes {
+                        queue.pop_front();
+                    }
+                    queue.push_back((now, tgid));
+                }
+                // Labels change only at exec (or pid reuse): not on re-reads.
+                let labels = (settle_stage == 0 || !self.procs.contains_key(&tgid))
+                    .then(|| self.read_labels(tgid));
+                if let Some(info) = self.procs.get_mut(&tgid) {
+                    info.comm = comm;
+                    if let Some(labels) = labels {
+                        info.labels = labels;
+                    }
+                    info.mappings = mappings;
+                    // A live process under a known pid: exec, or pid reuse.
+                    info.exited = None;
+                    info.origin = Origin::Read;
+                    info.last_used.set(tick);
+                    info.snapshot_at = now;
+                } else {
+                    self.admit(ProcessInfo {
+                        tgid,
+                        comm,
+                        mappings,
+                        labels: labels.unwrap_or_default(),
+                        exited: None,
+                        last_used: Cell::new(tick),
+                        snapshot_at: now,
+                        origin: Origin::Read,
+                    });
+                }
+                true
+            }
+            Err(err) => {
+                self.stats.failures += 1;
+                debug!(tgid, %err, "process snapshot failed");
+                if matches!(err, ProcessError::Gone(_)) {
+                    self.mark_exited(tgid);
+                    if settle_stage == 0 {
+                        return self.inherit_from_parent(tgid);
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    /// The generation of `tgid`'s current image: 0, then one more at each
+    /// [`Self::replace`]. Samples carry it, so that those taken before an
+    /// exec or a pid's reuse resolve against the image they ran.
+    pub fn generation(&self, tgid: u32) -> u32 {
+        self.generations.get(&tgid).map_or(0, |&(g, _)| g)
+    }
+
+    /// The generation of the image `tgid` ran at kernel time `time_ns`
+    /// (CLOCK_MONOTONIC, as the kernel's records carry it). The records of
+    /// a process and its exec event come through different rings, so a
+    /// record taken just before an exec can be read after it, and one
+    /// taken just after it before; the times tell them apart.
+    pub fn generation_at(&self, tgid: u32, time_ns: u64) -> u32 {
+        let Some(&(mut generation, mut since)) = self.generations.get(&tgid) else {
+            return 0;
+        };
+        // Walk back over the images that started after the record. One
+        // whose snapshot is gone (pruned) still names the right image: its
+        // records are then left unsymbolized, never given another image's
+        // frames.
+        while time_ns < since && generation > 0 {
+            generation -= 1;
+            since = self
+                .retired
+                .get(&(tgid, generation))
+                .map_or(0, |r| r.since_ns);
+        }
+        generation
+    }
+
+    /// A new image under `tgid` (exec, or a new process reusing the pid),
+    /// started at kernel time `since_ns` (0: unknown, then every record
+    /// read from now on is taken as the new image's): the old snapshot is
+    /// kept for the records taken before, under its generation, and the
+    /// generation moves on. Snapshot the new image next.
+    pub fn retire(&mut self, tgid: u32, since_ns: u64) {
+        if let Some(old) = self.procs.remove(&tgid) {
+            let (generation, old_since) = self.generations.get(&tgid).copied().unwrap_or((0, 0));
+            if self.retired.len() >= self.max_processes
+                && let Some(&oldest) = self
+                    .retired
+                    .iter()
+                    .min_by_key(|(_, r)| r.replaced)
+                    .map(|(key, _)| key)
+            {
+                self.retired.remove(&oldest);
+                self.stats.evictions += 1;
+            }
+            let tick = self.bump();
+            self.retired.insert(
+                (tgid, generation),
+                Retired {
+                    info: old,
+                    replaced: tick,
+                    since_ns: old_since,
+                },
+            );
+            self.generations
+                .insert(tgid, (generation.wrapping_add(1), since_ns));
+            if self.generations.len() > 4 * self.max_processes {
+                // Only processes that exec'd are here; forget those gone.
+                let procs = &self.procs;
+                let retired = &self.retired;
+                self.generations.retain(|tgid, (generation, _)| {
+                    procs.contains_key(tgid)
+                        || retired.contains_key(&(*tgid, generation.wrapping_sub(1)))
+                });
+            }
+        }
+    }
+
+    /// The current snapshot of `tgid`, if any; not a use for eviction.
+    pub fn peek(&self, tgid: u32) -> Option<&ProcessInfo> {
+        self.procs.get(&tgid)
+    }
+
+    /// The snapshot of image `generation` of `tgid`: the current one (a use
+    /// for eviction), or a replaced one kept for its samples.
+    pub fn get_image(&self, tgid: u32, generation: u32) -> Option<&ProcessInfo> {
+        if generation == self.generation(tgid) {
+            self.get(tgid)
+        } else {
+            self.retired.get(&(tgid, generation)).map(|r| &r.info)
+        }
+    }
+
+    /// Records that `parent` forked `child` (a process or a thread). Until
+    /// the child execs, it maps what its parent maps: if it is gone before
+    /// its own snapshot, the parent's stands in for it.
+    pub fn note_fork(&mut self, child: u32, parent: u32) {
+        let now = Instant::now();
+        while self.fork_order.len() >= self.max_processes {
+            let Some((old, at)) = self.fork_order.pop_front() else {
+                break;
+            };
+            if self.forks.get(&old).is_some_and(|&(_, t)| t == at) {
+                self.forks.remove(&old);
+                self.stats.fork_evictions += 1;
+            }
+        }
+        self.forks.insert(child, (parent, now));
+        self.fork_order.push_back((child, now));
+    }
+
+    /// The process exec'd (or exited): its parent's mappings no longer
+    /// stand for it. A snapshot taken from the parent is dropped too.
+    pub fn forget_fork(&mut self, tgid: u32) {
+        self.forks.remove(&tgid);
+        if self
+            .procs
+            .get(&tgid)
+            .is_some_and(|info| info.origin == Origin::Parent)
+        {
+            self.procs.remove(&tgid);
+        }
+    }
+
+    /// For a child gone before its snapshot: a copy of its parent's
+    /// snapshot, marked exited, if it forked recently and has not exec'd.
+    fn inherit_from_parent(&mut self, tgid: u32) -> bool {
+        let Some(&(parent, at)) = self.forks.get(&tgid) else {
+            return false;
+        };
+        if at.elapsed() > FORK_RECORD_TTL || self.procs.contains_key(&tgid) {
+            return false;
+        }
+        let Some(from) = self.procs.get(&parent) else {
+            return false;
+        };
+        let tick = self.bump();
+        let info = ProcessInfo {
+            tgid,
+            comm: from.comm.clone(),
+            mappings: from.mappings.clone(),
+            labels: from.labels.clone(),
+            exited: Some(tick),
+            last_used: Cell::new(tick),
+            snapshot_at: from.snapshot_at,
+            origin: Origin::Parent,
+        };
+        self.admit(info);
+        self.stats.inherited += 1;
+        true
+    }
+
+    /// Places the files named by an image's anchors (see
+    /// [`profiler_common::ImageAnchors`]) when that image is gone before its
+    /// own mappings could be read: each anchored frame's address less its
+    /// file offset is where its file lies, and a file known by build ID
+    /// from another process's snapshot is read for its symbols. Only the
+    /// current image of the pid is placed, and only if nothing better is
+    /// known of it; anchors of a live process take a snapshot instead.
+    pub fn anchor_image(&mut self, anchors: &ImageAnchors) {
+        let tgid = anchors.tgid;
+        if self.generation_at(tgid, anchors.time_ns) != self.generation(tgid) {
+            return;
+        }
+        match self.procs.get(&tgid).map(|info| info.origin) {
+            Some(Origin::Anchors) => {}
+            Some(_) => return,
+            None => {
+                if self.snapshot(tgid) || self.procs.contains_key(&tgid) {
+                    return;
+                }
+            }
+        }
+        // Objects already placed by earlier anchors of this image.
+        let known: Vec<u64> = self
+            .procs
+            .get(&tgid)
+            .map(|info| {
+                info.mappings
+                    .iter()
+                    .filter_map(|m| m.object.as_ref().map(|o| o.id()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let len = (anchors.len as usize).min(ANCHOR_FRAMES);
+        let mut placed: Vec<MappedObject> = Vec::new();
+        for (ip, frame) in anchors.ips[..len].iter().zip(&anchors.frames[..len]) {
+            if frame.status != BUILD_ID_VALID || frame.offset > *ip {
+                continue;
+            }
+            let Some((object, path)) = self.objects.by_build_id(&frame.build_id) else {
+                self.stats.anchor_files_unknown += 1;
+                continue;
+            };
+            if known.contains(&object.id())
+                || placed
+                    .iter()
+                    .any(|m| m.object.as_ref().is_some_and(|o| o.id() == object.id()))
+            {
+                continue;
+            }
+            // Where the file's offset 0 lies; the mapping starts at the
+            // frame's page, so that the unwinder places the object through
+            // the segment that holds the frame.
+            let bias = ip - frame.offset;
+            let file_offset = frame.offset & !(PAGE_SIZE - 1);
+            let size = std::fs::metadata(object.elf_path()).map_or(0, |m| m.len());
+            if size <= file_offset {
+                continue;
+            }
+            let mapping = Mapping {
+                start: bias + file_offset,
+                limit: bias.saturating_add(size),
+                file_offset,
+                path: path.to_owned(),
+                build_id: object.build_id().map(|id| id.to_string()),
+            };
+            placed.push(MappedObject {
+                mapping: Arc::new(mapping),
+                object: Some(object),
+            });
+        }
+        // Kept even if empty: the process is gone, and its next anchors
+        // need not try to read it again.
+        let tick = self.bump();
+        if !self.procs.contains_key(&tgid) {
+            self.admit(ProcessInfo {
+                tgid,
+                comm: String::new(),
+                mappings: Vec::new(),
+                labels: Vec::new(),
+                exited: Some(tick),
+                last_used: Cell::new(tick),
+                snapshot_at: Instant::now(),
+                origin: Origin::Anchors,
+            });
+        }
+        if let Some(info) = self.procs.get_mut(&tgid)
+            && !placed.is_empty()
+        {
+            if info.mappings.is_empty() {
+                self.stats.anchored += 1;
+            }
+            info.mappings.extend(placed);
+            info.mappings.sort_by_key(|m| m.mapping.start);
+            // Placed from file sizes: keep them from overlapping.
+            for i in 1..info.mappings.len() {
+                let next = info.mappings[i].mapping.start;
+                let previous = &mut info.mappings[i - 1].mapping;
+                if previous.limit > next {
+                    Arc::make_mut(previous).limit = next;
+                }
+            }
+            info.snapshot_at = Instant::now();
+        }
+    }
+
+    /// Snapshot if not known yet.
+    pub fn ensure(&mut self, tgid: u32) {
+        self.settle();
+        if !self.procs.contains_key(&tgid) {
+            self.snapshot(tgid);
+        }
+    }
+
+    /// The snapshot of `tgid`; counts as a use for eviction and pruning.
+    pub fn get(&self, tgid: u32) -> Option<&ProcessInfo> {
+        let info = self.procs.get(&tgid)?;
+        info.last_used.set(self.bump());
+        Some(info)
+    }
+
+    /// Re-read the mappings of a live process, e.g. after a dlopen. At most
+    /// once per second per process; unknown processes are snapshotted.
+    /// Returns whether a new snapshot was taken.
+    pub fn refresh(&mut self, tgid: u32) -> bool {
+        self.settle();
+        match self.procs.get(&tgid) {
+            None => self.take_snapshot(tgid, 0),
+            Some(info) if info.exited.is_some() => false,
+            Some(info) if info.snapshot_at.elapsed() < REFRESH_INTERVAL => false,
+            Some(_) => {
+                self.stats.refreshes += 1;
+                self.take_snapshot(tgid, SETTLE_DELAYS.len())
+            }
+        }
+    }
+
+    /// Mark exited (from the exit event); kept until `prune`.
+    pub fn mark_exited(&mut self, tgid: u32) {
+        let tick = self.bump();
+        if let Some(info) = self.procs.get_mut(&tgid) {
+            info.exited.get_or_insert(tick);
+        }
+    }
+
+    /// Drop exited processes not used since the last prune; call at each
+    /// window end, after the window's stacks are symbolized. A process marked
+    /// exited since the last prune is kept one more window, so samples that
+    /// race its exit event are still symbolized.
+    pub fn prune(&mut self) {
+        self.settle();
+        let last = self.last_prune;
+        // An exit event can be lost (ring buffer full): find idle processes
+        // that are gone, so they do not stay until evicted.
+        let tick = self.bump();
+        for info in self.procs.values_mut() {
+            if info.exited.is_none()
+                && info.last_used.get() <= last
+                && !Path::new(&format!("/proc/{}", info.tgid)).exists()
+            {
+                info.exited = Some(tick);
+            }
+        }
+        self.procs.retain(|_, info| {
+            let stale = info.exited.is_some_and(|t| t <= last) && info.last_used.get() <= last;
+            !stale
+        });
+        // A replaced image is kept one window more, like an exited process.
+        self.retired.retain(|_, r| r.replaced > last);
+        self.objects.sweep();
+        self.last_prune = self.bump();
+    }
+
+    /// The environment labels of `tgid` if known, then the node's; not a use
+    /// for eviction.
+    pub fn environment_labels(&self, tgid: u32) -> impl Iterator<Item = (&'static str, &str)> {
+        self.image_labels(tgid, self.generation(tgid))
+    }
+
+    /// As [`Self::environment_labels`], of image `generation` of `tgid`.
+    pub fn image_labels(
+        &self,
+        tgid: u32,
+        generation: u32,
+    ) -> impl Iterator<Item = (&'static str, &str)> {
+        let known = match generation == self.generation(tgid) {
+            true => self.procs.get(&tgid),
+            false => self.retired.get(&(tgid, generation)).map(|r| &r.info),
+        }
+        .map(|info| info.labels.as_slice());
+        known
+            .unwrap_or_default()
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .chain(self.environment.node().map(|node| ("node", node)))
+    }
+
+    /// Environment labels of a live process; none if its cgroups cannot be
+    /// read (it may be gone already).
+    fn read_labels(&mut self, tgid: u32) -> Vec<(&'static str, String)> {
+        let cgroups = i32::try_from(tgid)
+            .ok()
+            .and_then(|pid| Process::new(pid).ok())
+            .map(|proc| proc.cgroups());
+        match cgroups {
+            Some(Ok(cgroups)) => self.environment.labels(&cgroups.0),
+            Some(Err(err)) => {
+                debug!(tgid, %err, "cannot read the cgroups");
+                Vec::new()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> ProcessStats {
+        ProcessStats {
+            label_cache_drops: self.environment.cache_drops(),
+            processes: self.procs.len(),
+            open_handles: self.objects.open_handles.load(Ordering::Relaxed),
+            ..self.stats
+        }
+    }
+
+    /// Adds a process not in the table, making room first if it is full.
+    fn admit(&mut self, info: ProcessInfo) {
+        if self.procs.len() >= self.max_processes {
+            self.evict_one();
+        }
+        self.procs.insert(info.tgid, info);
+    }
+
+    /// Drops the process that exited first, else the least recently used.
+    fn evict_one(&mut self) {
+        let victim = self
+            .procs
+            .values()
+            .filter_map(|info| info.exited.map(|t| (t, info.tgid)))
+            .min()
+            .or_else(|| {
+                self.procs
+                    .values()
+                    .map(|info| (info.last_used.get(), info.tgid))
+                    .min()
+            });
+        if let Some((_, tgid)) = victim {
+            self.procs.remove(&tgid);
+            self.stats.evictions += 1;
+            debug!(tgid, "process table full, evicted");
+        }
+    }
+
+    fn read_process(&mut self, tgid: u32) -> Result<(String, Vec<MappedObject>), ProcessError> {
+        let pid = i32::try_from(tgid).map_err(|_| ProcessError::Gone(tgid))?;
+        let proc = Process::new(pid).map_err(|e| proc_error(tgid, e))?;
+        // Bytes, not a String: a process may name itself with anything
+        // but NUL (invalid UTF-8, newlines), and must be profiled all the same.
+        let mut comm = Vec::new();
+        proc.open_relative("comm")
+            .map_err(|e| proc_error(tgid, e))?
+            .read_to_end(&mut comm)
+            .map_err(|e| proc_error(tgid, ProcError::Io(e, None)))?;
+        // The kernel ends the file with one newline of its own.
+        let comm = crate::model::text::display_name(comm.strip_suffix(b"\n").unwrap_or(&comm));
+        let maps = proc.maps().map_err(|e| proc_error(tgid, e))?;
+        if maps.len() == 0 {
+            // Only kernel threads have no mappings; a user process without
+            // any is exiting (its memory is already released).
+            let stat = proc.stat().map_err(|e| proc_error(tgid, e))?;
+            if stat.flags & PF_KTHREAD == 0 {
+                return Err(ProcessError::Gone(tgid));
+            }
+        }
+        let mut mappings: Vec<MappedObject> = maps
+            .iter()
+            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
+            .map(|map| self.mapped_object(&proc, tgid, map))
+            .collect();
+        mappings.sort_by_key(|m| m.mapping.start);
+        Ok((comm, mappings))
+    }
+
+    fn mapped_object(&mut self, proc: &Process, tgid: u32, map: &MemoryMap) -> MappedObject {
+        let (start, limit) = map.address;
+        let (path, object) = match &map.pathname {
+            MMapPath::Path(path) => {
+                let shown = path.to_string_lossy();
+                let (shown, deleted) = match shown.strip_suffix(DELETED_SUFFIX) {
+                    Some(stripped) => (stripped.to_owned(), true),
+                    None => (shown.into_owned(), false),
+                };
+                let object = (map.inode != 0)
+                    .then(|| self.file_object(proc, tgid, map, Path::new(&shown), deleted))
+                    .flatten();
+                (shown, object)
+            }
+            MMapPath::Vdso => ("[vdso]".to_owned(), self.vdso_object(proc, start, limit)),
+            MMapPath::Vsyscall => ("[vsyscall]".to_owned(), None),
+            MMapPath::Other(name) => (format!("[{name}]"), None),
+            _ => (ANON_NAME.to_owned(), None),
+        };
+        if let Some(object) = &object {
+            self.objects.note_build_id(object, &path);
+        }
+        let mapping = Mapping {
+            start,
+            limit,
+            file_offset: map.offset,
+            path,
+            build_id: object
+                .as_ref()
+                .and_then(|o| o.build_id.as_deref().map(str::to_owned)),
+        };
+        MappedObject {
+            mapping: Arc::new(mapping),
+            object,
+        }
+    }
+
+    /// The object for a file-backed mapping: shared if already open, else a
+    /// new handle through map_files (needs CAP_SYS_ADMIN; works for deleted
+    /// files), else through the process's root (same mount namespace view).
+    fn file_object(
+        &mut self,
+        proc: &Process,
+        tgid: u32,
+        map: &MemoryMap,
+        path: &Path,
+        deleted: bool,
+    ) -> Option<Arc<ObjectFile>> {
+        let (major, minor) = map.dev;
+        let key = (((major as u64) << 32) | minor as u64, map.inode);
+        if let Some(object) = self.objects.get(key) {
+            return Some(object);
+        }
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        let Some(guard) = self.objects.reserve() else {
+            self.stats.handle_limit_hits += 1;
+            if deleted {
+                return None;
+            }
+            // Readable only while the process lives; not shared for that reason.
+            let live = PathBuf::from(format!("/proc/{tgid}/root")).join(relative);
+            return Some(Arc::new(ObjectFile::new(
+                ObjectSource::LivePath(live),
+                None,
+            )));
+        };
+        let (start, limit) = map.address;
+        let file = match proc.open_relative(format!("map_files/{start:x}-{limit:x}")) {
+            Ok(file) => Some(file),
+            Err(err) if deleted => {
+                debug!(tgid, path = %crate::model::text::escape_controls(&path.to_string_lossy()), %err, "cannot open deleted mapped file");
+                None
+            }
+            Err(err) => {
+                debug!(tgid, path = %crate::model::text::escape_controls(&path.to_string_lossy()), %err, "map_files failed, trying the process root");
+                proc.open_relative(Path::new("root").join(relative))
+                    .ok()
+                    // The path may name a newer file than the one mapped.
+                    .filter(|f| f.metadata().is_ok_and(|m| m.ino() == map.inode))
+            }
+        }?;
+        let object = Arc::new(ObjectFile::new(ObjectSource::Handle(file), Some(guard)));
+        self.objects.insert(key, &object);
+        Some(object)
+    }
+
+    /// The daemon's own vDSO image, if `proc` maps the same one (the kernel
+    /// has one image per ABI; a 32-bit process maps another).
+    fn vdso_object(&mut self, proc: &Process, start: u64, limit: u64) -> Option<Arc<ObjectFile>> {
+        if matches!(self.vdso, Vdso::Unknown) {
+            self.vdso = match load_own_vdso() {
+                Ok(vdso) => vdso,
+                Err(err) => {
+                    warn!(%err, "cannot copy the vDSO; its frames stay unsymbolized");
+                    Vdso::Unavailable
+                }
+            };
+        }
+        let Vdso::Ready {
+            object,
+            header,
+            len,
+        } = &self.vdso
+        else {
+            return None;
+        };
+        if limit.checked_sub(start) != Some(*len) {
+            return None;
+        }
+        let mut theirs = [0u8; ELF_HEADER_LEN];
+        proc.open_relative("mem")
+            .ok()?
+            .read_exact_at(&mut theirs, start)
+            .ok()?;
+        (theirs[..] == header[..]).then(|| Arc::clone(object))
+    }
+}
+
+fn default_handle_limit() -> usize {
+    let soft = Process::myself()
+        .and_then(|me| me.limits())
+        .map(|limits| limits.max_open_files.soft_limit);
+    match soft {
+        Ok(LimitValue::Value(n)) => usize::try_from(n / 3).unwrap_or(usize::MAX).max(16),
+        Ok(LimitValue::Unlimited) => 1 << 20,
+        Err(_) => 256,
+    }
+}
+
+/// Copies the daemon's vDSO into a memfd so blazesym can read it as a file.
+fn load_own_vdso() -> Result<Vdso, ProcessError> {
+    let pid = std::process::id();
+    let me = Process::myself().map_err(|source| ProcessError::Proc { pid, source })?;
+    let maps = me
+        .maps()
+        .map_err(|source| ProcessError::Proc { pid, source })?;
+    let Some((start, limit)) = maps
+        .iter()
+        .find(|m| matches!(m.pathname, MMapPath::Vdso))
+        .map(|m| m.address)
+    else {
+        return Ok(Vdso::Unavailable);
+    };
+    let len = limit - start;
+    let mut image = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    me.open_relative("mem")
+        .map_err(|source| ProcessError::Proc { pid, source })?
+        .read_exact_at(&mut image, start)
+        .map_err(io_error("reading the vDSO"))?;
+    let mut file = memfd(c"profilerd-vdso").map_err(io_error("memfd_create"))?;
+    file.write_all(&image)
+        .map_err(io_error("writing the vDSO copy"))?;
+    let header = image.get(..ELF_HEADER_LEN).unwrap_or(&image).to_vec();
+    let object = ObjectFile::new(ObjectSource::Handle(file), None);
+    Ok(Vdso::Ready {
+        object: Arc::new(object),
+        header,
+        len,
+    })
+}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessError {
+    move |source| ProcessError::Io {
+        what: what.to_owned(),
+        source,
+    }
+}
+
+fn memfd(name: &CStr) -> io::Result<File> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
+}
+
+/// Whether the process runs a Go executable (it has a `.gopclntab` or
+/// `.go.buildinfo` section). Go keeps frame pointers and ships no
+/// `.eh_frame`, so its stacks are walked by the kernel.
+pub fn is_go_executable(tgid: u32) -> bool {
+    use object::{Object, ObjectSection};
+    let Ok(exe) = std::fs::File::open(format!("/proc/{tgid}/exe")) else {
+        return false;
+    };
+    // Reads only the headers and section names, not the whole file.
+    let cache = object::ReadCache::new(exe);
+    let Ok(file) = object::File::parse(&cache) else {
+        return false;
+    };
+    file.sections()
+        .any(|s| matches!(s.name(), Ok(".gopclntab" | ".go.buildinfo")))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    fn code_addr(f: fn() -> u64) -> u64 {
+        f as usize as u64
+    }
+
+    fn getpid_addr() -> u64 {
+        let getpid: unsafe extern "C" fn() -> libc::pid_t = libc::getpid;
+        getpid as usize as u64
+    }
+
+    #[inline(never)]
+    fn marker_fn() -> u64 {
+        std::hint::black_box(42)
+    }
+
+    #[test]
+    fn table_can_move_between_threads() {
+        fn assert_send<T: Send>() {}
+        assert_send::<ProcessTable>();
+    }
+
+    #[test]
+    fn snapshot_self() {
+        let pid = std::process::id();
+        let mut table = ProcessTable::new(16);
+        assert!(table.snapshot(pid));
+        let info = table.get(pid).expect("own snapshot");
+        assert!(!info.comm.is_empty());
+        let addr = code_addr(marker_fn);
+        let found = info.find(addr).expect("own code is mapped");
+        let exe = std::env::current_exe().unwrap();
+        assert_eq!(Path::new(&found.mapping.path), exe);
+        let object = found.object.as_ref().expect("handle to own executable");
+        assert!(object.has_handle());
+        assert!(found.mapping.build_id.is_some(), "{:?}", found.mapping);
+        let libc_map = info.find(getpid_addr()).expect("libc is mapped");
+        assert!(
+            libc_map.mapping.path.contains("libc"),
+            "{:?}",
+            libc_map.mapping
+        );
+        assert_eq!(
+            libc_map.mapping.build_id.as_ref().map(String::len),
+            Some(40),
+            "{:?}",
+            libc_map.mapping
+        );
+        assert!(info.find(0).is_none());
+        assert!(info.mappings().iter().any(|m| m.mapping.path == "[vdso]"));
+        // A second snapshot shares the open files.
+        let handles = table.stats().open_handles;
+        assert!(table.snapshot(pid));
+        assert_eq!(table.stats().open_handles, handles);
+        assert_eq!(table.stats().snapshots, 2);
+    }
+
+    /// The pid of a process that has exited and been reaped.
+    fn gone_pid() -> u32 {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn vanished_forked_child_takes_its_parents_snapshot_until_it_execs() {
+        let pid = gone_pid();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        table.note_fork(pid, me);
+        assert!(table.snapshot(pid), "the parent's snapshot stands in");
+        let (mine, inherited) = (table.get(me).unwrap(), table.get(pid).unwrap());
+        assert_eq!(inherited.mappings().len(), mine.mappings().len());
+        assert!(inherited.is_exited());
+        assert_eq!(table.stats().inherited, 1);
+        // An exec: the parent's mappings no longer hold.
+        table.forget_fork(pid);
+        assert!(table.get(pid).is_none());
+        assert!(!table.snapshot(pid));
+        // Fork records are bounded; the oldest go first.
+        for child in 0..20 {
+            table.note_fork(1_000_000 + child, me);
+        }
+        assert_eq!(table.stats().fork_evictions, 12);
+    }
+
+    #[test]
+    fn vanished_image_is_placed_from_its_anchors() {
+        use profiler_common::{BuildIdFrame, proc_event};
+        let pid = gone_pid();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        // This test's own text, as a gone image running the same file
+        // elsewhere would give it.
+        let own = table
+            .get(me)
+            .unwrap()
+            .mappings()
+            .iter()
+            .find(|m| m.object.as_ref().is_some_and(|o| o.build_id().is_some()))
+            .cloned()
+            .expect("a mapping with a build ID");
+        let hex_id = own.object.as_ref().unwrap().build_id().unwrap().to_string();
+        let mut build_id = [0u8; 20];
+        for (i, byte) in build_id.iter_mut().enumerate().take(hex_id.len() / 2) {
+            *byte = u8::from_str_radix(&hex_id[2 * i..2 * i + 2], 16).unwrap();
+        }
+        let shift = 0x10_0000_0000;
+        let ip = own.mapping.start + 0x10 + shift;
+        let offset = own.file_offset(ip - shift);
+        let unplaced = BuildIdFrame {
+            status: 2,
+            build_id: [0; 20],
+            offset: 0,
+        };
+        let mut frames = [unplaced; ANCHOR_FRAMES];
+        frames[0] = BuildIdFrame {
+            status: BUILD_ID_VALID,
+            build_id,
+            offset,
+        };
+        let mut anchors = ImageAnchors {
+            kind: proc_event::ANCHORS,
+            tgid: pid,
+            len: 2,
+            _pad: 0,
+            time_ns: 0,
+            ips: [ip, 0x1000, 0, 0, 0, 0, 0, 0],
+            frames,
+        };
+        table.anchor_image(&anchors);
+        let placed = table.get(pid).expect("placed from the anchors");
+        assert!(placed.is_exited());
+        assert_eq!(placed.mappings().len(), 1);
+        let found = placed.find(ip).expect("the anchored frame's file");
+        assert_eq!(found.file_offset(ip), offset);
+        assert_eq!(
+            found.object.as_ref().unwrap().id(),
+            own.object.as_ref().unwrap().id()
+        );
+        assert_eq!(table.stats().anchored, 1);
+        // A process read from /proc keeps its own mappings.
+        anchors.tgid = me;
+        let before = table.get(me).unwrap().mappings().len();
+        table.anchor_image(&anchors);
+        assert_eq!(table.get(me).unwrap().mappings().len(), before);
+        // A build ID no held file has places nothing, and is counted.
+        anchors.tgid = pid + 1_000_000;
+        anchors.frames[0].build_id = [0xee; 20];
+        table.anchor_image(&anchors);
+        assert!(
+            table
+                .get(pid + 1_000_000)
+                .is_none_or(|i| i.mappings().is_empty())
+        );
+        assert_eq!(table.stats().anchor_files_unknown, 1);
+    }
+
+    #[test]
+    fn vanished_and_kernel_thread() {
+        let pid = gone_pid();
+        let mut table = ProcessTable::new(4);
+        assert!(!table.snapshot(pid));
+        assert!(!table.refresh(pid));
+        assert!(table.get(pid).is_none());
+        assert_eq!(table.stats().failures, 2);
+        assert!(!table.snapshot(u32::MAX));
+        // kthreadd: no mappings, but a process.
+        assert!(table.snapshot(2));
+        let info = table.get(2).unwrap();
+        assert!(info.mappings().is_empty());
+        assert_eq!(info.comm, "kthreadd");
+    }
+
+    #[test]
+    fn eviction_prefers_exited_then_lru() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let other = child.id();
+        let mut table = ProcessTable::new(2);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert!(table.snapshot(2));
+        table.mark_exited(2);
+        assert!(table.snapshot(other));
+        assert!(table.get(2).is_none(), "the exited process goes first");
+        assert_eq!(table.stats().evictions, 1);
+        table.get(pid);
+        assert!(table.snapshot(2));
+        assert!(table.get(other).is_none(), "then the least recently used");
+        assert!(table.get(pid).is_some());
+        assert_eq!(table.stats().evictions, 2);
+        assert_eq!(table.stats().processes, 2);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn prune_keeps_exited_process_one_window() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        table.mark_exited(pid);
+        table.prune();
+        assert!(table.get(pid).is_some(), "used after exit: kept");
+        table.prune();
+        assert!(table.get(pid).is_some(), "used in the last window: kept");
+        table.prune();
+        table.prune();
+        assert!(table.get(pid).is_none(), "unused for a window: dropped");
+    }
+
+    #[test]
+    fn a_replaced_image_is_kept_for_its_samples() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation(pid), 0);
+        let getpid = getpid_addr();
+        let old_comm = table.get(pid).unwrap().comm.clone();
+        // An exec: the old image is retired under generation 0, and the
+        // new one (here the same process, read again) is generation 1.
+        table.retire(pid, 0);
+        assert_eq!(table.generation(pid), 1);
+        assert!(table.get_image(pid, 1).is_none(), "not snapshotted yet");
+        assert!(table.snapshot(pid));
+        let old = table.get_image(pid, 0).expect("the retired image");
+        assert_eq!(old.comm, old_comm);
+        assert!(old.find(getpid).is_some());
+        assert!(table.get_image(pid, 1).is_some());
+        assert_eq!(
+            table.image_labels(pid, 0).count(),
+            table.image_labels(pid, 1).count()
+        );
+        // Kept through the window it was replaced in and the next.
+        table.prune();
+        assert!(table.get_image(pid, 0).is_some());
+        table.prune();
+        assert!(table.get_image(pid, 0).is_none());
+        assert!(table.get_image(pid, 1).is_some());
+    }
+
+    #[test]
+    fn a_record_keeps_the_image_that_ran_at_its_time() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation_at(pid, 5), 0);
+        // Two execs, at kernel times 100 and 200.
+        table.retire(pid, 100);
+        assert!(table.snapshot(pid));
+        table.retire(pid, 200);
+        assert!(table.snapshot(pid));
+        assert_eq!(table.generation(pid), 2);
+        assert_eq!(table.generation_at(pid, 99), 0);
+        assert_eq!(table.generation_at(pid, 100), 1);
+        assert_eq!(table.generation_at(pid, 199), 1);
+        assert_eq!(table.generation_at(pid, 200), 2);
+        assert_eq!(table.generation_at(pid, u64::MAX), 2);
+        // A replacement of unknown time (its event lost): every record
+        // read from then on is the new image's.
+        table.retire(pid, 0);
+        assert_eq!(table.generation_at(pid, 150), 3);
+        // Unknown processes have one image.
+        assert_eq!(table.generation_at(u32::MAX, 1), 0);
+    }
+
+    /// Waits until the process maps a file whose path contains `name`.
+    pub(crate) fn wait_for_mapping(pid: u32, name: &str) {
+        for _ in 0..400 {
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+            if maps.contains(name) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("{pid} never mapped {name}");
+    }
+
+    #[test]
+    fn settle_records_libraries_mapped_after_exec() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(pid));
+        wait_for_mapping(pid, "libc.so");
+        std::thread::sleep(SETTLE_DELAYS[0]);
+        table.settle();
+        assert_eq!(table.stats().settles, 1);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let info = table.get(pid).unwrap();
+        assert!(
+            info.mappings()
+                .iter()
+                .any(|m| m.mapping.path.contains("libc.so")),
+            "{:?}",
+            info.mappings()
+        );
+        // The second re-read finds the process gone and marks it exited.
+        std::thread::sleep(SETTLE_DELAYS[1]);
+        table.settle();
+        assert!(table.get(pid).unwrap().is_exited());
+    }
+
+    #[test]
+    fn environment_labels_end_with_the_node() {
+        let mut table = ProcessTable::new(4);
+        let pid = std::process::id();
+        let node = table.environment.node().map(str::to_owned);
+        let want_node: Vec<_> = node.iter().map(|n| ("node", n.as_str())).collect();
+        // Unknown process: the node's label only.
+        assert_eq!(table.environment_labels(pid).collect::<Vec<_>>(), want_node);
+        assert!(table.snapshot(pid));
+        let labels: Vec<_> = table.environment_labels(pid).collect();
+        assert!(labels.ends_with(&want_node), "{labels:?}");
+        assert!(labels.iter().all(|(_, v)| !v.is_empty()), "{labels:?}");
+    }
+
+    #[test]
+    fn refresh_is_rate_limited() {
+        let mut table = ProcessTable::new(8);
+        let pid = std::process::id();
+        assert!(table.refresh(pid), "unknown: snapshot");
+        assert!(!table.refresh(pid), "too soon");
+        assert_eq!(table.stats().refreshes, 0);
+    }
+
+    #[test]
+    fn deleted_executable_keeps_handle() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("sleep-copy");
+        std::fs::copy("/bin/sleep", &copy).unwrap();
+        // Another test thread forking right now may briefly hold the copy's
+        // write descriptor, which makes exec fail with ETXTBSY: retry.
+        let mut attempts = 0;
+        let mut child = loop {
+            match Command::new(&copy).arg("5").stdout(Stdio::null()).spawn() {
+                Ok(child) => break child,
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && attempts < 50 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("spawning the copy: {e}"),
+            }
+        };
+        // Wait for the exec to replace the forked image.
+        let mut exe_mapped = false;
+        for _ in 0..200 {
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap();
+            if maps.contains("sleep-copy") {
+                exe_mapped = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(exe_mapped);
+        std::fs::remove_file(&copy).unwrap();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let info = table.get(child.id()).unwrap();
+        let exe = info
+            .mappings()
+            .iter()
+            .find(|m| m.mapping.path.ends_with("sleep-copy"))
+            .expect("the deleted file is listed without its suffix");
+        let object = exe.object.as_ref().expect("a handle to the deleted file");
+        assert!(object.has_handle());
+        assert!(exe.mapping.build_id.is_some());
+        assert!(std::fs::metadata(object.elf_path()).is_ok());
+    }
+}

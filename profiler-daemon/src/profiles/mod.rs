@@ -1,0 +1,8 @@
+//! Per profile type, decoding its records into the window's samples
+//! (`heap`, `waits` for block, mutex and off-CPU), Go's rescaling rules
+//! (`rescale`) and building the pprof profile (`pprof`).
+
+pub mod heap;
+pub mod pprof;
+pub mod rescale;
+pub mod waits;

@@ -1,0 +1,1143 @@
+//! Turns raw stack addresses into [`Frame`]s. User addresses are resolved
+//! through the snapshots of a [`ProcessTable`]: by file offset in the mapped
+//! ELF file (read through the handle kept in the snapshot, so it works after
+//! the process exited), with DWARF lines, inlined functions and demangled
+//! names. Kernel addresses are resolved through /proc/kallsyms. Results are
+//! cached per (object, offset) in a bounded cache.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::hash::Hash;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use blazesym::MaybeDefault;
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{self as bz, CodeInfo, Input, Reason, Symbolized, evict};
+use object::elf::{ELF_NOTE_GNU, FileHeader64, NT_GNU_BUILD_ID};
+use object::read::elf::NoteIterator;
+use tracing::{debug, warn};
+
+use crate::model::frames::{Frame, Line, Mapping};
+use crate::procs::process::{MappedObject, ObjectFile, ProcessTable, hex};
+use crate::stacks::plt::{ObjectLayout, Placement};
+
+/// Mapping name of kernel frames, as perf and pprof tools expect.
+pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
+const KALLSYMS: &str = "/proc/kallsyms";
+const KERNEL_NOTES: &str = "/sys/kernel/notes";
+/// Default number of cached (object, offset) results.
+pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 16;
+/// Kernel addresses that kallsyms does not know (a module or BPF program
+/// loaded since) reload it, at most this often.
+const KALLSYMS_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
+/// Every this many user stacks, files of dropped objects are released.
+const RELEASE_EVERY: u64 = 1024;
+/// Bound of the set of objects already warned about.
+const MAX_WARNED: usize = 4096;
+/// Objects whose section layout (and PLT stubs) are kept.
+const LAYOUT_ENTRIES: usize = 512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolizeError {
+    #[error("cannot read /proc/kallsyms: {0}")]
+    Kallsyms(#[source] std::io::Error),
+    #[error("loading kernel symbols from /proc/kallsyms: {0}")]
+    Kernel(#[source] blazesym::Error),
+}
+
+/// Counters of the symbolizer; frames are counted once each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SymbolizeStats {
+    /// Frames asked for (user and kernel).
+    pub lookups: u64,
+    /// Frames answered from the cache.
+    pub cache_hits: u64,
+    /// Frames left without lines (includes `unmapped`).
+    pub failures: u64,
+    /// User frames in no known mapping.
+    pub unmapped: u64,
+    /// Batch lookups that failed for a whole object (unreadable, not ELF).
+    pub object_errors: u64,
+    /// Cached results dropped to keep the cache bounded.
+    pub cache_evictions: u64,
+    /// Cached results now.
+    pub cached: usize,
+    /// Frames named after the PLT stub they are in (`memcpy@plt`).
+    pub plt_stubs: u64,
+    /// Frames left unsymbolized because the symbol found before them does
+    /// not cover them (its size ends before, or it lies in another section).
+    pub uncovered: u64,
+}
+
+/// Which symbol source a cached result came from. Objects with a build ID
+/// share results across files and processes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum ObjKey {
+    Kernel,
+    BuildId(Arc<str>),
+    Object(u64),
+}
+
+impl ObjKey {
+    fn of(object: &ObjectFile) -> Self {
+        match object.build_id() {
+            Some(id) => Self::BuildId(Arc::clone(id)),
+            None => Self::Object(object.id()),
+        }
+    }
+}
+
+type CacheKey = (ObjKey, u64);
+
+/// An object and the (frame index, file offset) pairs to look up in it.
+type Pending = (Arc<ObjectFile>, Vec<(usize, u64)>);
+
+/// Two generations: when the young one is full the old one is dropped, so
+/// entries used in the last generation survive (an approximate LRU).
+struct Generations<K, V> {
+    young: HashMap<K, V>,
+    old: HashMap<K, V>,
+    generation: usize,
+    evictions: u64,
+}
+
+impl<K: Hash + Eq, V> Generations<K, V> {
+    fn new(entries: usize) -> Self {
+        Self {
+            young: HashMap::new(),
+            old: HashMap::new(),
+            generation: (entries / 2).max(1),
+            evictions: 0,
+        }
+    }
+
+    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        if !self.young.contains_key(key) {
+            let (key, value) = self.old.remove_entry(key)?;
+            self.insert(key, value);
+        }
+        self.young.get_mut(key)
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        if self.young.len() >= self.generation {
+            self.evictions += self.old.len() as u64;
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(key, value);
+    }
+
+    fn len(&self) -> usize {
+        self.young.len() + self.old.len()
+    }
+}
+
+/// Cached lines per (object, offset).
+type LineCache = Generations<CacheKey, Arc<[Line]>>;
+
+impl LineCache {
+    fn get(&mut self, key: &CacheKey) -> Option<Arc<[Line]>> {
+        self.get_mut(key).map(|lines| Arc::clone(lines))
+    }
+}
+
+/// Symbolizes user and kernel stacks. Not `Send` (blazesym is not): create
+/// it on the thread that uses it.
+pub struct Symbolizer {
+    user: bz::Symbolizer,
+    kernel: bz::Symbolizer,
+    kernel_source: Source<'static>,
+    kernel_mapping: Arc<Mapping>,
+    kallsyms_loaded: Instant,
+    cache: LineCache,
+    /// Section layouts and PLT stubs per opened file (`None`: unreadable).
+    layouts: Generations<u64, Option<ObjectLayout>>,
+    /// Files blazesym has opened, to release them once their object is gone.
+    loaded: HashMap<u64, (Weak<ObjectFile>, PathBuf)>,
+    warned: HashSet<ObjKey>,
+    empty: Arc<[Line]>,
+    user_calls: u64,
+    stats: SymbolizeStats,
+}
+
+impl Symbolizer {
+    /// Loads kallsyms now; reads the kernel build ID from /sys/kernel/notes.
+    pub fn new() -> Result<Self, SymbolizeError> {
+        Self::with_cache_entries(DEFAULT_CACHE_ENTRIES)
+    }
+
+    /// Like [`Symbolizer::new`] with a bound on cached results.
+    pub fn with_cache_entries(entries: usize) -> Result<Self, SymbolizeError> {
+        File::open(KALLSYMS).map_err(SymbolizeError::Kallsyms)?;
+        let kernel_source = Source::Kernel(Kernel {
+            kallsyms: MaybeDefault::Some(PathBuf::from(KALLSYMS)),
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Kernel::default()
+        });
+        let kernel = kernel_symbolizer();
+        // Parse kallsyms now rather than on the first sample; a probe address
+        // also tells whether kallsyms hides its addresses.
+        match kernel.symbolize_single(&kernel_source, Input::AbsAddr(u64::MAX)) {
+            Ok(Symbolized::Unknown(Reason::MissingSyms)) => warn!(
+                "{KALLSYMS} lists no addresses (kernel.kptr_restrict?); kernel frames stay unsymbolized"
+            ),
+            Ok(_) => {}
+            Err(err) => return Err(SymbolizeError::Kernel(err)),
+        }
+        let kernel_mapping = Arc::new(Mapping {
+            start: 0,
+            limit: u64::MAX,
+            file_offset: 0,
+            path: KERNEL_MAPPING_NAME.to_owned(),
+            build_id: kernel_build_id(),
+        });
+        // Auto-reload makes blazesym stat the path on each batch: a
+        // /proc/self/fd/N path can name another file once N is reused.
+        let user = bz::Symbolizer::builder()
+            .enable_auto_reload(true)
+            .enable_code_info(true)
+            .enable_inlined_fns(true)
+            .enable_demangling(true)
+            .build();
+        Ok(Self {
+            user,
+            kernel,
+            kernel_source,
+            kernel_mapping,
+            kallsyms_loaded: Instant::now(),
+            cache: LineCache::new(entries),
+            layouts: Generations::new(LAYOUT_ENTRIES),
+            loaded: HashMap::new(),
+            warned: HashSet::new(),
+            empty: Arc::from(Vec::new()),
+            user_calls: 0,
+            stats: SymbolizeStats::default(),
+        })
+    }
+
+    /// The mapping that kernel frames carry.
+    pub fn kernel_mapping(&self) -> &Arc<Mapping> {
+        &self.kernel_mapping
+    }
+
+    /// Symbolizes a user stack of `tgid`: `addrs` leaf first, as recorded.
+    /// Every address but the first is a return address and is looked up
+    /// (and reported in [`Frame::address`]) as `addr - 1`, the call. Returns
+    /// one frame per address, leaf first.
+    pub fn user_stack(&mut self, procs: &mut ProcessTable, tgid: u32, addrs: &[u64]) -> Vec<Frame> {
+        let generation = procs.generation(tgid);
+        self.user_stack_of(procs, (tgid, generation), addrs)
+    }
+
+    /// As [`Self::user_stack`], for the process image `generation` of
+    /// `tgid` (see [`ProcessTable::generation`]): a sample taken before an
+    /// exec resolves against the image it ran.
+    pub fn user_stack_of(
+        &mut self,
+        procs: &mut ProcessTable,
+        (tgid, generation): (u32, u32),
+        addrs: &[u64],
+    ) -> Vec<Frame> {
+        self.user_calls += 1;
+        if self.user_calls.is_multiple_of(RELEASE_EVERY) {
+            self.release_unused();
+        }
+        self.stats.lookups += addrs.len() as u64;
+        let lookup = call_sites(addrs);
+        let located = locate(procs, (tgid, generation), &lookup);
+
+        let mut frames = Vec::with_capacity(lookup.len());
+        // Cache misses, grouped per object for one blazesym call each.
+        let mut misses: HashMap<u64, Pending> = HashMap::new();
+        for (idx, (&address, found)) in lookup.iter().zip(located).enumerate() {
+            let Some(MappedObject { mapping, object }) = found else {
+                self.stats.unmapped += 1;
+                self.stats.failures += 1;
+                frames.push(Frame {
+                    address,
+                    mapping: None,
+                    lines: Arc::clone(&self.empty),
+                });
+                continue;
+            };
+            let offset = address
+                .wrapping_sub(mapping.start)
+                .wrapping_add(mapping.file_offset);
+            let mut lines = Arc::clone(&self.empty);
+            match object {
+                None => self.stats.failures += 1,
+                Some(object) => match self.cached(&object, offset) {
+                    Some(cached) => {
+                        self.stats.cache_hits += 1;
+                        if cached.is_empty() {
+                            self.stats.failures += 1;
+                        }
+                        lines = cached;
+                    }
+                    None => misses
+                        .entry(object.id())
+                        .or_insert_with(|| (object, Vec::new()))
+                        .1
+                        .push((idx, offset)),
+                },
+            }
+            frames.push(Frame {
+                address,
+                mapping: Some(mapping),
+                lines,
+            });
+        }
+        for (object, pending) in misses.into_values() {
+            self.resolve_in_object(&object, &pending, &mut frames);
+        }
+        frames
+    }
+
+    /// The cached result for `offset` in `object`: symbols found in any
+    /// file with its build ID, else a miss in this very file.
+    fn cached(&mut self, object: &ObjectFile, offset: u64) -> Option<Arc<[Line]>> {
+        let shared = ObjKey::of(object);
+        let own = ObjKey::Object(object.id());
+        if let Some(lines) = self.cache.get(&(shared.clone(), offset)) {
+            return Some(lines);
+        }
+        if shared == own {
+            return None;
+        }
+        self.cache.get(&(own, offset))
+    }
+
+    /// Looks up `pending` (frame index, file offset) in one object: offsets
+    /// in PLT sections by the object's stubs, the others with blazesym.
+    fn resolve_in_object(
+        &mut self,
+        object: &Arc<ObjectFile>,
+        pending: &[(usize, u64)],
+        frames: &mut [Frame],
+    ) {
+        let mut offsets: Vec<u64> = pending.iter().map(|&(_, offset)| offset).collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        let path = object.elf_path();
+        let mut results: Vec<Option<Arc<[Line]>>> = vec![None; offsets.len()];
+        let mut layout = layout_of(&mut self.layouts, object, &path);
+        let mut asked: Vec<(usize, u64)> = Vec::with_capacity(offsets.len());
+        for (i, &offset) in offsets.iter().enumerate() {
+            match layout
+                .as_mut()
+                .map(|layout| layout.placement(&path, offset))
+            {
+                Some(Placement::Stub(name)) => {
+                    self.stats.plt_stubs += 1;
+                    results[i] = Some(Arc::from([Line {
+                        function: name.to_owned(),
+                        file: None,
+                        line: 0,
+                    }]));
+                }
+                Some(Placement::UnnamedPlt) => results[i] = Some(Arc::clone(&self.empty)),
+                _ => asked.push((i, offset)),
+            }
+        }
+        let source = Source::Elf(Elf::new(path.clone()));
+        let lookup: Vec<u64> = asked.iter().map(|&(_, offset)| offset).collect();
+        let result = if lookup.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.user
+                .symbolize(&source, Input::FileOffset(&lookup))
+                .map(|syms| {
+                    syms.iter()
+                        .map(|sym| {
+                            if covers(sym, layout.as_deref()) {
+                                lines_of(sym, &self.empty)
+                            } else {
+                                self.stats.uncovered += 1;
+                                Arc::clone(&self.empty)
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                })
+        };
+        match result {
+            Ok(found) => {
+                for (&(i, _), lines) in asked.iter().zip(found) {
+                    results[i] = Some(lines);
+                }
+            }
+            Err(err) => {
+                self.stats.object_errors += 1;
+                if self.warn_once(&ObjKey::of(object)) {
+                    let path = pending
+                        .first()
+                        .and_then(|&(idx, _)| frames.get(idx)?.mapping.as_ref());
+                    warn!(
+                        path = path.map(|m| m.path.as_str()),
+                        build_id = object.build_id().map(|id| &**id),
+                        %err,
+                        "cannot symbolize in a mapped file; its frames stay unsymbolized"
+                    );
+                }
+            }
+        }
+        self.loaded
+            .entry(object.id())
+            .or_insert_with(|| (Arc::downgrade(object), path));
+        let results: Vec<Arc<[Line]>> = results
+            .into_iter()
+            .map(|lines| lines.unwrap_or_else(|| Arc::clone(&self.empty)))
+            .collect();
+        let key = ObjKey::of(object);
+        for (&offset, lines) in offsets.iter().zip(&results) {
+            // A miss belongs to this file only: a stripped copy shares the
+            // build ID of its original, and must not hide the original's
+            // symbols by caching its own misses under that ID.
+            let cache_key = if lines.is_empty() {
+                ObjKey::Object(object.id())
+            } else {
+                key.clone()
+            };
+            self.cache.insert((cache_key, offset), Arc::clone(lines));
+        }
+        for &(idx, offset) in pending {
+            let lines = offsets
+                .binary_search(&offset)
+                .ok()
+                .and_then(|i| results.get(i));
+            match (lines, frames.get_mut(idx)) {
+                (Some(lines), Some(frame)) if !lines.is_empty() => frame.lines = Arc::clone(lines),
+                _ => self.stats.failures += 1,
+            }
+        }
+    }
+
+    /// Symbolizes a kernel stack: `addrs` leaf first, adjusted like
+    /// [`Symbolizer::user_stack`]. Every frame carries the kernel mapping.
+    pub fn kernel_stack(&mut self, addrs: &[u64]) -> Vec<Frame> {
+        self.stats.lookups += addrs.len() as u64;
+        let lookup = call_sites(addrs);
+        let mut frames: Vec<Frame> = lookup
+            .iter()
+            .map(|&address| Frame {
+                address,
+                mapping: Some(Arc::clone(&self.kernel_mapping)),
+                lines: Arc::clone(&self.empty),
+            })
+            .collect();
+        let mut pending = Vec::new();
+        for (frame, &address) in frames.iter_mut().zip(&lookup) {
+            match self.cache.get(&(ObjKey::Kernel, address)) {
+                Some(lines) => {
+                    self.stats.cache_hits += 1;
+                    frame.lines = lines;
+                }
+                None => pending.push(address),
+            }
+        }
+        pending.sort_unstable();
+        pending.dedup();
+        let mut resolved = self.resolve_kernel(&pending);
+        // Only kernel-half addresses are worth a reload; others are junk.
+        let unknown: Vec<u64> = pending
+            .iter()
+            .copied()
+            .filter(|addr| addr >> 63 == 1 && !resolved.contains_key(addr))
+            .collect();
+        if !unknown.is_empty() && self.kallsyms_loaded.elapsed() >= KALLSYMS_RELOAD_INTERVAL {
+            debug!(
+                count = unknown.len(),
+                "unknown kernel addresses, reloading kallsyms"
+            );
+            self.kernel = kernel_symbolizer();
+            self.kallsyms_loaded = Instant::now();
+            resolved.extend(self.resolve_kernel(&unknown));
+        }
+        for frame in &mut frames {
+            if frame.lines.is_empty() {
+                match resolved.get(&frame.address) {
+                    Some(lines) => frame.lines = Arc::clone(lines),
+                    None => self.stats.failures += 1,
+                }
+            }
+        }
+        frames
+    }
+
+    /// Symbolizes kernel addresses and caches what kallsyms knows. Unknown
+    /// addresses are left out and not cached, so that a reload can find them.
+    fn resolve_kernel(&mut self, addrs: &[u64]) -> HashMap<u64, Arc<[Line]>> {
+        let mut resolved = HashMap::new();
+        if addrs.is_empty() {
+            return resolved;
+        }
+        let result = self
+            .kernel
+            .symbolize(&self.kernel_source, Input::AbsAddr(addrs))
+            .map(|syms| {
+                syms.iter()
+                    .map(|sym| lines_of(sym, &self.empty))
+                    .collect::<Vec<_>>()
+            });
+        match result {
+            Ok(results) => {
+                for (&addr, lines) in addrs.iter().zip(results) {
+                    if !lines.is_empty() {
+                        self.cache
+                            .insert((ObjKey::Kernel, addr), Arc::clone(&lines));
+                        resolved.insert(addr, lines);
+                    }
+                }
+            }
+            Err(err) => {
+                self.stats.object_errors += 1;
+                if self.warn_once(&ObjKey::Kernel) {
+                    warn!(%err, "cannot symbolize kernel addresses");
+                }
+            }
+        }
+        resolved
+    }
+
+    fn warn_once(&mut self, key: &ObjKey) -> bool {
+        if self.warned.len() >= MAX_WARNED {
+            self.warned.clear();
+        }
+        self.warned.insert(key.clone())
+    }
+
+    /// Releases what blazesym holds (open file, parsed symbols) for objects
+    /// that no process snapshot uses any more. Runs by itself every
+    /// 1024 user stacks; call it after [`ProcessTable::prune`]
+    /// to release promptly.
+    pub fn release_unused(&mut self) {
+        let dead: Vec<u64> = self
+            .loaded
+            .iter()
+            .filter(|(_, (object, _))| object.strong_count() == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in dead {
+            if let Some((_, path)) = self.loaded.remove(&id)
+                && let Err(err) = self.user.evict(&evict::Evict::Elf(evict::Elf::new(path)))
+            {
+                debug!(%err, "releasing a symbol source failed");
+            }
+        }
+    }
+
+    pub fn stats(&self) -> SymbolizeStats {
+        SymbolizeStats {
+            cache_evictions: self.cache.evictions,
+            cached: self.cache.len(),
+            ..self.stats
+        }
+    }
+}
+
+/// Lookup addresses: the first as recorded, the others (return addresses)
+/// minus one so that they fall in the call instruction.
+fn call_sites(addrs: &[u64]) -> Vec<u64> {
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, &addr)| if i == 0 { addr } else { addr.saturating_sub(1) })
+        .collect()
+}
+
+/// The mapping of each address; re-reads the process's mappings once if
+/// some address falls in none (a library loaded since the snapshot).
+fn locate(
+    procs: &mut ProcessTable,
+    (tgid, generation): (u32, u32),
+    addrs: &[u64],
+) -> Vec<Option<MappedObject>> {
+    procs.ensure(tgid);
+    let find =
+        |procs: &ProcessTable, addr: u64| procs.get_image(tgid, generation)?.find(addr).cloned();
+    let mut found: Vec<_> = addrs.iter().map(|&addr| find(procs, addr)).collect();
+    let missing = found
+        .iter()
+        .zip(addrs)
+        .any(|(found, &addr)| found.is_none() && addr != 0);
+    // Only the current image can be read again.
+    if missing && generation == procs.generation(tgid) && procs.refresh(tgid) {
+        for (slot, &addr) in found.iter_mut().zip(addrs) {
+            if slot.is_none() {
+                *slot = find(procs, addr);
+            }
+        }
+    }
+    found
+}
+
+fn kernel_symbolizer() -> bz::Symbolizer {
+    bz::Symbolizer::builder()
+        .enable_code_info(false)
+        .enable_demangling(true)
+        .build()
+}
+
+/// The section layout of `object`, read at its first lookup (`None` when
+/// the file's headers cannot be read: no PLT names then, and no section
+/// check of symbols without a size).
+fn layout_of<'a>(
+    layouts: &'a mut Generations<u64, Option<ObjectLayout>>,
+    object: &ObjectFile,
+    path: &Path,
+) -> Option<&'a mut ObjectLayout> {
+    if layouts.get_mut(&object.id()).is_none() {
+        let layout = ObjectLayout::read(path)
+            .inspect_err(|err| {
+                debug!(%err, build_id = object.build_id().map(|id| &**id), "no section layout")
+            })
+            .ok();
+        layouts.insert(object.id(), layout);
+    }
+    layouts.get_mut(&object.id())?.as_mut()
+}
+
+/// Whether the symbol blazesym found covers the address asked for: within
+/// its size when it has one; else (a symbol without a size, which blazesym
+/// stretches up to the next symbol) in the same code section, so that
+/// `_init` never takes the addresses of the sections after `.init`.
+fn covers(sym: &Symbolized<'_>, layout: Option<&ObjectLayout>) -> bool {
+    let Symbolized::Sym(sym) = sym else {
+        return true;
+    };
+    match sym.size {
+        Some(size) if size > 0 => sym.offset < size,
+        _ => layout.is_none_or(|layout| {
+            layout.same_section(sym.addr, sym.addr.wrapping_add(sym.offset as u64))
+        }),
+    }
+}
+
+/// Lines of one symbolized address, innermost inlined function first.
+fn lines_of(sym: &Symbolized<'_>, empty: &Arc<[Line]>) -> Arc<[Line]> {
+    let Symbolized::Sym(sym) = sym else {
+        return Arc::clone(empty);
+    };
+    // blazesym lists the function first, then inlined calls outermost
+    // first, each with the location inside that function.
+    let outer = std::iter::once(line(&sym.name, sym.code_info.as_deref()));
+    let inlined = sym
+        .inlined
+        .iter()
+        .map(|inlined| line(&inlined.name, inlined.code_info.as_ref()));
+    let mut lines: Vec<Line> = outer.chain(inlined).collect();
+    lines.reverse();
+    lines.into()
+}
+
+fn line(function: &str, code_info: Option<&CodeInfo<'_>>) -> Line {
+    Line {
+        function: function.to_owned(),
+        file: code_info.map(|info| info.to_path().to_string_lossy().into_owned()),
+        line: code_info.and_then(|info| info.line).unwrap_or(0),
+    }
+}
+
+/// Hex GNU build ID of the running kernel, from its ELF notes.
+fn kernel_build_id() -> Option<String> {
+    let notes = match std::fs::read(KERNEL_NOTES) {
+        Ok(notes) => notes,
+        Err(err) => {
+            debug!(%err, "no kernel build ID: cannot read {KERNEL_NOTES}");
+            return None;
+        }
+    };
+    let endian = object::Endianness::default();
+    let mut iter = NoteIterator::<FileHeader64<object::Endianness>>::new(endian, 4, &notes).ok()?;
+    while let Ok(Some(note)) = iter.next() {
+        if note.name() == ELF_NOTE_GNU && note.n_type(endian) == NT_GNU_BUILD_ID {
+            return Some(hex(note.desc()));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn code_addr(f: fn() -> u64) -> u64 {
+        f as usize as u64
+    }
+
+    fn getpid_addr() -> u64 {
+        let getpid: unsafe extern "C" fn() -> libc::pid_t = libc::getpid;
+        getpid as usize as u64
+    }
+
+    #[inline(never)]
+    fn symbolize_marker() -> u64 {
+        std::hint::black_box(7)
+    }
+
+    /// The address of an instruction inside an inlined function.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn inlined_probe() -> u64 {
+        let ip: u64;
+        // SAFETY: reads the instruction pointer; touches no memory.
+        unsafe { std::arch::asm!("lea {0}, [rip]", out(reg) ip) };
+        std::hint::black_box(ip)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[inline(never)]
+    fn inlining_caller() -> u64 {
+        inlined_probe()
+    }
+
+    /// The address of `name` in kallsyms and every name at that address.
+    fn kallsyms_entry(name: &str) -> Option<(u64, Vec<String>)> {
+        let text = std::fs::read_to_string(KALLSYMS).ok()?;
+        let entries: Vec<(u64, &str)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let addr = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let _kind = fields.next()?;
+                Some((addr, fields.next()?))
+            })
+            .collect();
+        let addr = entries.iter().find(|(_, n)| *n == name)?.0;
+        let names = entries
+            .iter()
+            .filter(|(a, _)| *a == addr)
+            .map(|(_, n)| (*n).to_owned())
+            .collect();
+        Some((addr, names))
+    }
+
+    fn outermost(frame: &Frame) -> &Line {
+        frame.lines.last().expect("symbolized")
+    }
+
+    #[test]
+    fn own_function_has_name_file_and_line() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let addr = code_addr(symbolize_marker);
+        let frames = sym.user_stack(&mut procs, pid, &[addr, addr + 1]);
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].address, addr);
+        assert_eq!(
+            frames[1].address, addr,
+            "return addresses are looked up minus one"
+        );
+        let line = outermost(&frames[0]);
+        assert!(line.function.contains("symbolize_marker"), "{line:?}");
+        assert!(
+            line.file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("symbolize.rs")),
+            "{line:?}"
+        );
+        assert!(line.line > 0);
+        let mapping = frames[0].mapping.as_ref().unwrap();
+        assert!(mapping.build_id.is_some());
+        // The same offset again comes from the cache.
+        let hits = sym.stats().cache_hits;
+        let again = sym.user_stack(&mut procs, pid, &[addr]);
+        assert_eq!(again[0].lines, frames[0].lines);
+        assert_eq!(sym.stats().cache_hits, hits + 1);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn inlined_frames_come_leaf_first() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let ip = inlining_caller();
+        let frames = sym.user_stack(&mut procs, pid, &[ip]);
+        let names: Vec<&str> = frames[0]
+            .lines
+            .iter()
+            .map(|l| l.function.as_str())
+            .collect();
+        assert!(names.len() >= 2, "{names:?}");
+        assert!(names[0].contains("inlined_probe"), "{names:?}");
+        assert!(
+            names[names.len() - 1].contains("inlining_caller"),
+            "{names:?}"
+        );
+        assert!(
+            frames[0]
+                .lines
+                .iter()
+                .all(|l| l.line > 0 && l.file.is_some())
+        );
+    }
+
+    #[test]
+    fn libc_function() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let addr = getpid_addr();
+        let frames = sym.user_stack(&mut procs, pid, &[addr]);
+        assert!(
+            outermost(&frames[0]).function.contains("getpid"),
+            "{:?}",
+            frames[0]
+        );
+        let mapping = frames[0].mapping.as_ref().unwrap();
+        assert!(mapping.path.contains("libc"), "{mapping:?}");
+    }
+
+    #[test]
+    fn vdso_functions() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        procs.ensure(pid);
+        let vdso = procs
+            .get(pid)
+            .unwrap()
+            .mappings()
+            .iter()
+            .find(|m| m.mapping.path == "[vdso]")
+            .expect("a vDSO")
+            .clone();
+        assert!(vdso.object.is_some() && vdso.mapping.build_id.is_some());
+        let addrs: Vec<u64> = (vdso.mapping.start..vdso.mapping.limit)
+            .step_by(16)
+            .collect();
+        let mut names = HashSet::new();
+        for chunk in addrs.chunks(100) {
+            for frame in sym.user_stack(&mut procs, pid, chunk) {
+                names.extend(frame.lines.iter().map(|l| l.function.clone()));
+            }
+        }
+        assert!(
+            names.iter().any(|n| n.contains("clock_gettime")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_addresses_and_processes() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let frames = sym.user_stack(&mut procs, pid, &[0, 8, u64::MAX]);
+        assert_eq!(frames.len(), 3);
+        assert!(
+            frames
+                .iter()
+                .all(|f| f.mapping.is_none() && f.lines.is_empty())
+        );
+        let frames = sym.user_stack(&mut procs, u32::MAX, &[0x1000]);
+        assert!(frames[0].mapping.is_none());
+        assert!(sym.user_stack(&mut procs, pid, &[]).is_empty());
+        assert_eq!(sym.stats().unmapped, 4);
+    }
+
+    #[test]
+    fn kernel_function() {
+        let mut sym = Symbolizer::new().unwrap();
+        let (addr, names) = kallsyms_entry("__x64_sys_getpid")
+            .or_else(|| kallsyms_entry("do_sys_openat2"))
+            .expect("a known kernel symbol");
+        // Aliases share an address (__do_sys_getpid); any of them will do.
+        let frames = sym.kernel_stack(&[addr + 1, addr + 2]);
+        assert_eq!(frames.len(), 2);
+        for frame in &frames {
+            let name = &outermost(frame).function;
+            assert!(names.contains(name), "{name} not in {names:?}");
+            assert_eq!(frame.mapping.as_ref().unwrap().path, KERNEL_MAPPING_NAME);
+        }
+        assert_eq!(frames[1].address, addr + 1);
+        let hits = sym.stats().cache_hits;
+        sym.kernel_stack(&[addr + 1]);
+        assert_eq!(sym.stats().cache_hits, hits + 1);
+    }
+
+    #[test]
+    fn after_the_process_exited() {
+        let me = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        assert!(procs.snapshot(me));
+        let getpid = getpid_addr();
+        let own = procs.get(me).unwrap().find(getpid).unwrap().clone();
+        let offset = own.file_offset(getpid);
+
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let child_pid = child.id();
+        crate::procs::process::tests::wait_for_mapping(child_pid, "libc.so");
+        let mut children = ProcessTable::new(16);
+        assert!(children.snapshot(child_pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!std::path::Path::new(&format!("/proc/{child_pid}")).exists());
+
+        // The same libc file, mapped in the child: the segment holding `offset`.
+        let info = children.get(child_pid).unwrap();
+        let theirs = info
+            .mappings()
+            .iter()
+            .find(|m| {
+                m.mapping.path == own.mapping.path
+                    && m.mapping.file_offset <= offset
+                    && offset - m.mapping.file_offset < m.mapping.limit - m.mapping.start
+            })
+            .expect("the child maps the same libc");
+        let addr = theirs.mapping.start + (offset - theirs.mapping.file_offset);
+        children.mark_exited(child_pid);
+
+        let mut sym = Symbolizer::new().unwrap();
+        let frames = sym.user_stack(&mut children, child_pid, &[addr]);
+        assert!(
+            outermost(&frames[0]).function.contains("getpid"),
+            "{:?}",
+            frames[0]
+        );
+    }
+
+    #[test]
+    fn releases_files_of_dropped_processes() {
+        let pid = std::process::id();
+        let mut sym = Symbolizer::new().unwrap();
+        {
+            let mut procs = ProcessTable::new(4);
+            let frames = sym.user_stack(&mut procs, pid, &[getpid_addr()]);
+            assert!(!frames[0].lines.is_empty());
+            sym.release_unused();
+            assert_eq!(sym.loaded.len(), 1, "still mapped by a snapshot");
+        }
+        sym.release_unused();
+        assert!(sym.loaded.is_empty());
+    }
+
+    /// A child killed and reaped when the test ends, also when it fails.
+    struct KillOnDrop(std::process::Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Addresses in PLT stubs of a live process, in every layout gcc and
+    /// ld make, are named as objdump labels them (`memcpy@plt`), not
+    /// charged to `_init`, the symbol before the PLT.
+    #[test]
+    fn plt_stubs_of_a_process_are_named() {
+        use crate::stacks::plt::tests::{Label, VARIANTS, build_variant, objdump_plt_labels};
+        use std::io::BufRead as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut sym = Symbolizer::new().unwrap();
+        let mut named = 0;
+        for (variant, flags) in VARIANTS {
+            let (lib, main) = build_variant(dir.path(), variant, flags);
+            let mut child = KillOnDrop(
+                Command::new(&main)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            // It prints once the library is loaded and called.
+            let mut line = String::new();
+            std::io::BufReader::new(child.0.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            let pid = child.0.id();
+            let mut procs = ProcessTable::new(16);
+            assert!(procs.snapshot(pid));
+            for path in [&lib, &main] {
+                let path = path.canonicalize().unwrap();
+                let mappings: Vec<MappedObject> = procs
+                    .get(pid)
+                    .unwrap()
+                    .mappings()
+                    .iter()
+                    .filter(|m| std::path::Path::new(&m.mapping.path) == path)
+                    .cloned()
+                    .collect();
+                for (offset, label) in objdump_plt_labels(&path) {
+                    let m = mappings
+                        .iter()
+                        .find(|m| {
+                            offset.wrapping_sub(m.mapping.file_offset)
+                                < m.mapping.limit - m.mapping.start
+                        })
+                        .unwrap_or_else(|| panic!("{offset:#x} of {} is mapped", path.display()));
+                    let addr = m.mapping.start + offset - m.mapping.file_offset;
+                    let frames = sym.user_stack(&mut procs, pid, &[addr]);
+                    let got = frames[0].lines.first().map(|l| l.function.as_str());
+                    let want = match &label {
+                        Label::Stub(name) => name.as_str(),
+                        Label::Header => ".plt",
+                        Label::Ifunc(_) => continue,
+                    };
+                    assert_eq!(
+                        got,
+                        Some(want),
+                        "{variant}: {} at {offset:#x}",
+                        path.display()
+                    );
+                    named += 1;
+                }
+            }
+        }
+        assert!(named > 40, "{named} PLT addresses named");
+        assert!(sym.stats().plt_stubs > 0);
+    }
+
+    /// A symbol covers an address within its size; one without a size
+    /// only in its own section.
+    #[test]
+    fn symbols_cover_only_what_they_span() {
+        use blazesym::symbolize::Sym;
+        let sym = |addr: u64, offset: usize, size: Option<usize>| {
+            Symbolized::Sym(Sym {
+                name: "f".into(),
+                module: None,
+                addr,
+                offset,
+                size,
+                code_info: None,
+                inlined: Box::new([]),
+                _non_exhaustive: (),
+            })
+        };
+        assert!(covers(&sym(0x1000, 0, Some(16)), None));
+        assert!(covers(&sym(0x1000, 15, Some(16)), None));
+        assert!(!covers(&sym(0x1000, 16, Some(16)), None));
+        assert!(!covers(&sym(0x1000, 4096, Some(16)), None));
+        assert!(
+            covers(&sym(0x1000, 4096, None), None),
+            "no layout: no check"
+        );
+        assert!(covers(&Symbolized::Unknown(Reason::MissingSyms), None));
+
+        // `_init` (no size, in .init) stretched into .plt.
+        let dir = tempfile::tempdir().unwrap();
+        let (lib, _) = crate::stacks::plt::tests::build_variant(dir.path(), "lazy", &[]);
+        let data = std::fs::read(&lib).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
+        let init = file.symbols().find(|s| s.name() == Ok("_init")).unwrap();
+        let plt = file.section_by_name(".plt").unwrap();
+        let text = file.section_by_name(".text").unwrap();
+        let layout = ObjectLayout::read(&lib).unwrap();
+        let into = |target: u64| (target - init.address()) as usize;
+        assert_eq!(init.size(), 0);
+        assert!(covers(&sym(init.address(), 4, None), Some(&layout)));
+        assert!(!covers(
+            &sym(init.address(), into(plt.address() + 16), None),
+            Some(&layout)
+        ));
+        assert!(!covers(
+            &sym(init.address(), into(text.address()), None),
+            Some(&layout)
+        ));
+        assert!(covers(&sym(text.address(), 8, None), Some(&layout)));
+    }
+
+    #[test]
+    fn cache_is_bounded() {
+        let mut cache = LineCache::new(4);
+        let lines: Arc<[Line]> = Arc::from(Vec::new());
+        for i in 0..10 {
+            cache.insert((ObjKey::Object(1), i), Arc::clone(&lines));
+        }
+        assert!(cache.len() <= 4);
+        assert_eq!(cache.evictions, 6);
+        assert!(cache.get(&(ObjKey::Object(1), 9)).is_some());
+        assert!(cache.get(&(ObjKey::Object(1), 0)).is_none());
+    }
+
+    #[test]
+    fn kernel_build_id_is_hex() {
+        if let Some(id) = kernel_build_id() {
+            assert!(
+                id.len() >= 16 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{id}"
+            );
+        }
+    }
+
+    /// Costs; run with `--ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn measure_costs() {
+        fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
+            let start = Instant::now();
+            let out = f();
+            println!("{what}: {:?}", start.elapsed());
+            out
+        }
+        fn spread(m: &MappedObject, shift: u64) -> Vec<u64> {
+            let step = (m.mapping.limit - m.mapping.start) / 1000;
+            (0..1000)
+                .map(|i| m.mapping.start + step * i + shift)
+                .collect()
+        }
+        fn run(sym: &mut Symbolizer, procs: &mut ProcessTable, pid: u32, addrs: &[u64]) {
+            for chunk in addrs.chunks(20) {
+                sym.user_stack(procs, pid, chunk);
+            }
+        }
+
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(64);
+        timed("first snapshot of self", || assert!(procs.snapshot(pid)));
+        timed("100 re-snapshots of self (files shared)", || {
+            for _ in 0..100 {
+                assert!(procs.snapshot(pid));
+            }
+        });
+        let info = procs.get(pid).unwrap();
+        println!("executable mappings: {}", info.mappings().len());
+        let exe = info.find(code_addr(symbolize_marker)).unwrap().clone();
+        let libc = info.find(getpid_addr()).unwrap().clone();
+
+        let mut sym = Symbolizer::new().unwrap();
+        for (name, m) in [("test binary", &exe), ("libc", &libc)] {
+            let addrs = spread(m, 0);
+            timed(&format!("{name}: first lookup (opens and indexes)"), || {
+                sym.user_stack(&mut procs, pid, &addrs[..1])
+            });
+            timed(&format!("{name}: 1000 uncached, stacks of 20"), || {
+                run(&mut sym, &mut procs, pid, &addrs)
+            });
+            timed(&format!("{name}: 1000 cached, stacks of 20"), || {
+                run(&mut sym, &mut procs, pid, &addrs)
+            });
+            let near = spread(m, 8);
+            timed(&format!("{name}: 1000 uncached in parsed units"), || {
+                run(&mut sym, &mut procs, pid, &near)
+            });
+            println!("{:?}", sym.stats());
+        }
+
+        let text = std::fs::read_to_string(KALLSYMS).unwrap();
+        let kaddrs: Vec<u64> = text
+            .lines()
+            .filter_map(|l| u64::from_str_radix(l.split_whitespace().next()?, 16).ok())
+            .step_by(100)
+            .take(1000)
+            .collect();
+        let mut sym = timed("Symbolizer::new (loads kallsyms)", || {
+            Symbolizer::new().unwrap()
+        });
+        for what in ["kernel: 1000 uncached", "kernel: 1000 cached"] {
+            timed(what, || {
+                for chunk in kaddrs.chunks(20) {
+                    sym.kernel_stack(chunk);
+                }
+            });
+        }
+        println!("{:?} {:?}", sym.stats(), procs.stats());
+    }
+}

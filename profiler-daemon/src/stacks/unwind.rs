@@ -1,0 +1,1572 @@
+//! DWARF (CFI) unwinding of user stacks copied by the kernel, for code built
+//! without frame pointers.
+//!
+//! For each sample of a process in "dwarf" mode the kernel sends the user
+//! registers (ip, sp, bp) and a copy of the stack from sp upwards. The
+//! [`Unwinder`] walks that copy with framehop, using the `.eh_frame` /
+//! `.eh_frame_hdr` sections (or `.debug_frame` when an object has no
+//! `.eh_frame`) of the objects the process maps.
+//!
+//! Caching, in two levels, both bounded:
+//! - per object (keyed by build ID, else by the opened file's identity): the
+//!   section bytes and load segments, read once and shared by all processes
+//!   through `Arc`s;
+//! - per process (keyed by tgid and checked against the mapping set): a
+//!   framehop unwinder whose modules are added lazily, the first time a walk
+//!   reaches an address in them, and framehop's rule cache.
+//!
+//! Walks themselves are remembered (walk_memo.rs): a thread that waits at
+//! the same place again is answered by checking the words its last walk read.
+//!
+//! Only x86_64 ELF objects are unwound.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::mem::size_of;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use framehop::{FrameAddress, Module, ModuleSectionInfo, Unwinder as _};
+use object::LittleEndian;
+use object::elf::{FileHeader64, ProgramHeader64, SectionHeader64};
+use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _};
+use profiler_common::{WalkHint, WalkHintKey};
+use tracing::{debug, trace};
+
+use crate::config::limits::DEFAULT_MAX_WALKS;
+use crate::kernel::probes::TopUpdate;
+use crate::procs::process::PAGE_SIZE;
+use crate::procs::process::{MappedObject, ObjectFile, ProcessInfo};
+use crate::stacks::stack_tops::{StackTops, TopStats};
+use crate::stacks::walk_memo::{MemoStats, Read, WalkMemo, WalkStart, read_word};
+
+/// Most frames in one unwound stack, the limit of the kernel's stacks.
+pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
+/// Default bound of cached per-process unwinders.
+pub const DEFAULT_MAX_PROCESSES: usize = 512;
+/// Threads whose stack top is sent to the kernel per window (its table
+/// holds STACK_TOPS_ENTRIES).
+const DEFAULT_MAX_THREAD_TOPS: usize = 65_536;
+/// Default bound of cached objects (including failed ones).
+pub const DEFAULT_MAX_OBJECTS: usize = 1024;
+/// Default bound of the section bytes held by the object cache.
+pub const DEFAULT_MAX_OBJECT_BYTES: usize = 256 << 20;
+/// A larger section is not read: a corrupt header must not make us allocate
+/// gigabytes, and real unwind sections are far smaller.
+const MAX_SECTION_BYTES: u64 = 128 << 20;
+/// Bound of section headers read; real files have at most a few thousand.
+const MAX_SECTION_HEADERS: usize = 1 << 16;
+/// Bound of the distinct files remembered as users of one cached object.
+const MAX_USERS: usize = 64;
+
+/// Section data handed to framehop: shared, so one read serves every
+/// process that maps the object.
+type SectionData = Arc<[u8]>;
+
+/// Why an object's unwind information could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("reading {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("not an ELF file")]
+    NotElf,
+    #[error("unsupported ELF file: {0}")]
+    Unsupported(&'static str),
+    #[error("malformed ELF file: {0}")]
+    Malformed(&'static str),
+    #[error("no .eh_frame or .debug_frame section")]
+    NoUnwindInfo,
+}
+
+impl LoadError {
+    /// Whether the failure comes from the file's content, so that retrying
+    /// with the same object is pointless (an I/O error may be transient).
+    fn is_permanent(&self) -> bool {
+        !matches!(self, LoadError::Io { .. })
+    }
+}
+
+/// Counters of the unwinder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindStats {
+    /// Stacks unwound.
+    pub unwinds: u64,
+    /// Stacks whose walk stopped before the outermost frame.
+    pub truncated: u64,
+    /// Objects whose unwind information was read from their file.
+    pub objects_loaded: u64,
+    /// Object loads that failed (not ELF, no unwind sections, I/O).
+    pub object_load_failures: u64,
+    /// Cached objects and process unwinders dropped to stay within bounds.
+    pub evictions: u64,
+    /// Objects in the cache now (including remembered failures).
+    pub cached_objects: usize,
+    /// Section bytes held by the object cache now.
+    pub cached_bytes: usize,
+    /// Process unwinders cached now.
+    pub cached_processes: usize,
+    /// Walks answered by the walk memo.
+    pub memo: MemoStats,
+    /// Stack tops learned for the kernel's copies.
+    pub tops: TopStats,
+}
+
+/// A stack unwound from a sample.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnwoundStack {
+    /// Leaf first: the sampled ip, then return addresses.
+    pub frames: Arc<[u64]>,
+    /// The walk stopped before the outermost frame: no unwind information
+    /// for an address, a read outside the copied stack, an unwinding error,
+    /// or [`MAX_FRAMES`] reached.
+    pub truncated: bool,
+}
+
+/// One PT_LOAD segment, enough to place the object in a process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LoadSegment {
+    offset: u64,
+    vaddr: u64,
+    filesz: u64,
+    executable: bool,
+}
+
+impl LoadSegment {
+    /// Whether a mapping at file offset `file_offset` maps this segment.
+    fn maps_offset(&self, file_offset: u64) -> bool {
+        let first = self.offset & !(PAGE_SIZE - 1);
+        first <= file_offset && file_offset < self.offset.saturating_add(self.filesz.max(1))
+    }
+}
+
+/// The address the object's virtual address 0 has in a process (the load
+/// bias), given a mapping of it at `start` from file offset `file_offset`.
+/// The mapping may begin anywhere in its segment (not at file offset 0 for
+/// the text of most executables and libraries), so it is placed through the
+/// segment that contains its file offset, preferring executable ones.
+fn load_bias(segments: &[LoadSegment], start: u64, file_offset: u64) -> Option<u64> {
+    let segment = segments
+        .iter()
+        .filter(|s| s.maps_offset(file_offset))
+        .max_by_key(|s| s.executable)?;
+    // Within a segment, file offsets and virtual addresses move together.
+    let svma = segment
+        .vaddr
+        .wrapping_sub(segment.offset)
+        .wrapping_add(file_offset);
+    Some(start.wrapping_sub(svma))
+}
+
+/// A section framehop may ask for.
+#[derive(Debug)]
+struct Section {
+    name: &'static [u8],
+    svma: Range<u64>,
+    /// Only the sections framehop reads are kept; the others give addresses.
+    data: Option<SectionData>,
+}
+
+/// Sections whose address ranges framehop uses (relative pointers in CFI).
+const RANGE_SECTIONS: [&[u8]; 2] = [b".text", b".got"];
+/// Sections whose bytes framehop reads.
+const DATA_SECTIONS: [&[u8]; 3] = [b".eh_frame", b".eh_frame_hdr", b".debug_frame"];
+
+/// What one object contributes to unwinding, shared by all processes.
+#[derive(Debug)]
+struct ObjectUnwindInfo {
+    segments: Vec<LoadSegment>,
+    /// The lowest PT_LOAD address: framehop works with addresses relative
+    /// to it, which must fit 32 bits even for non-PIE executables.
+    base_svma: u64,
+    sections: Vec<Section>,
+    bytes: usize,
+}
+
+impl ObjectUnwindInfo {
+    /// Reads the headers and unwind sections of the ELF file at `path`,
+    /// without reading the rest of it.
+    fn load(path: &Path) -> Result<Self, LoadError> {
+        let file = File::open(path).map_err(io_error("the object file"))?;
+        let file_len = file
+            .metadata()
+            .map_err(io_error("the object's metadata"))?
+            .len();
+        let reader = ElfReader {
+            file: &file,
+            file_len,
+        };
+        let e = LittleEndian;
+        let header_bytes = reader.read(
+            0,
+            size_of::<FileHeader64<LittleEndian>>() as u64,
+            "the ELF header",
+        )?;
+        let (header, _) = object::pod::from_bytes::<FileHeader64<LittleEndian>>(&header_bytes)
+            .map_err(|()| LoadError::NotElf)?;
+        let ident = header.e_ident();
+        if ident.magic != object::elf::ELFMAG {
+            return Err(LoadError::NotElf);
+        }
+        if ident.class != object::elf::ELFCLASS64 || ident.data != object::elf::ELFDATA2LSB {
+            return Err(LoadError::Unsupported("not 64-bit little-endian"));
+        }
+        if header.e_machine(e) != object::elf::EM_X86_64 {
+            return Err(LoadError::Unsupported("not x86_64"));
+        }
+
+        let segments = reader.load_segments(header)?;
+        let base_svma = segments
+            .iter()
+            .map(|s| s.vaddr)
+            .min()
+            .ok_or(LoadError::Malformed("no PT_LOAD segment"))?;
+        let sections = reader.unwind_sections(header)?;
+        if !sections
+            .iter()
+            .any(|s| s.data.is_some() && s.name != b".eh_frame_hdr")
+        {
+            return Err(LoadError::NoUnwindInfo);
+        }
+        let bytes = sections
+            .iter()
+            .filter_map(|s| s.data.as_ref())
+            .map(|d| d.len())
+            .sum();
+        Ok(Self {
+            segments,
+            base_svma,
+            sections,
+            bytes,
+        })
+    }
+
+    fn section(&self, name: &[u8]) -> Option<&Section> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+}
+
+/// Positioned reads of an ELF file, bounds-checked against its length.
+struct ElfReader<'a> {
+    file: &'a File,
+    file_len: u64,
+}
+
+impl ElfReader<'_> {
+    fn read(&self, offset: u64, len: u64, what: &'static str) -> Result<Vec<u8>, LoadError> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.file_len)
+            .ok_or(LoadError::Malformed(
+                "a header or section lies past the end of the file",
+            ))?;
+        let len = usize::try_from(end - offset).map_err(|_| LoadError::Malformed("size"))?;
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, offset)
+            .map_err(io_error(what))?;
+        Ok(buf)
+    }
+
+    fn load_segments(
+        &self,
+        header: &FileHeader64<LittleEndian>,
+    ) -> Result<Vec<LoadSegment>, LoadError> {
+        let e = LittleEndian;
+        let count = usize::from(header.e_phnum(e));
+        if usize::from(header.e_phentsize(e)) != size_of::<ProgramHeader64<LittleEndian>>() {
+            return Err(LoadError::Malformed("program header size"));
+        }
+        let size = (count * size_of::<ProgramHeader64<LittleEndian>>()) as u64;
+        let bytes = self.read(header.e_phoff(e), size, "program headers")?;
+        let (headers, _) =
+            object::pod::slice_from_bytes::<ProgramHeader64<LittleEndian>>(&bytes, count)
+                .map_err(|()| LoadError::Malformed("program headers"))?;
+        Ok(headers
+            .iter()
+            .filter(|ph| ph.p_type(e) == object::elf::PT_LOAD)
+            .map(|ph| LoadSegment {
+                offset: ph.p_offset(e),
+                vaddr: ph.p_vaddr(e),
+                filesz: ph.p_filesz(e),
+                executable: ph.p_flags(e) & object::elf::PF_X != 0,
+            })
+            .collect())
+    }
+
+    /// The sections framehop uses; `.debug_frame` only when there is no
+    /// `.eh_frame` (framehop ignores it then).
+    fn unwind_sections(
+        &self,
+        header: &FileHeader64<LittleEndian>,
+    ) -> Result<Vec<Section>, LoadError> {
+        let e = LittleEndian;
+        let shoff = header.e_shoff(e);
+        if shoff == 0 {
+            // Section headers stripped: nothing names the unwind sections.
+            return Err(LoadError::NoUnwindInfo);
+        }
+        let entry = size_of::<SectionHeader64<LittleEndian>>();
+        if usize::from(header.e_shentsize(e)) != entry {
+            return Err(LoadError::Malformed("section header size"));
+        }
+        let first = self.read(shoff, entry as u64, "section headers")?;
+        let (first, _) = object::pod::from_bytes::<SectionHeader64<LittleEndian>>(&first)
+            .map_err(|()| LoadError::Malformed("section headers"))?;
+        // With many sections, the count and the string table index live in
+        // the first section header.
+        let count = match header.e_shnum(e) {
+            0 => usize::try_from(first.sh_size(e)).unwrap_or(usize::MAX),
+            n => usize::from(n),
+        };
+        if count > MAX_SECTION_HEADERS {
+            return Err(LoadError::Unsupported("too many sections"));
+        }
+        let strtab_index = match header.e_shstrndx(e) {
+            object::elf::SHN_XINDEX => first.sh_link(e) as usize,
+            n => usize::from(n),
+        };
+        let bytes = self.read(shoff, (count * entry) as u64, "section headers")?;
+        let (headers, _) =
+            object::pod::slice_from_bytes::<SectionHeader64<LittleEndian>>(&bytes, count)
+                .map_err(|()| LoadError::Malformed("section headers"))?;
+        let strtab = headers
+            .get(strtab_index)
+            .ok_or(LoadError::Malformed("section name table index"))?;
+        let names = self
+            .section_bytes(strtab, "section names")?
+            .unwrap_or_default();
+        let name_of = |sh: &SectionHeader64<LittleEndian>| -> Option<&[u8]> {
+            let rest = names.get(usize::try_from(sh.sh_name(e)).ok()?..)?;
+            rest.split(|&b| b == 0).next()
+        };
+
+        let mut sections = Vec::new();
+        for sh in headers {
+            let Some(name) = name_of(sh) else { continue };
+            let Some(&wanted) = RANGE_SECTIONS
+                .iter()
+                .chain(&DATA_SECTIONS)
+                .find(|&&w| w == name)
+            else {
+                continue;
+            };
+            if sections.iter().any(|s: &Section| s.name == wanted) {
+                continue;
+            }
+            let data = if DATA_SECTIONS.contains(&wanted) {
+                self.section_bytes(sh, "an unwind section")?.map(Arc::from)
+            } else {
+                None
+            };
+            let addr = sh.sh_addr(e);
+            sections.push(Section {
+                name: wanted,
+                svma: addr..addr.saturating_add(sh.sh_size(e)),
+                data,
+            });
+        }
+        if sections
+            .iter()
+            .any(|s| s.name == b".eh_frame" && s.data.is_some())
+        {
+            sections.retain(|s| s.name != b".debug_frame");
+        }
+        Ok(sections)
+    }
+
+    /// A section's bytes; `None` when the file does not hold them (NOBITS,
+    /// compressed, absurdly large).
+    fn section_bytes(
+        &self,
+        sh: &SectionHeader64<LittleEndian>,
+        what: &'static str,
+    ) -> Result<Option<Vec<u8>>, LoadError> {
+        let e = LittleEndian;
+        let size = sh.sh_size(e);
+        if sh.sh_type(e) == object::elf::SHT_NOBITS
+            || sh.sh_flags(e) & u64::from(object::elf::SHF_COMPRESSED) != 0
+            || size == 0
+            || size > MAX_SECTION_BYTES
+        {
+            return Ok(None);
+        }
+        self.read(sh.sh_offset(e), size, what).map(Some)
+    }
+}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> LoadError {
+    move |source| LoadError::Io { what, source }
+}
+
+/// Gives framehop one cached object's sections.
+struct Sections<'a>(&'a ObjectUnwindInfo);
+
+impl ModuleSectionInfo<SectionData> for Sections<'_> {
+    fn base_svma(&self) -> u64 {
+        self.0.base_svma
+    }
+
+    fn section_svma_range(&mut self, name: &[u8]) -> Option<Range<u64>> {
+        self.0.section(name).map(|s| s.svma.clone())
+    }
+
+    fn section_data(&mut self, name: &[u8]) -> Option<SectionData> {
+        self.0.section(name)?.data.clone()
+    }
+}
+
+/// Objects are shared by build ID, so the same library in many processes
+/// (or containers) is read once; without one, by the opened file.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum ObjectKey {
+    BuildId(Arc<str>),
+    File(u64),
+}
+
+impl ObjectKey {
+    fn of(object: &ObjectFile) -> Self {
+        match object.build_id() {
+            Some(id) => ObjectKey::BuildId(Arc::clone(id)),
+            None => ObjectKey::File(object.id()),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct ObjectEntry {
+    /// `None` remembers a load that failed for good.
+    info: Option<Arc<ObjectUnwindInfo>>,
+    /// The opened files this entry serves; when all are gone, no process
+    /// snapshot maps the object any more.
+    users: Vec<Weak<ObjectFile>>,
+    last_used: u64,
+}
+
+impl ObjectEntry {
+    fn bytes(&self) -> usize {
+        self.info.as_ref().map_or(0, |i| i.bytes)
+    }
+
+    fn add_user(&mut self, object: &Arc<ObjectFile>) {
+        if self.users.iter().any(|u| u.as_ptr() == Arc::as_ptr(object)) {
+            return;
+        }
+        if self.users.len() >= MAX_USERS {
+            self.users.retain(|u| u.strong_count() > 0);
+            if self.users.len() >= MAX_USERS {
+                self.users.remove(0);
+            }
+        }
+        self.users.push(Arc::downgrade(object));
+    }
+}
+
+/// Bounded cache of per-object unwind information.
+#[derive(Debug)]
+struct ObjectCache {
+    entries: HashMap<ObjectKey, ObjectEntry>,
+    bytes: usize,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+impl ObjectCache {
+    /// The unwind information of `object`, read on first use.
+    fn get_or_load(
+        &mut self,
+        object: &Arc<ObjectFile>,
+        path: &str,
+        tick: u64,
+        stats: &mut UnwindStats,
+    ) -> Option<Arc<ObjectUnwindInfo>> {
+        let key = ObjectKey::of(object);
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.last_used = tick;
+            entry.add_user(object);
+            return entry.info.clone();
+        }
+        let info = match ObjectUnwindInfo::load(&object.elf_path()) {
+            Ok(info) => {
+                stats.objects_loaded += 1;
+                Some(Arc::new(info))
+            }
+            Err(err) => {
+                stats.object_load_failures += 1;
+                debug!(path, %err, "no unwind information for a mapped object");
+                if !err.is_permanent() {
+                    // Not remembered: another process may read it later.
+                    return None;
+                }
+                // Remembered as a failure, so it is not read again.
+                None
+            }
+        };
+        let entry = ObjectEntry {
+            info: info.clone(),
+            users: vec![Arc::downgrade(object)],
+            last_used: tick,
+        };
+        let bytes = entry.bytes();
+        if bytes <= self.max_bytes {
+            while !self.entries.is_empty()
+                && (self.entries.len() >= self.max_entries || self.bytes + bytes > self.max_bytes)
+            {
+                self.evict_one();
+                stats.evictions += 1;
+            }
+            self.bytes += bytes;
+            self.entries.insert(key, entry);
+        }
+        info
+    }
+
+    /// Drops the least recently used entry, preferring those that no cached
+    /// process unwinder holds (dropping those frees their memory now).
+    fn evict_one(&mut self) {
+        let victim = self
+            .entries
+            .iter()
+            .min_by_key(|(_, e)| {
+                let held = e.info.as_ref().is_some_and(|i| Arc::strong_count(i) > 1);
+                (held, e.last_used)
+            })
+            .map(|(key, _)| key.clone());
+        if let Some(entry) = victim.and_then(|key| self.entries.remove(&key)) {
+            self.bytes -= entry.bytes();
+        }
+    }
+
+    /// Drops entries whose files no process snapshot holds any more.
+    fn release_unused(&mut self) {
+        let mut freed = 0;
+        self.entries.retain(|_, entry| {
+            entry.users.retain(|u| u.strong_count() > 0);
+            let keep = !entry.users.is_empty();
+            if !keep {
+                freed += entry.bytes();
+            }
+            keep
+        });
+        self.bytes -= freed;
+    }
+}
+
+/// Identity of one executable mapping: a process's unwinder is rebuilt when
+/// any of these change (exec, dlopen, pid reuse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct MappingKey {
+    start: u64,
+    limit: u64,
+    file_offset: u64,
+    object: u64,
+}
+
+impl MappingKey {
+    fn of(mapped: &MappedObject) -> Self {
+        Self {
+            start: mapped.mapping.start,
+            limit: mapped.mapping.limit,
+            file_offset: mapped.mapping.file_offset,
+            object: mapped.object.as_ref().map_or(0, |o| o.id()),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum ModuleState {
+    /// Not needed by a walk yet.
+    Pending,
+    /// Holds the object so that the object cache sees it in use (its
+    /// section bytes live on in framehop's module anyway).
+    Loaded(#[allow(dead_code)] Arc<ObjectUnwindInfo>),
+    /// No unwind information: walks stop here.
+    Unavailable,
+}
+
+/// The framehop unwinder of one process (one mapping set).
+struct ProcessUnwinder {
+    /// Tells this unwinder's remembered walks from those of one it replaced.
+    id: u64,
+    /// The process snapshot last found to have these mappings: the same
+    /// snapshot needs no comparison.
+    checked: Instant,
+    /// Sorted by start, parallel to the process's mappings and to `modules`.
+    keys: Vec<MappingKey>,
+    modules: Vec<ModuleState>,
+    unwinder: UnwinderX86_64<SectionData>,
+    /// Per process rather than shared: framehop tells unwinders apart in a
+    /// shared cache by a global 16-bit generation that wraps, which could
+    /// hand a rule of another process's module set to this one.
+    cache: CacheX86_64,
+    last_used: u64,
+}
+
+impl ProcessUnwinder {
+    fn new(process: &ProcessInfo, id: u64, tick: u64) -> Self {
+        let keys: Vec<MappingKey> = process.mappings().iter().map(MappingKey::of).collect();
+        let modules = keys.iter().map(|_| ModuleState::Pending).collect();
+        Self {
+            id,
+            checked: process.snapshot_at(),
+            keys,
+            modules,
+            unwinder: UnwinderX86_64::new(),
+            cache: CacheX86_64::new(),
+            last_used: tick,
+        }
+    }
+
+    fn matches(&mut self, process: &ProcessInfo) -> bool {
+        if self.checked == process.snapshot_at() {
+            return true;
+        }
+        let mappings = process.mappings();
+        let same = self.keys.len() == mappings.len()
+            && self
+                .keys
+                .iter()
+                .zip(mappings)
+                .all(|(key, m)| *key == MappingKey::of(m));
+        if same {
+            self.checked = process.snapshot_at();
+        }
+        same
+    }
+
+    /// Whether framehop has unwind information for `addr`; adds the module
+    /// of its mapping on first use.
+    fn ensure_module(
+        &mut self,
+        addr: u64,
+        process: &ProcessInfo,
+        objects: &mut ObjectCache,
+        tick: u64,
+        stats: &mut UnwindStats,
+    ) -> bool {
+        let Some(idx) = self
+            .keys
+            .partition_point(|k| k.start <= addr)
+            .checked_sub(1)
+        else {
+            return false;
+        };
+        let (Some(key), Some(state)) = (self.keys.get(idx), self.modules.get_mut(idx)) else {
+            return false;
+        };
+        if addr >= key.limit {
+            return false;
+        }
+        match state {
+            ModuleState::Loaded(_) => return true,
+            ModuleState::Unavailable => return false,
+            ModuleState::Pending => {}
+        }
+        *state = ModuleState::Unavailable;
+        // `keys` matched the process's mappings when this walk began.
+        let Some(mapped) = process.mappings().get(idx) else {
+            return false;
+        };
+        let Some(object) = &mapped.object else {
+            return false;
+        };
+        let mapping = &mapped.mapping;
+        let Some(info) = objects.get_or_load(object, &mapping.path, tick, stats) else {
+            return false;
+        };
+        let Some(bias) = load_bias(&info.segments, mapping.start, mapping.file_offset) else {
+            debug!(path = mapping.path, "no load segment covers the mapping");
+            return false;
+        };
+        let module = Module::new(
+            mapping.path.clone(),
+            mapping.start..mapping.limit,
+            bias.wrapping_add(info.base_svma),
+            Sections(&info),
+        );
+        self.unwinder.add_module(module);
+        *state = ModuleState::Loaded(info);
+        true
+    }
+}
+
+/// The frames of a remembered walk that the kernel matched, as a record
+/// carries them.
+#[derive(Clone, Copy, Debug)]
+pub struct Matched<'a> {
+    /// The walk's id in the hint the kernel matched.
+    pub id: u64,
+    /// The walk's frames after the instruction pointer; `None` when the
+    /// record's frame count is beyond the hint's bound (never sent).
+    pub frames: Option<&'a [u64]>,
+    /// The walk stopped before the root.
+    pub truncated: bool,
+}
+
+/// Slots of [`HintedFrames`] (a power of two).
+const HINTED_SLOTS: usize = 1024;
+
+/// The frames of walks lately hinted to the kernel, in slots by id: a
+/// brief record of one of them shares its frames instead of allocating a
+/// copy. Bounded; a newer walk takes its slot.
+struct HintedFrames {
+    slots: Box<[Option<HintedWalk>]>,
+}
+
+/// A hinted walk's id and frames.
+type HintedWalk = (u64, Arc<[u64]>);
+
+impl Default for HintedFrames {
+    fn default() -> Self {
+        Self {
+            slots: vec![None; HINTED_SLOTS].into_boxed_slice(),
+        }
+    }
+}
+
+impl HintedFrames {
+    fn insert(&mut self, id: u64, frames: &Arc<[u64]>) {
+        self.slots[id as usize & (HINTED_SLOTS - 1)] = Some((id, frames.clone()));
+    }
+
+    /// The frames `ip` then `rest` of a record that matched the hint of
+    /// walk `id`. A hint's frames are those of its walk, and ids are never
+    /// reused, so the frames remembered under `id` are the record's: they
+    /// are shared without reading the record's copy of them (in ring
+    /// memory another CPU wrote, cold in this one's cache). Otherwise the
+    /// record's frames are taken.
+    fn get(&mut self, id: u64, ip: u64, rest: &[u64]) -> Arc<[u64]> {
+        let slot = &mut self.slots[id as usize & (HINTED_SLOTS - 1)];
+        if let Some((known, frames)) = slot
+            && *known == id
+            && frames.first() == Some(&ip)
+        {
+            return frames.clone();
+        }
+        let frames: Arc<[u64]> = std::iter::once(ip).chain(rest.iter().copied()).collect();
+        *slot = Some((id, frames.clone()));
+        frames
+    }
+}
+
+/// Unwinds user stacks with DWARF CFI; see the module documentation.
+pub struct Unwinder {
+    processes: HashMap<u32, ProcessUnwinder>,
+    max_processes: usize,
+    objects: ObjectCache,
+    memo: WalkMemo,
+    /// Where threads' stacks end, for the kernel's copies.
+    tops: StackTops,
+    /// Whether remembered walks are handed to the kernel as hints.
+    give_hints: bool,
+    /// Whether stack tops are learned from complete walks.
+    learn_tops: bool,
+    /// The frames of walks lately given to the kernel as hints, by id.
+    hinted: HintedFrames,
+    /// Id of the last process unwinder made.
+    next_id: u64,
+    /// Logical clock for LRU order and "used since the last release".
+    tick: u64,
+    last_release: u64,
+    stats: UnwindStats,
+}
+
+impl Default for Unwinder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Unwinder {
+    /// An unwinder with the default bounds.
+    pub fn new() -> Self {
+        Self::with_limits(
+            DEFAULT_MAX_PROCESSES,
+            DEFAULT_MAX_OBJECTS,
+            DEFAULT_MAX_OBJECT_BYTES,
+        )
+    }
+
+    /// An unwinder caching at most `max_processes` process unwinders and
+    /// `max_objects` objects holding at most `max_object_bytes` of sections.
+    pub fn with_limits(max_processes: usize, max_objects: usize, max_object_bytes: usize) -> Self {
+        Self {
+            processes: HashMap::new(),
+            max_processes: max_processes.max(1),
+            objects: ObjectCache {
+                entries: HashMap::new(),
+                bytes: 0,
+                max_entries: max_objects.max(1),
+                max_bytes: max_object_bytes,
+            },
+            memo: WalkMemo::new(DEFAULT_MAX_WALKS),
+            tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
+            give_hints: true,
+            learn_tops: true,
+            hinted: HintedFrames::default(),
+            next_id: 0,
+            tick: 0,
+            last_release: 0,
+            stats: UnwindStats::default(),
+        }
+    }
+
+    /// Unwinds one sample of `process`. `ip`, `sp`, `bp` are the user
+    /// registers at the sample; `stack` is the user stack memory copied from
+    /// `sp` upwards. Frames are leaf first: `ip`, then return addresses (as
+    /// the kernel's frame-pointer stacks are).
+    pub fn unwind(
+        &mut self,
+        process: &ProcessInfo,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+    ) -> UnwoundStack {
+        self.unwind_hinted(process, 0, ip, sp, bp, stack).0
+    }
+
+    /// The stack of an event whose stack the kernel found to match one of
+    /// the walk hints: the walk's frames after `ip`, which the record
+    /// carries. The kernel checked every word the walk read in the
+    /// thread's memory: the walk applies as it is, whatever the daemon
+    /// remembers now, and no process metadata is needed.
+    pub fn matched(
+        &mut self,
+        ip: u64,
+        Matched {
+            id,
+            frames,
+            truncated,
+        }: Matched<'_>,
+    ) -> UnwoundStack {
+        self.tick += 1;
+        self.stats.unwinds += 1;
+        self.memo.note_matched(frames.is_some());
+        let (frames, truncated) = match frames {
+            // The frames of a walk hinted lately are shared, not copied
+            // from the record: most brief records repeat a few walks.
+            Some(rest) => (self.hinted.get(id, ip, rest), truncated),
+            None => (Arc::from([ip]), true),
+        };
+        if truncated {
+            self.stats.truncated += 1;
+        }
+        UnwoundStack { frames, truncated }
+    }
+
+    /// As [`Self::unwind`]; also returns a hint for the kernel: of a walk
+    /// newly remembered, or of a remembered walk found by reading the copy
+    /// (the kernel did not hold its hint). A walk of thread `tid` (0:
+    /// unknown) also tells where its stack ends ([`Self::take_stack_tops`]).
+    pub fn unwind_hinted(
+        &mut self,
+        process: &ProcessInfo,
+        tid: u32,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+    ) -> (UnwoundStack, Option<(WalkHintKey, WalkHint)>) {
+        self.tick += 1;
+        self.stats.unwinds += 1;
+        let tick = self.tick;
+        let Self {
+            processes,
+            max_processes,
+            objects,
+            memo,
+            tops,
+            stats,
+            next_id,
+            give_hints,
+            learn_tops,
+            hinted,
+            ..
+        } = self;
+        let entry = process_unwinder(processes, *max_processes, process, tick, stats, next_id);
+        let start = WalkStart {
+            unwinder: entry.id,
+            ip,
+            sp,
+            bp,
+        };
+        if let Some(found) = memo.lookup(&start, stack) {
+            if found.truncated {
+                stats.truncated += 1;
+            }
+            let unwound = UnwoundStack {
+                frames: found.frames,
+                truncated: found.truncated,
+            };
+            let hint = found.hint.filter(|_| *give_hints);
+            if let Some((_, h)) = &hint {
+                hinted.insert(h.id, &unwound.frames);
+            }
+            return (unwound, hint);
+        }
+
+        let mut reads: Vec<Read> = Vec::with_capacity(64);
+        let mut read_stack = |addr: u64| {
+            let word = read_word(stack, sp, addr);
+            reads.push((addr, word));
+            word.ok_or(())
+        };
+        let mut regs = UnwindRegsX86_64::new(ip, sp, bp);
+        let mut frames = Vec::with_capacity(32);
+        frames.push(ip);
+        let mut address = FrameAddress::from_instruction_pointer(ip);
+        let truncated = loop {
+            let lookup = address.address_for_lookup();
+            // framehop would fall back to the frame pointer for an address
+            // outside its modules; without CFI that guess is often wrong,
+            // so the walk stops there.
+            if !entry.ensure_module(lookup, process, objects, tick, stats) {
+                trace!(tgid = process.tgid, addr = lookup, "no unwind information");
+                break true;
+            }
+            match entry
+                .unwinder
+                .unwind_frame(address, &mut regs, &mut entry.cache, &mut read_stack)
+            {
+                // The outermost frame: no return address (_start, clone).
+                Ok(None) | Ok(Some(0)) => break false,
+                Ok(Some(return_address)) => {
+                    if frames.len() >= MAX_FRAMES {
+                        break true;
+                    }
+                    frames.push(return_address);
+                    match FrameAddress::from_return_address(return_address) {
+                        Some(next) => address = next,
+                        None => break false,
+                    }
+                }
+                Err(err) => {
+                    trace!(tgid = process.tgid, addr = lookup, %err, "unwinding stopped");
+                    break true;
+                }
+            }
+        };
+        if truncated {
+            stats.truncated += 1;
+        }
+        let copy_end = sp.saturating_add(stack.len() as u64);
+        match (truncated, reads.last()) {
+            // A complete walk: nothing at or above its highest read is
+            // needed by any later walk of this thread.
+            (false, Some(_)) if *learn_tops => {
+                if let Some(top) = reads.iter().map(|&(addr, _)| addr.saturating_add(8)).max() {
+                    tops.learned(tid, top);
+                }
+            }
+            // Stopped by the end of the copy: the copy may have been cut
+            // at a top learned too low.
+            (true, Some(&(addr, None))) if addr >= copy_end => tops.cut_short(tid),
+            _ => {}
+        }
+        let frames: Arc<[u64]> = Arc::from(frames);
+        let hint = memo.remember(process.tgid, start, &reads, frames.clone(), truncated);
+        (
+            UnwoundStack { frames, truncated },
+            hint.filter(|_| *give_hints),
+        )
+    }
+
+    /// Turns the stack optimizations on or off (`[debug]` and
+    /// `[limits] walk_memo_entries` in the config): a memo of at most
+    /// `memo_walks` walks per generation (0: none), hints for the kernel,
+    /// stack tops learned from walks. Off, the answers must be the same.
+    pub fn set_stack_options(&mut self, memo_walks: usize, give_hints: bool, learn_tops: bool) {
+        self.memo = WalkMemo::new(memo_walks);
+        // The new memo numbers its walks afresh.
+        self.hinted = HintedFrames::default();
+        self.give_hints = give_hints;
+        self.learn_tops = learn_tops;
+    }
+
+    /// What the kernel should change in its table of stack tops (see
+    /// stack_tops.rs); each update is given once.
+    pub fn take_stack_tops(&mut self) -> Vec<TopUpdate> {
+        self.tops.take()
+    }
+
+    /// Hints the kernel should drop: their walks are on the way to being
+    /// forgotten (see walk_memo.rs).
+    pub fn take_retired_hints(&mut self) -> Vec<WalkHintKey> {
+        self.memo.take_retired()
+    }
+
+    /// Drops process unwinders unused since the last call and objects that
+    /// no process snapshot maps any more. Call at each window end, after the
+    /// process table's prune.
+    pub fn release_unused(&mut self) {
+        self.tops.new_window();
+        let since = self.last_release;
+        self.processes.retain(|_, e| e.last_used > since);
+        self.objects.release_unused();
+        self.last_release = self.tick;
+    }
+
+    /// Counters, and the cache sizes now.
+    pub fn stats(&self) -> UnwindStats {
+        UnwindStats {
+            cached_objects: self.objects.entries.len(),
+            cached_bytes: self.objects.bytes,
+            cached_processes: self.processes.len(),
+            memo: self.memo.stats(),
+            tops: self.tops.stats(),
+            ..self.stats
+        }
+    }
+}
+
+/// The cached unwinder of `process`, rebuilt if its mappings changed.
+fn process_unwinder<'a>(
+    processes: &'a mut HashMap<u32, ProcessUnwinder>,
+    max_processes: usize,
+    process: &ProcessInfo,
+    tick: u64,
+    stats: &mut UnwindStats,
+    next_id: &mut u64,
+) -> &'a mut ProcessUnwinder {
+    let tgid = process.tgid;
+    let fresh = processes.get_mut(&tgid).is_some_and(|e| e.matches(process));
+    if !fresh {
+        if !processes.contains_key(&tgid) && processes.len() >= max_processes {
+            let victim = processes
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(&tgid, _)| tgid);
+            if let Some(victim) = victim {
+                processes.remove(&victim);
+                stats.evictions += 1;
+            }
+        }
+        *next_id += 1;
+        processes.insert(tgid, ProcessUnwinder::new(process, *next_id, tick));
+    }
+    let entry = processes.entry(tgid).or_insert_with(|| {
+        *next_id += 1;
+        ProcessUnwinder::new(process, *next_id, tick)
+    });
+    entry.last_used = tick;
+    entry
+}
+
+// The tests capture their own registers with x86_64 assembly.
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::procs::process::ProcessTable;
+    use crate::stacks::symbolize::Symbolizer;
+    use std::time::Instant;
+
+    #[test]
+    fn matched_frames_are_those_of_the_record_or_of_the_same_walk() {
+        let mut unwinder = Unwinder::new();
+        let matched = |id, frames| Matched {
+            id,
+            frames: Some(frames),
+            truncated: false,
+        };
+        let first = unwinder.matched(0x10, matched(7, &[0x20, 0x30]));
+        assert_eq!(&*first.frames, &[0x10, 0x20, 0x30]);
+        // The same walk again shares its frames.
+        let again = unwinder.matched(0x10, matched(7, &[0x20, 0x30]));
+        assert!(Arc::ptr_eq(&first.frames, &again.frames));
+        // Another id in its slot gives the record's frames.
+        let slot_mate = unwinder.matched(0x11, matched(7 + HINTED_SLOTS as u64, &[0x50]));
+        assert_eq!(&*slot_mate.frames, &[0x11, 0x50]);
+        // Frames that could not be read: the ip alone, truncated.
+        let lost = unwinder.matched(
+            0x12,
+            Matched {
+                id: 9,
+                frames: None,
+                truncated: false,
+            },
+        );
+        assert_eq!((&*lost.frames, lost.truncated), (&[0x12][..], true));
+        let stats = unwinder.stats();
+        assert_eq!(
+            (
+                stats.memo.matched_in_kernel,
+                stats.memo.matched_but_forgotten
+            ),
+            (4, 1)
+        );
+    }
+
+    const COPY_BYTES: u64 = 16 * 1024;
+
+    /// Registers and stack of a thread, as the kernel would send them.
+    struct Sample {
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: Vec<u8>,
+        /// The copy reaches the top of the thread's stack mapping.
+        whole_stack: bool,
+    }
+
+    /// End of the mapping that contains `addr`, from /proc/self/maps.
+    fn mapping_end(addr: u64) -> u64 {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter_map(|line| {
+                let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+                let start = u64::from_str_radix(start, 16).ok()?;
+                let end = u64::from_str_radix(end, 16).ok()?;
+                (start..end).contains(&addr).then_some(end)
+            })
+            .next()
+            .expect("the stack is mapped")
+    }
+
+    #[inline(never)]
+    fn unwind_test_capture(limit: u64) -> Sample {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: only reads registers.
+        unsafe {
+            core::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+        // The frames above sp (this function's and its callers') do not
+        // change while it runs; what it calls uses the stack below sp.
+        let len = (mapping_end(sp) - sp).min(limit);
+        // SAFETY: [sp, sp + len) lies in this thread's mapped stack.
+        let stack =
+            unsafe { std::slice::from_raw_parts(sp as usize as *const u8, len as usize) }.to_vec();
+        Sample {
+            ip,
+            sp,
+            bp,
+            stack,
+            whole_stack: len < limit,
+        }
+    }
+
+    // Each caller uses the callee's result afterwards, so no call is a tail
+    // call that would drop the caller's frame.
+    #[inline(never)]
+    fn unwind_test_inner() -> Sample {
+        let sample = unwind_test_capture(COPY_BYTES);
+        std::hint::black_box(sample)
+    }
+
+    #[inline(never)]
+    fn unwind_test_middle() -> Sample {
+        let sample = unwind_test_inner();
+        std::hint::black_box(sample)
+    }
+
+    #[inline(never)]
+    fn unwind_test_outer() -> Sample {
+        let sample = unwind_test_middle();
+        std::hint::black_box(sample)
+    }
+
+    /// A sample taken on a fresh thread, so the whole stack fits the copy.
+    fn thread_sample() -> Sample {
+        std::thread::spawn(unwind_test_outer).join().unwrap()
+    }
+
+    fn own_table() -> (ProcessTable, u32) {
+        let pid = std::process::id();
+        let mut table = ProcessTable::new(4);
+        assert!(table.snapshot(pid));
+        (table, pid)
+    }
+
+    /// Function names of each frame (the outermost inlined one last).
+    fn function_names(table: &mut ProcessTable, pid: u32, frames: &[u64]) -> Vec<String> {
+        let mut symbolizer = Symbolizer::new().unwrap();
+        symbolizer
+            .user_stack(table, pid, frames)
+            .iter()
+            .map(|f| {
+                f.lines
+                    .iter()
+                    .map(|l| l.function.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" < ")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unwinds_own_thread_through_known_functions() {
+        let sample = thread_sample();
+        let (mut table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let names = function_names(&mut table, pid, &unwound.frames);
+        eprintln!("{:#x?}\n{names:#?}", unwound);
+        assert_eq!(unwound.frames[0], sample.ip);
+        let chain = [
+            "unwind_test_capture",
+            "unwind_test_inner",
+            "unwind_test_middle",
+            "unwind_test_outer",
+        ];
+        for (i, want) in chain.iter().enumerate() {
+            assert!(
+                names
+                    .get(i)
+                    .is_some_and(|n| n.ends_with(&format!("tests::{want}"))),
+                "frame {i} should be {want}: {names:#?}"
+            );
+        }
+        // The thread is started by libc: its frames were found through its
+        // CFI too, down to clone's end of stack.
+        assert!(sample.whole_stack, "a fresh thread's stack fits the copy");
+        assert!(!unwound.truncated, "{names:#?}");
+        assert!(
+            names.iter().any(|n| n.contains("start_thread")),
+            "{names:#?}"
+        );
+        assert!(
+            names.last().is_some_and(|n| n.contains("clone")),
+            "{names:#?}"
+        );
+        let stats = unwinder.stats();
+        assert_eq!(stats.unwinds, 1);
+        assert_eq!(stats.truncated, 0);
+    }
+
+    #[test]
+    fn a_repeated_walk_is_remembered_and_checked() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let first = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(first.frames.len() >= 5, "{first:#x?}");
+        let again = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert_eq!(again, first);
+        assert_eq!(unwinder.stats().memo.hits, 1);
+
+        // Another caller's return address in the copy: walked again, and
+        // the walk follows the new value.
+        let slot = (sample.sp..sample.sp + sample.stack.len() as u64)
+            .step_by(8)
+            .find(|&a| read_word(&sample.stack, sample.sp, a) == Some(first.frames[1]))
+            .expect("the first return address is in the copy");
+        let mut changed = sample.stack.clone();
+        let at = (slot - sample.sp) as usize;
+        changed[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+        let other = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &changed);
+        assert_ne!(other.frames, first.frames);
+        let stats = unwinder.stats();
+        assert_eq!((stats.memo.hits, stats.memo.misses), (1, 2));
+        assert_eq!(stats.unwinds, 3);
+    }
+
+    #[test]
+    fn unwinds_test_thread_at_least_to_the_test() {
+        // The test harness's thread: deeper, maybe deeper than the copy.
+        let sample = unwind_test_outer();
+        let (mut table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let names = function_names(&mut table, pid, &unwound.frames);
+        assert!(
+            names
+                .iter()
+                .any(|n| n.ends_with("unwinds_test_thread_at_least_to_the_test")),
+            "{names:#?}"
+        );
+        if sample.whole_stack {
+            assert!(!unwound.truncated, "{names:#?}");
+        }
+    }
+
+    #[test]
+    fn short_copy_truncates() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let full = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let short = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack[..64]);
+        assert!(short.truncated);
+        assert_eq!(short.frames[0], sample.ip);
+        assert!(short.frames.len() < full.frames.len());
+        assert_eq!(short.frames[..], full.frames[..short.frames.len()]);
+        assert_eq!(unwinder.stats().truncated, 1);
+    }
+
+    #[test]
+    fn complete_walks_tell_where_the_stack_ends() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let tid = 77;
+        let walk = |unwinder: &mut Unwinder, stack: &[u8]| {
+            unwinder
+                .unwind_hinted(info, tid, sample.ip, sample.sp, sample.bp, stack)
+                .0
+        };
+        let full = walk(&mut unwinder, &sample.stack);
+        assert!(!full.truncated);
+        let updates = unwinder.take_stack_tops();
+        let [TopUpdate::Set { tid: 77, top }] = updates[..] else {
+            panic!("expected one top for thread 77: {updates:?}");
+        };
+        // The walk needs nothing above the top: a copy cut there gives the
+        // same frames (a fresh walk: the memo forgets between unwinders).
+        let needed = usize::try_from(top - sample.sp).unwrap();
+        assert!(
+            needed < sample.stack.len(),
+            "{needed} of {}",
+            sample.stack.len()
+        );
+        let mut fresh = Unwinder::new();
+        let cut = walk(&mut fresh, &sample.stack[..needed]);
+        assert_eq!(
+            (cut.frames.clone(), cut.truncated),
+            (full.frames.clone(), false)
+        );
+        // One word less, and the walk runs off its copy: the top is taken
+        // back (it was sent by this unwinder).
+        let short = walk(&mut fresh, &sample.stack[..needed - 8]);
+        assert!(short.truncated);
+        let updates = fresh.take_stack_tops();
+        assert_eq!(
+            updates.last(),
+            Some(&TopUpdate::Clear { tid }),
+            "{updates:?}"
+        );
+    }
+
+    #[test]
+    fn unknown_ip_truncates() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let unwound = unwinder.unwind(info, 0x1000, sample.sp, sample.bp, &sample.stack);
+        assert_eq!(
+            unwound,
+            UnwoundStack {
+                frames: Arc::from(vec![0x1000]),
+                truncated: true
+            }
+        );
+        // No stack at all.
+        let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &[]);
+        assert!(unwound.truncated);
+        assert_eq!(&*unwound.frames, &[sample.ip]);
+    }
+
+    #[test]
+    fn depth_limit_truncates() {
+        // Debug-build frames are large: copy more than the kernel would.
+        #[inline(never)]
+        fn recurse(depth: u32) -> Sample {
+            if depth == 0 {
+                return unwind_test_capture(1 << 20);
+            }
+            let sample = recurse(depth - 1);
+            std::hint::black_box(sample)
+        }
+        let sample = std::thread::spawn(|| recurse(MAX_FRAMES as u32 + 10))
+            .join()
+            .unwrap();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(unwound.truncated);
+        assert_eq!(unwound.frames.len(), MAX_FRAMES);
+    }
+
+    #[test]
+    fn objects_are_cached_and_released() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::new();
+        let info = table.get(pid).unwrap();
+        let first = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let loaded = unwinder.stats();
+        assert!(loaded.objects_loaded >= 2, "{loaded:?}");
+        assert_eq!(loaded.cached_processes, 1);
+        assert!(loaded.cached_bytes > 0);
+        let second = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert_eq!(first, second);
+        let stats = unwinder.stats();
+        assert_eq!(stats.objects_loaded, loaded.objects_loaded);
+        assert_eq!(stats.object_load_failures, loaded.object_load_failures);
+        assert_eq!(stats.unwinds, 2);
+
+        // Another process unwinder (a re-snapshot under the same mappings
+        // keeps it; a new one shares the objects).
+        let mut other = ProcessTable::new(4);
+        assert!(other.snapshot(pid));
+        let again = unwinder.unwind(
+            other.get(pid).unwrap(),
+            sample.ip,
+            sample.sp,
+            sample.bp,
+            &sample.stack,
+        );
+        assert_eq!(again, first);
+        assert_eq!(unwinder.stats().objects_loaded, loaded.objects_loaded);
+
+        // Used in this window: kept.
+        unwinder.release_unused();
+        assert_eq!(unwinder.stats().cached_processes, 1);
+        assert!(unwinder.stats().cached_objects > 0);
+        // Once no snapshot maps the objects and no unwind used the process
+        // for a window, everything goes.
+        drop(table);
+        drop(other);
+        unwinder.release_unused();
+        let stats = unwinder.stats();
+        assert_eq!(stats.cached_processes, 0);
+        assert_eq!(stats.cached_objects, 0, "{stats:?}");
+        assert_eq!(stats.cached_bytes, 0);
+    }
+
+    #[test]
+    fn bounded_object_cache_evicts() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let mut unwinder = Unwinder::with_limits(4, 1, usize::MAX);
+        let info = table.get(pid).unwrap();
+        let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(!unwound.truncated);
+        let stats = unwinder.stats();
+        assert_eq!(stats.cached_objects, 1);
+        assert!(stats.evictions >= 1, "{stats:?}");
+    }
+
+    #[test]
+    fn load_bias_places_segments() {
+        let exec = |offset, vaddr, filesz| LoadSegment {
+            offset,
+            vaddr,
+            filesz,
+            executable: true,
+        };
+        let data = |offset, vaddr, filesz| LoadSegment {
+            offset,
+            vaddr,
+            filesz,
+            executable: false,
+        };
+        // Non-PIE executable: text from offset 0 at its link address.
+        let non_pie = [exec(0, 0x40_0000, 0x5000), data(0x5e10, 0x60_5e10, 0x300)];
+        assert_eq!(load_bias(&non_pie, 0x40_0000, 0), Some(0));
+        // Shared library with a separate text segment at file offset
+        // 0x28000 (vaddr 0x28000), mapped at 0x7f00_0002_8000.
+        let lib = [
+            data(0, 0, 0x27f00),
+            exec(0x28000, 0x28000, 0x15_0000),
+            data(0x17_8000, 0x17_8000, 0x5_0000),
+            data(0x1c_e8f0, 0x1c_f8f0, 0x6000),
+        ];
+        assert_eq!(
+            load_bias(&lib, 0x7f00_0002_8000, 0x28000),
+            Some(0x7f00_0000_0000)
+        );
+        // lld-style PIE: text segment's vaddr is one page past its offset.
+        let pie = [data(0, 0, 0x1_2345), exec(0x1_2350, 0x1_3350, 0x8_0000)];
+        assert_eq!(
+            load_bias(&pie, 0x5555_5556_7000, 0x1_2000),
+            Some(0x5555_5555_4000)
+        );
+        // A mapping that no segment covers.
+        assert_eq!(load_bias(&lib, 0x7f00_0000_0000, 0x100_0000), None);
+    }
+
+    #[test]
+    fn load_rejects_non_elf_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("not-elf");
+        std::fs::write(&path, b"#!/bin/sh\necho hello\n").unwrap();
+        assert!(matches!(
+            ObjectUnwindInfo::load(&path),
+            Err(LoadError::Malformed(_) | LoadError::NotElf)
+        ));
+        let err = ObjectUnwindInfo::load(&dir.path().join("missing")).unwrap_err();
+        assert!(!err.is_permanent());
+    }
+
+    #[test]
+    fn loads_the_vdso() {
+        let (table, pid) = own_table();
+        let info = table.get(pid).unwrap();
+        let Some(vdso) = info.mappings().iter().find(|m| m.mapping.path == "[vdso]") else {
+            return;
+        };
+        // The table gives the vDSO a copy of the daemon's own image.
+        let object = vdso.object.as_ref().expect("own vDSO image");
+        let loaded = ObjectUnwindInfo::load(&object.elf_path()).unwrap();
+        assert!(
+            loaded
+                .section(b".eh_frame_hdr")
+                .is_some_and(|s| s.data.is_some())
+        );
+        let bias = load_bias(
+            &loaded.segments,
+            vdso.mapping.start,
+            vdso.mapping.file_offset,
+        );
+        assert_eq!(bias, Some(vdso.mapping.start));
+    }
+
+    /// Figures for the report: run with --nocapture.
+    #[test]
+    fn timings() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let info = table.get(pid).unwrap();
+        let mut unwinder = Unwinder::new();
+        let started = Instant::now();
+        let first = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let first_time = started.elapsed();
+        const ROUNDS: u32 = 1000;
+        let started = Instant::now();
+        for _ in 0..ROUNDS {
+            let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+            assert_eq!(unwound.frames.len(), first.frames.len());
+        }
+        let cached = started.elapsed() / ROUNDS;
+
+        let libc = info
+            .mappings()
+            .iter()
+            .find(|m| m.mapping.path.contains("libc.so"))
+            .and_then(|m| m.object.clone())
+            .expect("libc is mapped");
+        let started = Instant::now();
+        let loaded = ObjectUnwindInfo::load(&libc.elf_path()).unwrap();
+        let libc_load = started.elapsed();
+        eprintln!(
+            "{} frames: first unwind (loads {} objects) {first_time:?}, cached {cached:?} per unwind; \
+             libc unwind info load {libc_load:?} ({} bytes of sections)",
+            first.frames.len(),
+            unwinder.stats().objects_loaded,
+            loaded.bytes,
+        );
+    }
+}
