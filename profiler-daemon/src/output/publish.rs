@@ -11,10 +11,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::Metrics;
 use crate::output::push::Pusher;
 use crate::output::writer::{ProfileWriter, WriteError};
+use anyhow::Result;
 
 /// The outputs of the session's windows.
 pub struct Publisher {
@@ -109,4 +111,24 @@ impl Publisher {
             *f = Failures::default();
         }
     }
+}
+
+/// The metrics, the `/metrics` server and the push task, as configured.
+/// The server binds here, so that a port in use stops the start.
+pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Publisher> {
+    let metrics = Arc::new(Metrics::new()?);
+    if let Some(addr) = settings.metrics_addr {
+        let (bound, _) = crate::output::metrics::serve(addr, metrics.clone()).await?;
+        tracing::info!("serving metrics at http://{bound}/metrics");
+    }
+    let pusher = match &settings.push {
+        Some(push) => {
+            let pusher = Pusher::start(push.clone())?;
+            metrics.watch_push(pusher.stats());
+            tracing::info!("pushing every profile to {}", pusher.url());
+            Some(pusher)
+        }
+        None => None,
+    };
+    Ok(Publisher::new(writer, metrics, pusher))
 }

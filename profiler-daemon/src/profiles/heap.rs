@@ -9,8 +9,32 @@
 use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::config::Settings;
 use crate::kernel::drain::SampleId;
+use crate::kernel::drain::Stack;
+use crate::kernel::probes::Probes;
+use crate::model::frames::Frame;
+use crate::model::profile_kind::ProfileKind;
+use crate::procs::process::ProcessTable;
+use crate::profiles::cpu::SHORT_RECORDS;
+use crate::profiles::pprof::ProfileBuilder;
+use crate::profiles::records::Thread;
+use crate::profiles::records::event_user_stack;
+use crate::profiles::records::read_record;
+use crate::profiles::records::record;
 use crate::profiles::rescale::heap_scale;
+use crate::profiles::samples::push_stack;
+use crate::profiles::samples::sample_labels;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::unwind::Unwinder;
+use aya::maps::MapData;
+use aya::maps::RingBuf;
+use profiler_common::HeapAlloc;
+use profiler_common::HeapFree;
+use profiler_common::MAX_STACK_DEPTH;
+use profiler_common::SHORT_STACK_BYTES;
+use profiler_common::heap_event;
+use std::sync::atomic::Ordering;
 
 /// Sampled allocations: how many and how many bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -130,6 +154,120 @@ impl HeapTable {
         });
         out
     }
+}
+
+/// Adds the sampled allocations and frees that the heap probes reported.
+pub(crate) fn read_heap_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    unwinder: &mut Unwinder,
+    heap: &mut HeapTable,
+) {
+    while let Some(item) = ring.next() {
+        // Every heap event starts with its kind.
+        match read_record::<u32>(&item) {
+            Some(heap_event::FREE) => {
+                if let Some(free) = read_record::<HeapFree>(&item) {
+                    heap.freed(free.tgid, free.addr);
+                }
+                continue;
+            }
+            Some(heap_event::ALLOC) => {}
+            _ => continue,
+        }
+        // Two record forms, told apart by their length.
+        if let Some(alloc) = record::<HeapAlloc>(&item) {
+            add_heap_alloc(alloc, procs, probes, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
+            SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
+            add_heap_alloc(alloc, procs, probes, unwinder, heap);
+        }
+    }
+}
+
+pub(crate) fn add_heap_alloc<const N: usize>(
+    alloc: &HeapAlloc<N>,
+    procs: &mut ProcessTable,
+    probes: &mut Probes,
+    unwinder: &mut Unwinder,
+    heap: &mut HeapTable,
+) {
+    procs.ensure(alloc.tgid);
+    let generation = procs.generation_at(alloc.tgid, alloc.time_ns);
+    // The registers are those at the allocator's return: the leaf is the
+    // call site, one byte back from the return address.
+    let user = event_user_stack(
+        procs,
+        unwinder,
+        Thread {
+            tgid: alloc.tgid,
+            generation,
+            tid: alloc.tid,
+        },
+        (alloc.ip.saturating_sub(1), alloc.sp, alloc.bp),
+        &alloc.stack[..(alloc.stack_len as usize).min(N)],
+        &alloc.frames[..(alloc.frames_len as usize).min(MAX_STACK_DEPTH)],
+        true,
+    );
+    let id = SampleId {
+        tgid: alloc.tgid,
+        generation,
+        tid: alloc.tid,
+        thread: alloc.comm,
+        user,
+        kernel: Stack::None,
+        object: 0,
+        cond: 0,
+    };
+    // An allocation read after its image was replaced or its process
+    // exited is no longer in use: that address space is gone (its live
+    // set was forgotten then), so it is counted as allocated only. (A
+    // process that could not be read is taken as live.)
+    let mut live = alloc.live != 0;
+    if live
+        && (generation != procs.generation(alloc.tgid)
+            || procs.peek(alloc.tgid).is_some_and(|info| info.is_exited()))
+    {
+        live = false;
+        probes.forget_live(alloc.tgid, &[alloc.addr]);
+    }
+    heap.allocated(id, alloc.addr, alloc.size, live);
+}
+
+pub(crate) fn build_heap_profile(
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    heap: &mut HeapTable,
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> pprof_proto::Profile {
+    let rate = settings.heap_sample_bytes;
+    let mut builder =
+        ProfileBuilder::new(ProfileKind::Heap, rate as i64, time_nanos, duration_nanos);
+    let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for row in heap.close_window() {
+        let id = &row.id;
+        frames.clear();
+        procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.user, "user", |ips| {
+            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
+        });
+        let (alloc_objects, alloc_space) = row.alloc.scaled(rate);
+        let (inuse_objects, inuse_space) = row.inuse.scaled(rate);
+        let labels = sample_labels(settings, procs, id);
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        builder.add_sample(
+            &frames,
+            &[alloc_objects, alloc_space, inuse_objects, inuse_space],
+            &labels,
+        );
+    }
+    builder.build()
 }
 
 #[cfg(test)]

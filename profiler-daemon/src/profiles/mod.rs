@@ -2,7 +2,10 @@
 //! (`heap`, `waits` for block, mutex and off-CPU), Go's rescaling rules
 //! (`rescale`) and building the pprof profile (`pprof`).
 
+pub mod cpu;
 pub mod heap;
 pub mod pprof;
+pub mod records;
 pub mod rescale;
+pub mod samples;
 pub mod waits;

@@ -9,8 +9,41 @@ use std::collections::VecDeque;
 use foldhash::HashMap;
 use std::sync::Arc;
 
+use crate::config::Settings;
 use crate::kernel::drain::SampleId;
+use crate::kernel::drain::Stack;
+use crate::model::frames::Frame;
+use crate::model::profile_kind::ProfileKind;
+use crate::procs::process::ProcessTable;
+use crate::profiles::pprof::ProfileBuilder;
+use crate::profiles::records::Thread;
+use crate::profiles::records::brief_frames;
+use crate::profiles::records::hinted_user_stack;
+use crate::profiles::records::kernel_stack;
+use crate::profiles::records::matched_walk;
+use crate::profiles::records::read_record;
+use crate::profiles::records::record;
 use crate::profiles::rescale::{block_event, mutex_event};
+use crate::profiles::samples::is_tracing_frame;
+use crate::profiles::samples::push_stack;
+use crate::profiles::samples::sample_labels;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::unwind::Unwinder;
+use aya::maps::HashMap as AyaHashMap;
+use aya::maps::MapData;
+use aya::maps::RingBuf;
+use profiler_common::MAX_STACK_DEPTH;
+use profiler_common::MutexDelay;
+use profiler_common::OFFCPU_KERNEL_DEPTH;
+use profiler_common::OFFCPU_STACK_BYTES;
+use profiler_common::OffcpuRecord;
+use profiler_common::STACK_COPY_BYTES;
+use profiler_common::WaitHead;
+use profiler_common::WaitStack;
+use profiler_common::WalkHint;
+use profiler_common::WalkHintKey;
+use profiler_common::wait_event;
+use profiler_common::wait_flags;
 
 /// Kept wake-ups remembered for delays that arrive late (their waits end
 /// after the window that saw the wake-up closed).
@@ -162,6 +195,252 @@ impl MutexTable {
             })
             .collect()
     }
+}
+
+/// What the block and mutex profiles collect.
+pub(crate) struct Waits {
+    pub(crate) block: BlockWindow,
+    pub(crate) offcpu: BlockWindow,
+    pub(crate) mutex: MutexTable,
+    pub(crate) block_rate_ns: u64,
+    /// The kernel's walk hints, given each walk remembered for a wait.
+    pub(crate) walk_hints: Option<AyaHashMap<MapData, WalkHintKey, WalkHint>>,
+}
+
+impl Waits {
+    pub(crate) fn new(
+        settings: &Settings,
+        walk_hints: Option<AyaHashMap<MapData, WalkHintKey, WalkHint>>,
+    ) -> Self {
+        Waits {
+            block: BlockWindow::default(),
+            offcpu: BlockWindow::default(),
+            mutex: MutexTable::new(settings.mutex_fraction),
+            block_rate_ns: settings.block_rate.as_nanos() as u64,
+            walk_hints,
+        }
+    }
+
+    /// The user stack of a wait or off-CPU event (`flags`, `hint_id`: its
+    /// `wait_flags` and the walk hint the kernel matched; `frames`: the
+    /// frames it carries, `frames_len` as sent); a walk newly remembered is
+    /// handed to the kernel as a hint.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn user_stack(
+        &mut self,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+        thread: Thread,
+        regs: (u64, u64, u64),
+        stack: &[u8],
+        (frames, frames_len): (&[u64], u64),
+        (flags, hint_id): (u32, u64),
+    ) -> Stack {
+        let matched = matched_walk(flags, hint_id, frames, frames_len);
+        // A goroutine's frames start with the return address it parked at.
+        let at_return = flags & wait_flags::RETURN_ADDRESS != 0;
+        let walked = &frames[..(frames_len as usize).min(frames.len())];
+        let (user, hint) = hinted_user_stack(
+            procs, unwinder, thread, regs, stack, walked, at_return, matched,
+        );
+        if let Some((key, hint)) = hint {
+            self.hint(key, hint);
+        }
+        user
+    }
+
+    /// Gives the kernel a remembered walk's hint. A failed insert only
+    /// means the kernel cannot vouch for that walk: the copy is checked
+    /// here instead.
+    pub(crate) fn hint(&mut self, key: WalkHintKey, hint: WalkHint) {
+        if let Some(map) = &mut self.walk_hints
+            && let Err(e) = map.insert(key, hint, 0)
+        {
+            tracing::debug!("walk hint for process {} not stored: {e}", key.tgid);
+        }
+    }
+
+    /// Takes back from the kernel the hints of walks about to be
+    /// forgotten, so that it stops sending brief records for them.
+    pub(crate) fn retire_hints(&mut self, unwinder: &mut Unwinder) {
+        let retired = unwinder.take_retired_hints();
+        if let Some(map) = &mut self.walk_hints {
+            for key in &retired {
+                // Gone already (evicted, or never stored): nothing to do.
+                let _ = map.remove(key);
+            }
+        }
+    }
+}
+
+/// Adds the kept waits, wake-ups and delays that the futex probes reported.
+pub(crate) fn read_wait_events(
+    ring: &mut RingBuf<MapData>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+) {
+    while let Some(item) = ring.next() {
+        // Every wait event starts with its kind.
+        let Some(kind) = read_record::<u32>(&item) else {
+            continue;
+        };
+        match kind {
+            wait_event::OFFCPU => {
+                if let Some(event) = record::<OffcpuRecord>(&item) {
+                    read_offcpu_event(event, procs, unwinder, waits);
+                }
+                continue;
+            }
+            wait_event::MUTEX_DELAY => {
+                if let Some(delay) = read_record::<MutexDelay>(&item) {
+                    waits.mutex.delay(delay.wake_id, delay.delay_ns);
+                }
+                continue;
+            }
+            wait_event::BLOCK | wait_event::MUTEX_WAKE => {}
+            _ => continue,
+        }
+        let Some(head) = read_record::<WaitHead>(&item) else {
+            continue;
+        };
+        // A brief record (its walk hint matched) carries the walk's frames
+        // instead of a copy.
+        let (stack, frames, frames_len): (&[u8], &[u64], u64) =
+            if head.flags & wait_flags::BRIEF != 0 {
+                let Some(frames) = brief_frames(&item) else {
+                    continue;
+                };
+                (&[], frames, frames.len() as u64)
+            } else {
+                let Some(event) = record::<WaitStack>(&item) else {
+                    continue;
+                };
+                (
+                    &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
+                    &event.frames,
+                    event.frames_len.min(MAX_STACK_DEPTH as u64),
+                )
+            };
+        let event = head;
+        procs.ensure(event.tgid);
+        let generation = procs.generation_at(event.tgid, event.time_ns);
+        // Registers saved at the system call: an exact instruction pointer;
+        // a goroutine's frames start with the return address it parked at.
+        let user = waits.user_stack(
+            procs,
+            unwinder,
+            Thread {
+                tgid: event.tgid,
+                generation,
+                tid: event.tid,
+            },
+            (event.ip, event.sp, event.bp),
+            stack,
+            (frames, frames_len),
+            (event.flags, event.hint_id),
+        );
+        let id = SampleId {
+            tgid: event.tgid,
+            generation,
+            tid: event.tid,
+            thread: event.comm,
+            user,
+            kernel: Stack::None,
+            object: event.uaddr,
+            cond: event.cond,
+        };
+        if kind == wait_event::BLOCK {
+            waits.mutex.note_cond_word(&id);
+            waits.block.add(id, event.value, waits.block_rate_ns);
+        } else {
+            waits.mutex.wake(event.value, id);
+        }
+    }
+    waits.retire_hints(unwinder);
+}
+
+/// A kept off-CPU interval: the stacks at the thread's switch-out.
+pub(crate) fn read_offcpu_event(
+    event: &OffcpuRecord,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+) {
+    procs.ensure(event.tgid);
+    // The stacks are those at the switch-out.
+    let generation = procs.generation_at(event.tgid, event.start_ns);
+    let user = match event.sp {
+        // A kernel thread.
+        0 => Stack::None,
+        _ => waits.user_stack(
+            procs,
+            unwinder,
+            Thread {
+                tgid: event.tgid,
+                generation,
+                tid: event.tid,
+            },
+            (event.ip, event.sp, event.bp),
+            &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
+            (&event.frames, event.frames_len.min(MAX_STACK_DEPTH as u64)),
+            (event.flags, event.hint_id),
+        ),
+    };
+    let kernel =
+        kernel_stack(&event.kernel[..(event.kernel_len as usize).min(OFFCPU_KERNEL_DEPTH)]);
+    let id = SampleId {
+        tgid: event.tgid,
+        generation,
+        tid: event.tid,
+        thread: event.comm,
+        user,
+        kernel,
+        object: 0,
+        cond: 0,
+    };
+    waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
+}
+
+pub(crate) fn build_wait_profile(
+    kind: ProfileKind,
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    rows: &[(Arc<SampleId>, Weight)],
+    time_nanos: i64,
+    duration_nanos: i64,
+) -> pprof_proto::Profile {
+    let mut builder = ProfileBuilder::new(kind, 1, time_nanos, duration_nanos);
+    let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for (id, weight) in rows {
+        frames.clear();
+        procs.ensure(id.tgid);
+        push_stack(&mut frames, &id.kernel, "kernel", |ips| {
+            symbolizer.kernel_stack(ips)
+        });
+        // The switch-out stack starts inside the tracepoint that recorded
+        // it; the thread blocked in the scheduler below.
+        let tracing = frames.iter().take_while(|f| is_tracing_frame(f)).count();
+        frames.drain(..tracing);
+        push_stack(&mut frames, &id.user, "user", |ips| {
+            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
+        });
+        let labels = sample_labels(settings, procs, id);
+        let labels: Vec<(&str, &str)> = labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        builder.add_sample(
+            &frames,
+            &[
+                weight.contentions.round() as i64,
+                weight.delay_ns.round() as i64,
+            ],
+            &labels,
+        );
+    }
+    builder.build()
 }
 
 #[cfg(test)]

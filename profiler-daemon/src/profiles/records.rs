@@ -1,0 +1,213 @@
+//! Reading the kernel's ring records: typed views of their bytes, brief
+//! wait records' frames, and a record's user stack, unwound from its copy,
+//! taken from a matched walk hint, or walked by frame pointers.
+
+use crate::kernel::drain::Stack;
+use crate::procs::process::ProcessTable;
+use crate::stacks::unwind::Matched;
+use crate::stacks::unwind::Unwinder;
+use crate::stacks::unwind::UnwoundStack;
+use aya::Pod;
+use profiler_common::BRIEF_FRAMES_OFFSET;
+use profiler_common::WALK_HINT_WORDS;
+use profiler_common::WaitBrief;
+use profiler_common::WalkHint;
+use profiler_common::WalkHintKey;
+use profiler_common::wait_flags;
+use std::sync::Arc;
+
+/// A ring-buffer record as `T`, borrowed in place: None when the record is
+/// too short or misaligned (ring buffer records are 8-byte aligned; check
+/// rather than trust).
+pub(crate) fn record<T: Pod>(item: &[u8]) -> Option<&T> {
+    if item.len() < std::mem::size_of::<T>()
+        || item.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
+    {
+        return None;
+    }
+    // SAFETY: size and alignment checked; T is plain data.
+    Some(unsafe { &*item.as_ptr().cast::<T>() })
+}
+
+/// A small ring-buffer record copied out as `T`, at any alignment; None
+/// when the record is too short.
+pub(crate) fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
+    if item.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: size checked; T is plain data, valid for any bytes.
+    Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
+}
+
+/// The frames of a brief wait record, which is as long as its room for
+/// them (`BRIEF_FRAME_CLASSES`); None when the record is shorter than
+/// the frames it says it holds, or holds more than a walk hint has.
+pub(crate) fn brief_frames(item: &[u8]) -> Option<&[u64]> {
+    let len = read_record::<u64>(item.get(std::mem::offset_of!(WaitBrief, frames_len)..)?)?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|&n| n <= WALK_HINT_WORDS)?;
+    let bytes = item.get(BRIEF_FRAMES_OFFSET..BRIEF_FRAMES_OFFSET + len * 8)?;
+    if bytes.as_ptr().align_offset(std::mem::align_of::<u64>()) != 0 {
+        return None;
+    }
+    // SAFETY: length and alignment checked; any bytes are valid u64s.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<u64>(), len) })
+}
+
+/// The kernel frames a record holds, if any.
+pub(crate) fn kernel_stack(frames: &[u64]) -> Stack {
+    match frames {
+        [] => Stack::None,
+        _ => Stack::Frames(Arc::from(frames)),
+    }
+}
+
+/// The thread a record came from, and the image its process ran then.
+#[derive(Clone, Copy)]
+pub(crate) struct Thread {
+    pub(crate) tgid: u32,
+    pub(crate) generation: u32,
+    pub(crate) tid: u32,
+}
+
+/// The user stack of an event that carries either a stack copy (unwound
+/// here from `regs`) or frame-pointer frames. `at_return`: the registers
+/// are at a return address, so the kernel's first frame is one past the
+/// call.
+pub(crate) fn event_user_stack(
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    thread: Thread,
+    regs: (u64, u64, u64),
+    stack: &[u8],
+    frames: &[u64],
+    at_return: bool,
+) -> Stack {
+    hinted_user_stack(
+        procs, unwinder, thread, regs, stack, frames, at_return, None,
+    )
+    .0
+}
+
+/// How a record's stack is given to the daemon: its flags, and the frames
+/// it carries (a frame-pointer walk, or with `HINT_MATCHED` a remembered
+/// walk's frames after the ip; `frames_len` as sent).
+pub(crate) fn matched_walk(
+    flags: u32,
+    hint_id: u64,
+    frames: &[u64],
+    frames_len: u64,
+) -> Option<Matched<'_>> {
+    (flags & wait_flags::HINT_MATCHED != 0).then(|| Matched {
+        id: hint_id,
+        frames: usize::try_from(frames_len)
+            .ok()
+            .filter(|&n| n <= WALK_HINT_WORDS)
+            .and_then(|n| frames.get(..n)),
+        truncated: flags & wait_flags::WALK_TRUNCATED != 0,
+    })
+}
+
+/// As [`event_user_stack`], for an event whose stack the kernel may have
+/// matched against a walk hint (`matched`: the frames the record carries;
+/// a brief event has no copy); also returns a hint for the kernel (see
+/// [`Unwinder::unwind_hinted`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn hinted_user_stack(
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    Thread {
+        tgid,
+        generation,
+        tid,
+    }: Thread,
+    (ip, sp, bp): (u64, u64, u64),
+    stack: &[u8],
+    frames: &[u64],
+    at_return: bool,
+    matched: Option<Matched<'_>>,
+) -> (Stack, Option<(WalkHintKey, WalkHint)>) {
+    let as_stack = |unwound: UnwoundStack| match unwound.truncated {
+        true => Stack::Truncated(unwound.frames),
+        false => Stack::Frames(unwound.frames),
+    };
+    if let Some(matched) = matched {
+        return (as_stack(unwinder.matched(ip, matched)), None);
+    }
+    if !stack.is_empty() {
+        return match procs.get_image(tgid, generation) {
+            Some(info) => {
+                let (unwound, hint) = unwinder.unwind_hinted(info, tid, ip, sp, bp, stack);
+                (as_stack(unwound), hint)
+            }
+            None => (Stack::Truncated(Arc::from(vec![ip])), None),
+        };
+    }
+    let mut frames = frames.to_vec();
+    if at_return && let Some(first) = frames.first_mut() {
+        *first = first.saturating_sub(1);
+    }
+    let stack = match frames.is_empty() {
+        true => Stack::Lost,
+        false => Stack::FramePointer(Arc::from(frames)),
+    };
+    (stack, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_common::WaitBrief;
+
+    /// A brief record as the kernel sends it: its room for frames, the
+    /// frames in use first, in 8-byte-aligned memory as ring records are.
+    fn brief_record<const N: usize>(frames: &[u64]) -> Vec<u64> {
+        let mut record = WaitBrief::<N> {
+            // SAFETY: plain data, any bytes valid.
+            head: unsafe { std::mem::zeroed() },
+            frames_len: frames.len() as u64,
+            frames: [0xdead; N],
+        };
+        record.frames[..frames.len()].copy_from_slice(frames);
+        let words = std::mem::size_of::<WaitBrief<N>>() / 8;
+        // SAFETY: repr(C) of u64-aligned fields, read as words.
+        unsafe { std::slice::from_raw_parts((&raw const record).cast::<u64>(), words) }.to_vec()
+    }
+
+    fn bytes(words: &[u64]) -> &[u8] {
+        // SAFETY: the words' own memory.
+        unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), words.len() * 8) }
+    }
+
+    #[test]
+    fn brief_records_are_read_by_their_length_in_every_room() {
+        let frames: Vec<u64> = (1..=32).map(|i| 0x4000 + i).collect();
+        for n in [0, 1, 8] {
+            let r = brief_record::<8>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+            assert_eq!(bytes(&r).len(), BRIEF_FRAMES_OFFSET + 8 * 8);
+        }
+        for n in [9, 16] {
+            let r = brief_record::<16>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+        }
+        for n in [17, 32] {
+            let r = brief_record::<32>(&frames[..n]);
+            assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
+        }
+    }
+
+    #[test]
+    fn brief_records_shorter_than_their_frames_are_refused() {
+        let frames: Vec<u64> = (1..=9).collect();
+        let mut r = brief_record::<16>(&frames);
+        // Nine frames said, eight frames' room.
+        r.truncate(BRIEF_FRAMES_OFFSET / 8 + 8);
+        assert_eq!(brief_frames(bytes(&r)), None);
+        let mut r = brief_record::<32>(&frames);
+        r[BRIEF_FRAMES_OFFSET / 8 - 1] = WALK_HINT_WORDS as u64 + 1;
+        assert_eq!(brief_frames(bytes(&r)), None);
+        assert_eq!(brief_frames(&bytes(&r)[..BRIEF_FRAMES_OFFSET - 1]), None);
+    }
+}

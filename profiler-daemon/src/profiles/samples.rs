@@ -1,0 +1,204 @@
+//! A sample's frames and labels as the profiles show them: resolved stacks
+//! cut at their root or marked `[truncated]`/`[lost ...]`, and the pid,
+//! tid, thread, lock and condition labels.
+
+use crate::config::Settings;
+use crate::kernel::drain::SampleId;
+use crate::kernel::drain::Stack;
+use crate::model::frames::Frame;
+use crate::model::frames::Line;
+use crate::procs::process::ProcessTable;
+use std::sync::Arc;
+
+pub(crate) fn push_stack(
+    frames: &mut Vec<Frame>,
+    stack: &Stack,
+    what: &str,
+    resolve: impl FnOnce(&[u64]) -> Vec<Frame>,
+) {
+    match stack {
+        Stack::Frames(ips) => frames.extend(resolve(ips)),
+        // Visible at the root end rather than silently shorter.
+        Stack::Truncated(ips) => {
+            frames.extend(resolve(ips));
+            frames.push(marker_frame("[truncated]".to_string()));
+        }
+        Stack::FramePointer(ips) => {
+            let mut resolved = resolve(ips);
+            // Cut what follows the entry point (a frame-pointer walk runs on
+            // through garbage when the entry code keeps no frame pointer);
+            // without an entry point the walk broke off early: say so.
+            match resolved.iter().position(is_stack_root) {
+                Some(root) => resolved.truncate(root + 1),
+                None => resolved.push(marker_frame("[truncated]".to_string())),
+            }
+            frames.extend(resolved);
+        }
+        Stack::None => {}
+        // Visible rather than silently shorter: the sample still counts.
+        Stack::Lost => frames.push(marker_frame(format!("[lost {what} stack]"))),
+    }
+}
+
+/// Functions at which a thread's stack begins: a complete walk ends here.
+pub(crate) fn is_stack_root(frame: &Frame) -> bool {
+    const ROOTS: [&str; 8] = [
+        "_start",
+        "__libc_start_call_main",
+        "__libc_start_main",
+        "start_thread",
+        "clone",
+        "clone3",
+        "__clone",
+        "thread_start",
+    ];
+    // Go: goroutines start at runtime.goexit, system threads at mstart.
+    const GO_ROOTS: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+    frame.lines.last().is_some_and(|line| {
+        let name = line.function.as_str();
+        ROOTS.iter().any(|r| {
+            name == *r
+                || name
+                    .strip_prefix(r)
+                    .is_some_and(|rest| rest.starts_with('@'))
+        }) || name.starts_with("__libc_start_main")
+            || name.ends_with("_clone3")
+            || name.ends_with("_clone")
+            || GO_ROOTS.iter().any(|r| name.starts_with(r))
+    })
+}
+
+/// Kernel frames of the tracing machinery that ran the probe.
+pub(crate) fn is_tracing_frame(frame: &Frame) -> bool {
+    frame.lines.last().is_some_and(|line| {
+        let name = line.function.as_str();
+        name.starts_with("__traceiter_")
+            || name.starts_with("__bpf_trace_")
+            || name.starts_with("bpf_trace_run")
+            || name.starts_with("trace_call_bpf")
+            || name.starts_with("bpf_prog_")
+    })
+}
+
+/// A frame that names a condition rather than code.
+pub(crate) fn marker_frame(function: String) -> Frame {
+    Frame {
+        address: 0,
+        mapping: None,
+        lines: Arc::from(vec![Line {
+            function,
+            file: None,
+            line: 0,
+        }]),
+    }
+}
+
+pub(crate) fn sample_labels(
+    settings: &Settings,
+    procs: &ProcessTable,
+    id: &SampleId,
+) -> Vec<(String, String)> {
+    let comm = procs
+        .get_image(id.tgid, id.generation)
+        .map(|p| p.comm.clone())
+        // Empty for an image placed from anchors: its name was never read.
+        .filter(|comm| !comm.is_empty())
+        .unwrap_or_else(|| {
+            if id.tgid == id.tid {
+                id.thread_name()
+            } else {
+                String::new()
+            }
+        });
+    let mut labels = vec![
+        ("pid".to_string(), id.tgid.to_string()),
+        ("tid".to_string(), id.tid.to_string()),
+        ("comm".to_string(), comm),
+        ("thread".to_string(), id.thread_name()),
+    ];
+    if id.object != 0 {
+        // Which lock or condition: the futex word's address (a mutex's own
+        // address; inside a condition variable).
+        labels.push(("lock".to_string(), format!("{:#x}", id.object)));
+    }
+    if id.cond != 0 {
+        // The pthread_cond_t itself, which the futex word lies in.
+        labels.push(("cond".to_string(), format!("{:#x}", id.cond)));
+    }
+    labels.extend(
+        procs
+            .image_labels(id.tgid, id.generation)
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    labels.extend(settings.labels.iter().cloned());
+    labels
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn frame(names: &[&str]) -> Frame {
+        Frame {
+            address: 0x1000,
+            mapping: None,
+            lines: names
+                .iter()
+                .map(|n| Line {
+                    function: n.to_string(),
+                    file: None,
+                    line: 0,
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+
+    #[test]
+    fn stack_roots() {
+        for root in [
+            "_start",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "__libc_start_main@@GLIBC_2.34",
+            "start_thread",
+            "__GI___clone3",
+            "runtime.goexit.abi0",
+            "runtime.mstart",
+        ] {
+            assert!(is_stack_root(&frame(&[root])), "{root}");
+        }
+        for other in ["main", "clone_this", "run", "_start_server"] {
+            assert!(!is_stack_root(&frame(&[other])), "{other}");
+        }
+        // The outermost of inlined lines decides.
+        assert!(is_stack_root(&frame(&["inlined_helper", "start_thread"])));
+        assert!(!is_stack_root(&frame(&[])));
+    }
+
+    #[test]
+    fn frame_pointer_stacks_are_cut_at_the_root_or_marked() {
+        let walked = Stack::FramePointer(Arc::from(vec![1u64, 2, 3, 4]));
+        let mut out = Vec::new();
+        push_stack(&mut out, &walked, "user", |_| {
+            vec![
+                frame(&["leaf"]),
+                frame(&["main"]),
+                frame(&["__libc_start_call_main"]),
+                frame(&[]),
+            ]
+        });
+        let names: Vec<_> = out
+            .iter()
+            .map(|f| f.lines.last().map(|l| l.function.clone()))
+            .collect();
+        assert_eq!(names.len(), 3, "garbage after the root is cut: {names:?}");
+        let mut out = Vec::new();
+        push_stack(&mut out, &walked, "user", |_| {
+            vec![frame(&["leaf"]), frame(&[])]
+        });
+        assert_eq!(out.last().unwrap().lines[0].function, "[truncated]");
+    }
+}

@@ -1,0 +1,268 @@
+//! What the session reports: losses as they happen, the metrics each
+//! tick, BPF run-time stats, and the summary line at exit.
+
+use crate::config::Settings;
+use crate::config::UnwindMode;
+use crate::kernel::probes::Probes;
+use crate::model::profile_kind::ProfileKind;
+use crate::output::metrics::Metrics;
+use crate::output::metrics::Observed;
+use crate::procs::process::ProcessTable;
+use crate::profiles::cpu::SHORT_RECORDS;
+use crate::profiles::heap::HeapTable;
+use crate::profiles::waits::Waits;
+use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::unwind::Unwinder;
+use profiler_common::counter;
+use std::sync::atomic::Ordering;
+
+/// Kernel-side losses already logged. Each kind is logged once, when it
+/// first happens: a full map stays full under the same load, and a line per
+/// window would flood the log. Later losses are counted in `/metrics` and in
+/// the exit summary.
+#[derive(Default)]
+pub(crate) struct Losses {
+    pub(crate) logged: [bool; counter::COUNT as usize],
+}
+
+impl Losses {
+    pub(crate) fn report(&mut self, probes: &Probes) {
+        let now = probes.counters();
+        for (index, what) in LOSSES {
+            let i = index as usize;
+            if now[i] > 0 && !self.logged[i] {
+                self.logged[i] = true;
+                tracing::warn!(
+                    "{what}: {} so far (logged once; see the exit summary and /metrics)",
+                    now[i]
+                );
+            }
+        }
+        tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
+    }
+}
+
+/// Every kernel loss counter and what its loss means, for the log.
+pub(crate) const LOSSES: [(u32, &str); 14] = [
+    (
+        counter::ANCHORS_LOST,
+        "image anchors dropped: process event ring half full",
+    ),
+    (counter::COUNTS_FULL, "samples dropped: count map full"),
+    (
+        counter::USER_STACK_LOST,
+        "user stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::KERNEL_STACK_LOST,
+        "kernel stacks lost: stack map full or walk failed",
+    ),
+    (
+        counter::PROC_EVENTS_LOST,
+        "process events dropped: ring buffer full",
+    ),
+    (
+        counter::TARGETS_FULL,
+        "descendants not followed: target map full",
+    ),
+    (
+        counter::STACK_SAMPLES_FULL,
+        "stack copies dropped (frame-pointer stacks used instead): stack sample ring full",
+    ),
+    (
+        counter::HEAP_ALLOCS_LOST,
+        "sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_FREES_LOST,
+        "frees of sampled allocations dropped: heap event ring full",
+    ),
+    (
+        counter::HEAP_LIVE_FULL,
+        "sampled allocations not tracked as live: live map full",
+    ),
+    (
+        counter::HEAP_THREADS_FULL,
+        "heap sampling state lost: thread map full",
+    ),
+    (
+        counter::WAIT_EVENTS_LOST,
+        "wait events dropped: wait event ring full",
+    ),
+    (
+        counter::FUTEX_CALLS_FULL,
+        "futex calls not tracked: futex call map full",
+    ),
+    (
+        counter::OFFCPU_PARKED_FULL,
+        "blocked threads not tracked: off-CPU map full",
+    ),
+];
+
+/// One line at exit with what was collected and every loss, so that a run
+/// can be judged from its log.
+pub(crate) fn log_summary(
+    probes: &mut Probes,
+    unwinder: &Unwinder,
+    symbolizer: &Symbolizer,
+    procs: &ProcessTable,
+    heap: &HeapTable,
+    waits: &Waits,
+) {
+    if let Some(conds) = probes.cond_parks() {
+        let a = conds.stats();
+        tracing::info!(
+            condition_links = a.links,
+            condition_attach_failures = a.failures,
+            mutex_orphan_delays = waits.mutex.orphan_delays,
+            cond_words_cleared = waits.mutex.cond_words_cleared,
+            "wait summary"
+        );
+    }
+    if let Some(allocators) = probes.allocators() {
+        let a = allocators.stats();
+        let c = probes.counters();
+        tracing::info!(
+            heap_samples = c[counter::HEAP_SAMPLES as usize],
+            heap_allocs_lost = c[counter::HEAP_ALLOCS_LOST as usize],
+            heap_frees_lost = c[counter::HEAP_FREES_LOST as usize],
+            heap_live_full = c[counter::HEAP_LIVE_FULL as usize],
+            heap_threads_full = c[counter::HEAP_THREADS_FULL as usize],
+            heap_live = heap.live_count(),
+            heap_unknown_frees = heap.unknown_frees,
+            allocator_links = a.links,
+            allocator_attach_failures = a.failures,
+            allocator_probes_single_stepped = a.single_stepped,
+            allocator_files_forgotten = a.files_forgotten,
+            "heap summary"
+        );
+    }
+    let c = probes.counters();
+    let u = unwinder.stats();
+    let s = symbolizer.stats();
+    let p = procs.stats();
+    tracing::info!(
+        samples = c[counter::SAMPLES as usize],
+        stack_copies = c[counter::STACK_SAMPLES as usize],
+        stack_copies_dropped = c[counter::STACK_SAMPLES_FULL as usize],
+        count_map_full = c[counter::COUNTS_FULL as usize],
+        user_stacks_lost = c[counter::USER_STACK_LOST as usize],
+        kernel_stacks_lost = c[counter::KERNEL_STACK_LOST as usize],
+        process_events_lost = c[counter::PROC_EVENTS_LOST as usize],
+        wait_events_lost = c[counter::WAIT_EVENTS_LOST as usize],
+        futex_calls_full = c[counter::FUTEX_CALLS_FULL as usize],
+        offcpu_parked_full = c[counter::OFFCPU_PARKED_FULL as usize],
+        unwinds = u.unwinds,
+        unwinds_truncated = u.truncated,
+        unwinds_remembered = u.memo.hits + u.memo.matched_in_kernel,
+        unwinds_matched_in_kernel = u.memo.matched_in_kernel,
+        unwinds_matched_but_forgotten = u.memo.matched_but_forgotten,
+        walk_memo_generations = u.memo.clears,
+        stack_copy_count = c[counter::STACK_COPIES as usize],
+        stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
+        stack_tops_sent = u.tops.sent,
+        records_short_form = SHORT_RECORDS.load(Ordering::Relaxed),
+        stack_tops_taken_back = u.tops.taken_back,
+        unwind_object_failures = u.object_load_failures,
+        frames_unsymbolized = s.failures,
+        frames_in_plt_stubs = s.plt_stubs,
+        frames_without_covering_symbol = s.uncovered,
+        process_snapshots = p.snapshots,
+        process_snapshot_failures = p.failures,
+        process_evictions = p.evictions,
+        processes_inherited_from_parent = p.inherited,
+        processes_anchored = p.anchored,
+        anchor_files_unknown = p.anchor_files_unknown,
+        anchors_lost = c[counter::ANCHORS_LOST as usize],
+        brief_records = c[counter::BRIEF_RECORDS as usize],
+        walk_hints_torn = c[counter::HINTS_TORN as usize],
+        kernel_logs_dropped = c[counter::KERNEL_LOGS_DROPPED as usize],
+        fork_record_evictions = p.fork_evictions,
+        processes = p.processes,
+        open_handles = p.open_handles,
+        handle_limit_hits = p.handle_limit_hits,
+        uprobe_links_closed_inline = probes.links_closed_inline(),
+        symbol_cache_evictions = s.cache_evictions,
+        unwind_evictions = u.evictions,
+        profiles_unavailable = %match crate::kernel::check::skipped_names() {
+            "" => "none",
+            names => names,
+        },
+        "summary"
+    );
+}
+
+pub(crate) fn log_run_stats(probes: &Probes) {
+    for (name, runs, time) in probes.run_stats() {
+        if runs > 0 {
+            tracing::info!(
+                "bpf program {name}: {runs} runs, {:.0} ns per run",
+                time.as_nanos() as f64 / runs as f64
+            );
+        }
+    }
+}
+
+pub(crate) fn describe(settings: &Settings) -> String {
+    let what = if !settings.command.is_empty() {
+        let cmd: Vec<String> = settings
+            .command
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        format!("command `{}` and its descendants", cmd.join(" "))
+    } else if !settings.pids.is_empty() {
+        let pids: Vec<String> = settings.pids.iter().map(u32::to_string).collect();
+        format!("pid {}", pids.join(","))
+    } else {
+        "all processes".to_string()
+    };
+    let profiles: Vec<String> = settings
+        .profiles
+        .iter()
+        .map(|k| match k {
+            ProfileKind::Cpu => format!("cpu at {} Hz", settings.cpu_frequency),
+            ProfileKind::Heap => format!("heap every {} bytes", settings.heap_sample_bytes),
+            ProfileKind::Block | ProfileKind::Offcpu => format!(
+                "{k} at rate {}",
+                humantime::format_duration(settings.block_rate)
+            ),
+            ProfileKind::Mutex => format!("mutex 1 in {}", settings.mutex_fraction),
+        })
+        .collect();
+    let unwind = match settings.unwind {
+        UnwindMode::Auto => "auto (.eh_frame; frame pointers for Go)",
+        UnwindMode::Fp => "frame pointers",
+        UnwindMode::Dwarf => ".eh_frame",
+    };
+    format!(
+        "profiling {what}: {}; user stacks by {unwind}, a profile every {}{}, into {}",
+        profiles.join(", "),
+        humantime::format_duration(settings.interval),
+        settings
+            .duration
+            .map(|d| format!(" for {}", humantime::format_duration(d)))
+            .unwrap_or_default(),
+        settings.output_dir.display()
+    )
+}
+
+/// Mirrors the session's counters into the metrics.
+pub(crate) fn observe(
+    metrics: &Metrics,
+    probes: &mut Probes,
+    unwinder: &Unwinder,
+    symbolizer: &Symbolizer,
+    procs: &ProcessTable,
+) {
+    let p = procs.stats();
+    metrics.observe(&Observed {
+        kernel: probes.counters(),
+        symbolization_failures: symbolizer.stats().failures,
+        unwinds_truncated: unwinder.stats().truncated,
+        attach_errors: probes.uprobe_links().map(|l| l.stats().failures).sum(),
+        processes: p.processes as u64,
+        process_snapshots: p.snapshots,
+        process_snapshot_failures: p.failures,
+    });
+}

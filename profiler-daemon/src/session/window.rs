@@ -1,0 +1,113 @@
+//! A window of samples and its close: symbolizes, builds and publishes the
+//! profile of every enabled type.
+
+use crate::config::Settings;
+use crate::kernel::drain::CpuWindow;
+use crate::model::profile_kind::ProfileKind;
+use crate::output::publish::Publisher;
+use crate::procs::process::ProcessTable;
+use crate::profiles::cpu::build_cpu_profile;
+use crate::profiles::heap::HeapTable;
+use crate::profiles::heap::build_heap_profile;
+use crate::profiles::waits::Waits;
+use crate::profiles::waits::build_wait_profile;
+use crate::stacks::symbolize::Symbolizer;
+use std::time::Instant;
+use std::time::SystemTime;
+
+/// One window: its start time and what it collected.
+pub(crate) struct Window {
+    pub(crate) start: SystemTime,
+    pub(crate) started: Instant,
+    pub(crate) cpu: CpuWindow,
+}
+
+impl Window {
+    pub(crate) fn new() -> Self {
+        Window {
+            start: SystemTime::now(),
+            started: Instant::now(),
+            cpu: CpuWindow::default(),
+        }
+    }
+}
+
+/// Symbolizes, builds and writes every enabled profile of a closed window.
+pub(crate) fn write_window(
+    settings: &Settings,
+    publisher: &Publisher,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    heap: &mut HeapTable,
+    waits: &mut Waits,
+    window: Window,
+) {
+    let duration = window.started.elapsed();
+    let time_nanos = window
+        .start
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    for &kind in &settings.profiles {
+        let began = Instant::now();
+        let profile = match kind {
+            ProfileKind::Cpu => build_cpu_profile(
+                settings,
+                symbolizer,
+                procs,
+                &window.cpu,
+                time_nanos,
+                duration.as_nanos() as i64,
+            ),
+            ProfileKind::Heap => build_heap_profile(
+                settings,
+                symbolizer,
+                procs,
+                heap,
+                time_nanos,
+                duration.as_nanos() as i64,
+            ),
+            ProfileKind::Block | ProfileKind::Mutex | ProfileKind::Offcpu => {
+                let rows = match kind {
+                    ProfileKind::Block => waits.block.close(),
+                    ProfileKind::Offcpu => waits.offcpu.close(),
+                    _ => waits.mutex.close(),
+                };
+                build_wait_profile(
+                    kind,
+                    settings,
+                    symbolizer,
+                    procs,
+                    &rows,
+                    time_nanos,
+                    duration.as_nanos() as i64,
+                )
+            }
+        };
+        let built = began.elapsed();
+        // A failure is logged by the publisher, once per window.
+        if let Ok(path) = publisher.publish(kind, window.start, &profile) {
+            tracing::info!(
+                "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
+                path.display(),
+                profile.sample.len(),
+                built.as_secs_f64() * 1e3,
+                (began.elapsed() - built).as_secs_f64() * 1e3,
+            );
+        }
+    }
+    procs.prune();
+    symbolizer.release_unused();
+    release_free_memory();
+}
+
+/// Returns the allocator's free memory to the kernel. A window frees what
+/// it built (stacks, symbols, the encoded profile) in many small blocks
+/// that glibc keeps in its arenas; without this, resident memory creeps up
+/// window after window under churn.
+pub(crate) fn release_free_memory() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
