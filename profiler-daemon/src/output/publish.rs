@@ -11,12 +11,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use anyhow::Result;
+
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::Metrics;
 use crate::output::push::Pusher;
 use crate::output::writer::{ProfileWriter, WriteError};
-use anyhow::Result;
 
 /// The outputs of the session's windows.
 pub struct Publisher {

@@ -2,30 +2,24 @@
 //! frame-pointer samples and reads the stack-copy samples into the window,
 //! then builds the window's profile.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
+
 use crate::config::Settings;
-use crate::kernel::drain::CpuWindow;
-use crate::kernel::drain::SampleId;
-use crate::kernel::drain::Stack;
+use crate::kernel::drain::{CpuWindow, SampleId, Stack};
 use crate::kernel::probes::Probes;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
-use crate::profiles::records::kernel_stack;
-use crate::profiles::records::record;
-use crate::profiles::samples::push_stack;
-use crate::profiles::samples::sample_labels;
+use crate::profiles::records::{kernel_stack, record};
+use crate::profiles::samples::{push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
-use aya::maps::MapData;
-use aya::maps::RingBuf;
-use profiler_common::MAX_STACK_DEPTH;
-use profiler_common::SHORT_STACK_BYTES;
-use profiler_common::StackSample;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 /// How long a program that read the old buffer index may still be writing.
 pub(crate) const FLIP_GRACE: Duration = Duration::from_millis(2);

@@ -6,35 +6,26 @@
 //! profile is built, per stack and separately for alloc and inuse, as Go's
 //! pprof does.
 
-use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use aya::maps::{MapData, RingBuf};
+use foldhash::{HashMap, HashSet};
+use profiler_common::{HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, heap_event};
 
 use crate::config::Settings;
-use crate::kernel::drain::SampleId;
-use crate::kernel::drain::Stack;
+use crate::kernel::drain::{SampleId, Stack};
 use crate::kernel::probes::Probes;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
-use crate::profiles::records::Thread;
-use crate::profiles::records::event_user_stack;
-use crate::profiles::records::read_record;
-use crate::profiles::records::record;
+use crate::profiles::records::{Thread, event_user_stack, read_record, record};
 use crate::profiles::rescale::heap_scale;
-use crate::profiles::samples::push_stack;
-use crate::profiles::samples::sample_labels;
+use crate::profiles::samples::{push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
-use aya::maps::MapData;
-use aya::maps::RingBuf;
-use profiler_common::HeapAlloc;
-use profiler_common::HeapFree;
-use profiler_common::MAX_STACK_DEPTH;
-use profiler_common::SHORT_STACK_BYTES;
-use profiler_common::heap_event;
-use std::sync::atomic::Ordering;
 
 /// Sampled allocations: how many and how many bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

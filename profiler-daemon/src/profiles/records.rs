@@ -2,19 +2,16 @@
 //! wait records' frames, and a record's user stack, unwound from its copy,
 //! taken from a matched walk hint, or walked by frame pointers.
 
+use std::sync::Arc;
+
+use aya::Pod;
+use profiler_common::{
+    BRIEF_FRAMES_OFFSET, WALK_HINT_WORDS, WaitBrief, WalkHint, WalkHintKey, wait_flags,
+};
+
 use crate::kernel::drain::Stack;
 use crate::procs::process::ProcessTable;
-use crate::stacks::unwind::Matched;
-use crate::stacks::unwind::Unwinder;
-use crate::stacks::unwind::UnwoundStack;
-use aya::Pod;
-use profiler_common::BRIEF_FRAMES_OFFSET;
-use profiler_common::WALK_HINT_WORDS;
-use profiler_common::WaitBrief;
-use profiler_common::WalkHint;
-use profiler_common::WalkHintKey;
-use profiler_common::wait_flags;
-use std::sync::Arc;
+use crate::stacks::unwind::{Matched, Unwinder, UnwoundStack};
 
 /// A ring-buffer record as `T`, borrowed in place: None when the record is
 /// too short or misaligned (ring buffer records are 8-byte aligned; check
@@ -157,8 +154,9 @@ pub(crate) fn hinted_user_stack(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use profiler_common::WaitBrief;
+
+    use super::*;
 
     /// A brief record as the kernel sends it: its room for frames, the
     /// frames in use first, in 8-byte-aligned memory as ring records are.

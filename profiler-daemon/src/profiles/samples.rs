@@ -2,13 +2,12 @@
 //! cut at their root or marked `[truncated]`/`[lost ...]`, and the pid,
 //! tid, thread, lock and condition labels.
 
-use crate::config::Settings;
-use crate::kernel::drain::SampleId;
-use crate::kernel::drain::Stack;
-use crate::model::frames::Frame;
-use crate::model::frames::Line;
-use crate::procs::process::ProcessTable;
 use std::sync::Arc;
+
+use crate::config::Settings;
+use crate::kernel::drain::{SampleId, Stack};
+use crate::model::frames::{Frame, Line};
+use crate::procs::process::ProcessTable;
 
 pub(crate) fn push_stack(
     frames: &mut Vec<Frame>,

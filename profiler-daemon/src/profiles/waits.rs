@@ -5,45 +5,28 @@
 //! `rescale::mutex_event`).
 
 use std::collections::VecDeque;
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
+use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
+use foldhash::HashMap;
+use profiler_common::{
+    MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord,
+    STACK_COPY_BYTES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event, wait_flags,
+};
+
 use crate::config::Settings;
-use crate::kernel::drain::SampleId;
-use crate::kernel::drain::Stack;
+use crate::kernel::drain::{SampleId, Stack};
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
-use crate::profiles::records::Thread;
-use crate::profiles::records::brief_frames;
-use crate::profiles::records::hinted_user_stack;
-use crate::profiles::records::kernel_stack;
-use crate::profiles::records::matched_walk;
-use crate::profiles::records::read_record;
-use crate::profiles::records::record;
+use crate::profiles::records::{
+    Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, read_record, record,
+};
 use crate::profiles::rescale::{block_event, mutex_event};
-use crate::profiles::samples::is_tracing_frame;
-use crate::profiles::samples::push_stack;
-use crate::profiles::samples::sample_labels;
+use crate::profiles::samples::{is_tracing_frame, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
-use aya::maps::HashMap as AyaHashMap;
-use aya::maps::MapData;
-use aya::maps::RingBuf;
-use profiler_common::MAX_STACK_DEPTH;
-use profiler_common::MutexDelay;
-use profiler_common::OFFCPU_KERNEL_DEPTH;
-use profiler_common::OFFCPU_STACK_BYTES;
-use profiler_common::OffcpuRecord;
-use profiler_common::STACK_COPY_BYTES;
-use profiler_common::WaitHead;
-use profiler_common::WaitStack;
-use profiler_common::WalkHint;
-use profiler_common::WalkHintKey;
-use profiler_common::wait_event;
-use profiler_common::wait_flags;
 
 /// Kept wake-ups remembered for delays that arrive late (their waits end
 /// after the window that saw the wake-up closed).

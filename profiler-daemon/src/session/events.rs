@@ -1,6 +1,9 @@
 //! Process events from the kernel (new, fork, exec, exit, image anchors)
 //! applied to the process table, the probes and the heap's live table.
 
+use aya::maps::{MapData, RingBuf};
+use profiler_common::{ImageAnchors, ProcEvent, proc_event};
+
 use crate::config::UnwindMode;
 use crate::kernel::probes::Probes;
 use crate::procs::process::ProcessTable;
@@ -8,11 +11,6 @@ use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;
 use crate::session::MAX_PROCESSES;
 use crate::session::targets::is_process;
-use aya::maps::MapData;
-use aya::maps::RingBuf;
-use profiler_common::ImageAnchors;
-use profiler_common::ProcEvent;
-use profiler_common::proc_event;
 
 /// Reads and applies the process events, new images under known pids (an
 /// exec, or a new process reusing the pid of one that exited) last, once

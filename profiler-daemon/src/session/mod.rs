@@ -9,48 +9,36 @@ mod summary;
 mod targets;
 mod window;
 
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{SignalKind, signal};
+
 use crate::config::Settings;
-use crate::kernel::check::probe_config;
-use crate::kernel::check::settle_profiles;
+use crate::kernel::check::{probe_config, settle_profiles};
 use crate::kernel::features::KernelFeatures;
+use crate::kernel::log::KernelLog;
 use crate::kernel::probes::Probes;
-use crate::output::publish::start_outputs;
+use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::process::ProcessTable;
-use crate::profiles::cpu::drain_once;
-use crate::profiles::cpu::read_stack_samples;
-use crate::profiles::heap::HeapTable;
-use crate::profiles::heap::read_heap_events;
-use crate::profiles::waits::Waits;
-use crate::profiles::waits::read_wait_events;
+use crate::profiles::cpu::{drain_once, read_stack_samples};
+use crate::profiles::heap::{HeapTable, read_heap_events};
+use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::events::take_proc_events;
-use crate::session::summary::Losses;
-use crate::session::summary::describe;
-use crate::session::summary::log_run_stats;
-use crate::session::summary::log_summary;
-use crate::session::summary::observe;
-use crate::session::targets::all_pids;
-use crate::session::targets::check_privileges;
-use crate::session::targets::kernel_log_readable;
-use crate::session::targets::process_start;
-use crate::session::targets::sleep_opt;
-use crate::session::targets::start_command;
-use crate::session::targets::wait_child;
-use crate::session::targets::watch_ring;
-use crate::session::window::Window;
-use crate::session::window::write_window;
+use crate::session::summary::{Losses, describe, log_run_stats, log_summary, observe};
+use crate::session::targets::{
+    all_pids, check_privileges, kernel_log_readable, process_start, sleep_opt, start_command,
+    wait_child, watch_ring,
+};
+use crate::session::window::{Window, write_window};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
-use anyhow::Context as _;
-use anyhow::Result;
-use std::collections::HashMap;
-use std::time::Duration;
-use std::time::Instant;
-use tokio::io::unix::AsyncFd;
-use tokio::signal::unix::SignalKind;
-use tokio::signal::unix::signal;
 
 /// How often the kernel buffers are drained. Short enough that the count
 /// and stack maps (16k entries each) stay far from full and the stack-copy
@@ -70,104 +58,18 @@ enum Stop {
 }
 
 /// Runs the profiler until a stop condition, writing every window.
-pub async fn run(mut settings: Settings) -> Result<()> {
-    check_privileges()?;
-    let features = KernelFeatures::probe(crate::kernel::probes::tracefs_dir()?);
-    let skipped = settle_profiles(&mut settings, &features)?;
-    let writer = ProfileWriter::open(&settings.output_dir)?;
-    let stale = writer.remove_stale_temp_files();
-    if stale > 0 {
-        tracing::info!("removed {stale} temporary file(s) of a writer that died mid-write");
-    }
-    let mut retention = settings
-        .retention
-        .map(|age| Retention::new(writer.dir(), age));
-    retention.as_mut().map(Retention::run);
-    let mut publisher = start_outputs(&settings, writer).await?;
-    for (kind, _) in &skipped {
-        publisher.metrics().profile_unavailable(*kind);
-    }
-    let mut symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
-    let mut procs = ProcessTable::new(MAX_PROCESSES);
-
-    let command_mode = !settings.command.is_empty();
-    let mut probes = Probes::load(&probe_config(&settings, &features, &settings.profiles))?;
-    let mut unwinder = Unwinder::new();
-    let switches = settings.stack_switches;
-    unwinder.set_stack_options(
-        settings.limits.walk_memo_entries as usize,
-        switches.walk_hints,
-        switches.stack_tops,
-    );
-    for &pid in &settings.pids {
-        probes.add_target(pid)?;
-        procs.ensure(pid);
-    }
-    let system_wide = settings.pids.is_empty() && !command_mode;
-    let every_pid = match system_wide {
-        true => all_pids(),
-        false => Vec::new(),
-    };
-    for links in probes.uprobe_links() {
-        // System-wide: every file to probe that is mapped now; later ones
-        // as processes exec.
-        for &pid in every_pid.iter().chain(&settings.pids) {
-            links.attach_process(pid);
-        }
-    }
-    let mut events = watch_ring(probes.take_proc_events(), "process events")?;
-    let mut stack_samples = watch_ring(probes.take_stack_samples(), "stack samples")?;
-    let mut heap_events = watch_ring(probes.take_heap_events(), "heap events")?;
-    let mut heap = HeapTable::default();
-    let mut wait_events = watch_ring(probes.take_wait_events(), "wait events")?;
-    let mut waits = Waits::new(&settings, probes.take_walk_hints());
-    let mut kernel_log = match probes.take_kernel_log() {
-        // SAFETY: the reader owns the ring's fd for as long as the AsyncFd
-        // owns the reader, and always reports that same fd.
-        Some(log) => Some(
-            unsafe { AsyncFd::register(log) }
-                .map_err(|e| e.into_parts().1)
-                .context("watching the kernel's log ring")?,
-        ),
-        None => None,
-    };
-    // Processes that exec'd: their mappings are complete only once the
-    // dynamic loader has run, so they are looked at again a tick later.
-    let mut exec_rescan: Vec<u32> = Vec::new();
-
+pub async fn run(settings: Settings) -> Result<()> {
+    let (mut s, mut rings) = Session::start(settings).await?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tracing::info!("{}", describe(&s.settings));
+    let mut child = s.start_command()?;
+    s.announce_ready();
 
-    tracing::info!("{}", describe(&settings));
-    let mut child = match command_mode {
-        true => Some(start_command(&settings.command, &mut probes, &mut procs)?),
-        false => None,
-    };
-    match crate::kernel::check::skipped_names() {
-        "" => tracing::info!("ready: every probe is attached"),
-        skipped => tracing::info!(
-            "ready: every probe is attached (skipped at best effort on this kernel: {skipped})"
-        ),
-    }
-    if let Err(e) = crate::session::notify::notify("READY=1") {
-        tracing::warn!("could not notify the service manager: {e}");
-    }
-
-    let started = Instant::now();
-    let deadline = settings.duration.map(|d| started + d);
-    let mut window = Window::new();
+    let deadline = s.settings.duration.map(|d| Instant::now() + d);
     let mut drain_tick =
         tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_PERIOD, DRAIN_PERIOD);
-    let mut window_end = tokio::time::Instant::now() + settings.interval;
-    // Each target with its start time: a new process that reuses the pid of
-    // an exited target is not that target.
-    let mut live_targets: HashMap<u32, Option<u64>> = settings
-        .pids
-        .iter()
-        .map(|&pid| (pid, process_start(pid)))
-        .collect();
-    let mut reported = Losses::default();
-
+    let mut window_end = tokio::time::Instant::now() + s.settings.interval;
     let stop = loop {
         let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         tokio::select! {
@@ -185,137 +87,341 @@ pub async fn run(mut settings: Settings) -> Result<()> {
             // Process events are read before any record of a process, so
             // that every record read finds the execs that came before it
             // (records carry their time; see ProcessTable::generation_at).
-            guard = events.readable_mut() => {
+            guard = rings.events.readable_mut() => {
                 let mut guard = guard.context("waiting for process events")?;
-                take_proc_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
+                s.take_proc_events(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            guard = wait_events.readable_mut() => {
+            guard = rings.wait_events.readable_mut() => {
                 let mut guard = guard.context("waiting for wait events")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                read_wait_events(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut waits);
+                s.take_proc_events(rings.events.get_mut());
+                s.read_wait_events(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            guard = heap_events.readable_mut() => {
+            guard = rings.heap_events.readable_mut() => {
                 let mut guard = guard.context("waiting for heap events")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                read_heap_events(guard.get_inner_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
+                s.take_proc_events(rings.events.get_mut());
+                s.read_heap_events(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            guard = stack_samples.readable_mut() => {
+            guard = rings.stack_samples.readable_mut() => {
                 let mut guard = guard.context("waiting for stack samples")?;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                read_stack_samples(guard.get_inner_mut(), &mut procs, &mut unwinder, &mut window.cpu);
+                s.take_proc_events(rings.events.get_mut());
+                s.read_stack_samples(guard.get_inner_mut());
                 guard.clear_ready();
             }
-            guard = kernel_log_readable(&mut kernel_log) => {
+            guard = kernel_log_readable(&mut rings.kernel_log) => {
                 let mut guard = guard.context("waiting for the kernel's log")?;
                 guard.get_inner_mut().read();
                 guard.clear_ready();
             }
             _ = drain_tick.tick() => {
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                drain_once(&mut probes, &procs, &mut window.cpu).await;
-                // The kernel wakes us for stack samples only when their ring
-                // fills up; collect the rest here.
-                read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
-                read_heap_events(heap_events.get_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
-                read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-                probes.update_stack_tops(&unwinder.take_stack_tops());
-                for pid in exec_rescan.drain(..) {
-                    for links in probes.uprobe_links() {
-                        links.attach_process(pid);
-                    }
-                }
-                procs.settle();
-                observe(&publisher.metrics, &mut probes, &unwinder, &symbolizer, &procs);
-                if !live_targets.is_empty() {
-                    live_targets.retain(|&pid, start| start.is_some() && process_start(pid) == *start);
-                    for pid in settings.pids.iter().filter(|p| !live_targets.contains_key(p)) {
-                        probes.remove_target(*pid);
-                    }
-                    if live_targets.is_empty() {
-                        break Stop::TargetsGone;
-                    }
+                if let Some(stop) = s.tick(&mut rings).await {
+                    break stop;
                 }
             }
             _ = tokio::time::sleep_until(window_end) => {
-                window_end += settings.interval;
-                take_proc_events(events.get_mut(), &mut procs, &mut probes, &mut heap, &mut exec_rescan, settings.unwind);
-                drain_once(&mut probes, &procs, &mut window.cpu).await;
-                read_stack_samples(stack_samples.get_mut(), &mut procs, &mut unwinder, &mut window.cpu);
-                read_heap_events(heap_events.get_mut(), &mut procs, &mut probes, &mut unwinder, &mut heap);
-                read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-                let closed = std::mem::replace(&mut window, Window::new());
-                write_window(&settings, &publisher, &mut symbolizer, &mut procs, &mut heap, &mut waits, closed);
-                retention.as_mut().map(Retention::run);
-                unwinder.release_unused();
-                reported.report(&probes);
+                window_end += s.settings.interval;
+                s.close_window(&mut rings).await;
             }
         }
     };
-
-    // Stop sampling first so that the last window is complete and closed.
-    log_run_stats(&probes);
-    probes.stop_sampling();
-    tracing::info!("stopping ({stop:?}): writing the last window");
-    take_proc_events(
-        events.get_mut(),
-        &mut procs,
-        &mut probes,
-        &mut heap,
-        &mut exec_rescan,
-        settings.unwind,
-    );
-    read_heap_events(
-        heap_events.get_mut(),
-        &mut procs,
-        &mut probes,
-        &mut unwinder,
-        &mut heap,
-    );
-    read_wait_events(wait_events.get_mut(), &mut procs, &mut unwinder, &mut waits);
-    drain_once(&mut probes, &procs, &mut window.cpu).await;
-    read_stack_samples(
-        stack_samples.get_mut(),
-        &mut procs,
-        &mut unwinder,
-        &mut window.cpu,
-    );
-    // The active buffer may hold samples written during the grace period.
-    drain_once(&mut probes, &procs, &mut window.cpu).await;
-    write_window(
-        &settings,
-        &publisher,
-        &mut symbolizer,
-        &mut procs,
-        &mut heap,
-        &mut waits,
-        window,
-    );
-    if let Some(r) = retention.as_mut() {
-        r.run();
-        r.log_totals();
-    }
-    reported.report(&probes);
-    if let Some(log) = kernel_log.as_mut() {
-        log.get_mut().read();
-    }
-    log_summary(&mut probes, &unwinder, &symbolizer, &procs, &heap, &waits);
-    observe(
-        &publisher.metrics,
-        &mut probes,
-        &unwinder,
-        &symbolizer,
-        &procs,
-    );
-    if let Some(pusher) = publisher.pusher.take() {
-        tracing::info!("{}", pusher.finish(SHUTDOWN_GRACE).await.summary());
-    }
+    s.finish(&mut rings, stop).await;
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
         // perf does, but reap it if it already finished.
         let _ = child.try_wait();
     }
     Ok(())
+}
+
+/// The rings the session waits on.
+struct Rings {
+    events: AsyncFd<RingBuf<MapData>>,
+    stack_samples: AsyncFd<RingBuf<MapData>>,
+    heap_events: AsyncFd<RingBuf<MapData>>,
+    wait_events: AsyncFd<RingBuf<MapData>>,
+    kernel_log: Option<AsyncFd<KernelLog>>,
+}
+
+/// Everything the session keeps between events, apart from its rings.
+struct Session {
+    settings: Settings,
+    probes: Probes,
+    procs: ProcessTable,
+    unwinder: Unwinder,
+    symbolizer: Symbolizer,
+    heap: HeapTable,
+    waits: Waits,
+    window: Window,
+    publisher: Publisher,
+    retention: Option<Retention>,
+    /// Processes that exec'd: their mappings are complete only once the
+    /// dynamic loader has run, so they are looked at again a tick later.
+    exec_rescan: Vec<u32>,
+    /// Each target with its start time: a new process that reuses the pid
+    /// of an exited target is not that target.
+    live_targets: HashMap<u32, Option<u64>>,
+    reported: Losses,
+}
+
+impl Session {
+    /// Settles the profiles this kernel can run, opens the outputs, loads
+    /// and attaches the probes, and watches their rings.
+    async fn start(mut settings: Settings) -> Result<(Session, Rings)> {
+        check_privileges()?;
+        let features = KernelFeatures::probe(crate::kernel::probes::tracefs_dir()?);
+        let skipped = settle_profiles(&mut settings, &features)?;
+        let writer = ProfileWriter::open(&settings.output_dir)?;
+        let stale = writer.remove_stale_temp_files();
+        if stale > 0 {
+            tracing::info!("removed {stale} temporary file(s) of a writer that died mid-write");
+        }
+        let mut retention = settings
+            .retention
+            .map(|age| Retention::new(writer.dir(), age));
+        retention.as_mut().map(Retention::run);
+        let publisher = start_outputs(&settings, writer).await?;
+        for (kind, _) in &skipped {
+            publisher.metrics().profile_unavailable(*kind);
+        }
+        let symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
+        let mut procs = ProcessTable::new(MAX_PROCESSES);
+
+        let command_mode = !settings.command.is_empty();
+        let mut probes = Probes::load(&probe_config(&settings, &features, &settings.profiles))?;
+        let mut unwinder = Unwinder::new();
+        let switches = settings.stack_switches;
+        unwinder.set_stack_options(
+            settings.limits.walk_memo_entries as usize,
+            switches.walk_hints,
+            switches.stack_tops,
+        );
+        for &pid in &settings.pids {
+            probes.add_target(pid)?;
+            procs.ensure(pid);
+        }
+        let system_wide = settings.pids.is_empty() && !command_mode;
+        let every_pid = match system_wide {
+            true => all_pids(),
+            false => Vec::new(),
+        };
+        for links in probes.uprobe_links() {
+            // System-wide: every file to probe that is mapped now; later ones
+            // as processes exec.
+            for &pid in every_pid.iter().chain(&settings.pids) {
+                links.attach_process(pid);
+            }
+        }
+        let events = watch_ring(probes.take_proc_events(), "process events")?;
+        let stack_samples = watch_ring(probes.take_stack_samples(), "stack samples")?;
+        let heap_events = watch_ring(probes.take_heap_events(), "heap events")?;
+        let wait_events = watch_ring(probes.take_wait_events(), "wait events")?;
+        let waits = Waits::new(&settings, probes.take_walk_hints());
+        let kernel_log = match probes.take_kernel_log() {
+            // SAFETY: the reader owns the ring's fd for as long as the AsyncFd
+            // owns the reader, and always reports that same fd.
+            Some(log) => Some(
+                unsafe { AsyncFd::register(log) }
+                    .map_err(|e| e.into_parts().1)
+                    .context("watching the kernel's log ring")?,
+            ),
+            None => None,
+        };
+        let live_targets = settings
+            .pids
+            .iter()
+            .map(|&pid| (pid, process_start(pid)))
+            .collect();
+        let rings = Rings {
+            events,
+            stack_samples,
+            heap_events,
+            wait_events,
+            kernel_log,
+        };
+        let session = Session {
+            settings,
+            probes,
+            procs,
+            unwinder,
+            symbolizer,
+            heap: HeapTable::default(),
+            waits,
+            window: Window::new(),
+            publisher,
+            retention,
+            exec_rescan: Vec::new(),
+            live_targets,
+            reported: Losses::default(),
+        };
+        Ok((session, rings))
+    }
+
+    /// Starts `-- COMMAND`, if given.
+    fn start_command(&mut self) -> Result<Option<tokio::process::Child>> {
+        if self.settings.command.is_empty() {
+            return Ok(None);
+        }
+        start_command(&self.settings.command, &mut self.probes, &mut self.procs).map(Some)
+    }
+
+    /// Says ready, in the log and to the service manager; the first
+    /// window starts here.
+    fn announce_ready(&mut self) {
+        match crate::kernel::check::skipped_names() {
+            "" => tracing::info!("ready: every probe is attached"),
+            skipped => tracing::info!(
+                "ready: every probe is attached (skipped at best effort on this kernel: {skipped})"
+            ),
+        }
+        if let Err(e) = crate::session::notify::notify("READY=1") {
+            tracing::warn!("could not notify the service manager: {e}");
+        }
+        self.window = Window::new();
+    }
+
+    fn take_proc_events(&mut self, ring: &mut RingBuf<MapData>) {
+        take_proc_events(
+            ring,
+            &mut self.procs,
+            &mut self.probes,
+            &mut self.heap,
+            &mut self.exec_rescan,
+            self.settings.unwind,
+        );
+    }
+
+    fn read_wait_events(&mut self, ring: &mut RingBuf<MapData>) {
+        read_wait_events(ring, &mut self.procs, &mut self.unwinder, &mut self.waits);
+    }
+
+    fn read_heap_events(&mut self, ring: &mut RingBuf<MapData>) {
+        read_heap_events(
+            ring,
+            &mut self.procs,
+            &mut self.probes,
+            &mut self.unwinder,
+            &mut self.heap,
+        );
+    }
+
+    fn read_stack_samples(&mut self, ring: &mut RingBuf<MapData>) {
+        read_stack_samples(
+            ring,
+            &mut self.procs,
+            &mut self.unwinder,
+            &mut self.window.cpu,
+        );
+    }
+
+    async fn drain_once(&mut self) {
+        drain_once(&mut self.probes, &self.procs, &mut self.window.cpu).await;
+    }
+
+    /// Every second: drains what the kernel holds, passes stack tops and
+    /// new images to the probes, and notices targets that are gone.
+    async fn tick(&mut self, rings: &mut Rings) -> Option<Stop> {
+        self.take_proc_events(rings.events.get_mut());
+        self.drain_once().await;
+        // The kernel wakes us for stack samples only when their ring fills
+        // up; collect the rest here.
+        self.read_stack_samples(rings.stack_samples.get_mut());
+        self.read_heap_events(rings.heap_events.get_mut());
+        self.read_wait_events(rings.wait_events.get_mut());
+        self.probes
+            .update_stack_tops(&self.unwinder.take_stack_tops());
+        for pid in self.exec_rescan.drain(..) {
+            for links in self.probes.uprobe_links() {
+                links.attach_process(pid);
+            }
+        }
+        self.procs.settle();
+        self.observe();
+        if !self.live_targets.is_empty() {
+            self.live_targets
+                .retain(|&pid, start| start.is_some() && process_start(pid) == *start);
+            for pid in self.settings.pids.iter() {
+                if !self.live_targets.contains_key(pid) {
+                    self.probes.remove_target(*pid);
+                }
+            }
+            if self.live_targets.is_empty() {
+                return Some(Stop::TargetsGone);
+            }
+        }
+        None
+    }
+
+    /// Every `--interval`: drains, and writes the window's profiles.
+    async fn close_window(&mut self, rings: &mut Rings) {
+        self.take_proc_events(rings.events.get_mut());
+        self.drain_once().await;
+        self.read_stack_samples(rings.stack_samples.get_mut());
+        self.read_heap_events(rings.heap_events.get_mut());
+        self.read_wait_events(rings.wait_events.get_mut());
+        self.write_window();
+        self.retention.as_mut().map(Retention::run);
+        self.unwinder.release_unused();
+        self.reported.report(&self.probes);
+    }
+
+    fn write_window(&mut self) {
+        let closed = std::mem::replace(&mut self.window, Window::new());
+        write_window(
+            &self.settings,
+            &self.publisher,
+            &mut self.symbolizer,
+            &mut self.procs,
+            &mut self.heap,
+            &mut self.waits,
+            closed,
+        );
+    }
+
+    fn observe(&mut self) {
+        observe(
+            &self.publisher.metrics,
+            &mut self.probes,
+            &self.unwinder,
+            &self.symbolizer,
+            &self.procs,
+        );
+    }
+
+    /// Stops sampling, writes the last window, and reports.
+    async fn finish(mut self, rings: &mut Rings, stop: Stop) {
+        // Stop sampling first so that the last window is complete and closed.
+        log_run_stats(&self.probes);
+        self.probes.stop_sampling();
+        tracing::info!("stopping ({stop:?}): writing the last window");
+        self.take_proc_events(rings.events.get_mut());
+        self.read_heap_events(rings.heap_events.get_mut());
+        self.read_wait_events(rings.wait_events.get_mut());
+        self.drain_once().await;
+        self.read_stack_samples(rings.stack_samples.get_mut());
+        // The active buffer may hold samples written during the grace period.
+        self.drain_once().await;
+        self.write_window();
+        if let Some(r) = self.retention.as_mut() {
+            r.run();
+            r.log_totals();
+        }
+        self.reported.report(&self.probes);
+        if let Some(log) = rings.kernel_log.as_mut() {
+            log.get_mut().read();
+        }
+        log_summary(
+            &mut self.probes,
+            &self.unwinder,
+            &self.symbolizer,
+            &self.procs,
+            &self.heap,
+            &self.waits,
+        );
+        self.observe();
+        if let Some(pusher) = self.publisher.pusher.take() {
+            tracing::info!("{}", pusher.finish(SHUTDOWN_GRACE).await.summary());
+        }
+    }
 }

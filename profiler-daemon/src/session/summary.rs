@@ -1,20 +1,20 @@
 //! What the session reports: losses as they happen, the metrics each
 //! tick, BPF run-time stats, and the summary line at exit.
 
-use crate::config::Settings;
-use crate::config::UnwindMode;
+use std::sync::atomic::Ordering;
+
+use profiler_common::counter;
+
+use crate::config::{Settings, UnwindMode};
 use crate::kernel::probes::Probes;
 use crate::model::profile_kind::ProfileKind;
-use crate::output::metrics::Metrics;
-use crate::output::metrics::Observed;
+use crate::output::metrics::{Metrics, Observed};
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::heap::HeapTable;
 use crate::profiles::waits::Waits;
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
-use profiler_common::counter;
-use std::sync::atomic::Ordering;
 
 /// Kernel-side losses already logged. Each kind is logged once, when it
 /// first happens: a full map stays full under the same load, and a line per

@@ -1,22 +1,19 @@
 //! What the session runs against: privileges, the processes of the node,
 //! the command it starts (`-- COMMAND`), and the readiness of its rings.
 
-use crate::kernel::attach::allocators::PreExecLinks;
-use crate::kernel::attach::allocators::resolve_program;
-use crate::kernel::log::KernelLog;
-use crate::kernel::probes::Probes;
-use crate::procs::process::ProcessTable;
-use anyhow::Context as _;
-use anyhow::Result;
-use anyhow::bail;
-use aya::maps::MapData;
-use aya::maps::RingBuf;
 use std::ffi::OsString;
 use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::unix::AsyncFd;
-use tokio::io::unix::AsyncFdReadyMutGuard;
+
+use anyhow::{Context as _, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
+
+use crate::kernel::attach::allocators::{PreExecLinks, resolve_program};
+use crate::kernel::log::KernelLog;
+use crate::kernel::probes::Probes;
+use crate::procs::process::ProcessTable;
 
 /// Loading eBPF needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN. Checking
 /// first turns the kernel's bare EPERM into a message that says what is

@@ -1,19 +1,17 @@
 //! A window of samples and its close: symbolizes, builds and publishes the
 //! profile of every enabled type.
 
+use std::time::{Instant, SystemTime};
+
 use crate::config::Settings;
 use crate::kernel::drain::CpuWindow;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::publish::Publisher;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::build_cpu_profile;
-use crate::profiles::heap::HeapTable;
-use crate::profiles::heap::build_heap_profile;
-use crate::profiles::waits::Waits;
-use crate::profiles::waits::build_wait_profile;
+use crate::profiles::heap::{HeapTable, build_heap_profile};
+use crate::profiles::waits::{Waits, build_wait_profile};
 use crate::stacks::symbolize::Symbolizer;
-use std::time::Instant;
-use std::time::SystemTime;
 
 /// One window: its start time and what it collected.
 pub(crate) struct Window {
