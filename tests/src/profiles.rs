@@ -1,5 +1,5 @@
 //! Reading the profile files a run wrote, checking them against the
-//! contract (SPEC.md "Output files"), and flattening them into samples with
+//! contract (docs/SPEC.md, "Output files"), and flattening them into samples with
 //! resolved labels and frames for the tests' comparisons.
 
 use std::collections::BTreeMap;
@@ -319,7 +319,7 @@ pub fn check_wait_profile(file: &ProfileFile, kind: WaitKind) {
     }
 }
 
-/// What every profile file must satisfy (SPEC.md "Output files"): the
+/// What every profile file must satisfy (docs/SPEC.md, "Output files"): the
 /// string table, the sample and period types, a window, a name stamped
 /// with the window start, unique ids that resolve, and per sample one value
 /// per sample type and exactly one pid, tid, comm and thread label, all

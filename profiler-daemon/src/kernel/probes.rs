@@ -1,6 +1,11 @@
 //! Kernel probes: loads the embedded eBPF object, sets its globals, attaches
 //! its programs and owns its maps. Everything that touches the kernel's BPF
 //! interface lives here; the rest of the daemon sees plain Rust values.
+//!
+//! Longer than the ~800 lines a file should hold: the loader sets the
+//! globals of every program family before one load, and attaching and the
+//! typed map handles follow that load; splitting it per family (as the
+//! eBPF crate is) is the next step of the layout.
 
 use std::fs;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

@@ -1,5 +1,5 @@
 //! The five profile types: their names, sample types and period types as
-//! the product contract (SPEC.md, "Output files") lists them.
+//! the product contract (docs/SPEC.md, "Output files") lists them.
 
 use std::fmt;
 use std::str::FromStr;

@@ -120,13 +120,13 @@ pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) ->
     let metrics = Arc::new(Metrics::new()?);
     if let Some(addr) = settings.metrics_addr {
         let (bound, _) = crate::output::metrics::serve(addr, metrics.clone()).await?;
-        tracing::info!("serving metrics at http://{bound}/metrics");
+        tracing::info!(target: "profilerd::session", "serving metrics at http://{bound}/metrics");
     }
     let pusher = match &settings.push {
         Some(push) => {
             let pusher = Pusher::start(push.clone())?;
             metrics.watch_push(pusher.stats());
-            tracing::info!("pushing every profile to {}", pusher.url());
+            tracing::info!(target: "profilerd::session", "pushing every profile to {}", pusher.url());
             Some(pusher)
         }
         None => None,

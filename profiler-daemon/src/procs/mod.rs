@@ -3,4 +3,6 @@
 //! gives them (container, pod, systemd unit).
 
 pub mod environment;
+mod lineage;
+pub mod objects;
 pub mod process;

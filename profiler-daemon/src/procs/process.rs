@@ -9,14 +9,11 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::ffi::CStr;
-use std::fs::File;
-use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// x86_64 page size: the loader maps each PT_LOAD from its page-aligned
@@ -24,13 +21,12 @@ use std::time::{Duration, Instant};
 pub const PAGE_SIZE: u64 = 4096;
 
 use procfs::ProcError;
-use procfs::process::{LimitValue, MMPermissions, MMapPath, MemoryMap, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
 use tracing::{debug, warn};
-
-use profiler_common::{ANCHOR_FRAMES, BUILD_ID_VALID, ImageAnchors};
 
 use crate::model::frames::Mapping;
 use crate::procs::environment::Environment;
+use crate::procs::objects::*;
 
 /// Minimum time between two re-reads of one process's mappings.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,14 +38,10 @@ const SETTLE_DELAYS: [Duration; 2] = [Duration::from_millis(20), Duration::from_
 /// `PF_KTHREAD` in /proc/PID/stat flags.
 const PF_KTHREAD: u32 = 0x0020_0000;
 /// Bytes of the vDSO compared to tell whether a process maps our vDSO image.
-const ELF_HEADER_LEN: usize = 64;
+pub(super) const ELF_HEADER_LEN: usize = 64;
 /// Name given to executable memory that no file backs (JIT code), as perf does.
 const ANON_NAME: &str = "//anon";
 const DELETED_SUFFIX: &str = " (deleted)";
-
-/// Object identities are unique for the daemon's lifetime, so a cache keyed
-/// by them can never confuse a file with a later one that reuses its inode.
-static NEXT_OBJECT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Why a process could not be snapshotted.
 #[derive(Debug, thiserror::Error)]
@@ -112,111 +104,6 @@ pub struct ProcessStats {
     pub open_handles: usize,
 }
 
-/// Decrements the open-handle count when an object's handle is closed.
-#[derive(Debug)]
-struct HandleGuard(Arc<AtomicUsize>);
-
-impl Drop for HandleGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-#[derive(Debug)]
-enum ObjectSource {
-    /// An open handle: readable after the process exits or the file is deleted.
-    Handle(File),
-    /// A path through the live process's root; readable only while it lives.
-    LivePath(PathBuf),
-}
-
-/// A mapped ELF file (or the vDSO image) that can be read for symbols.
-#[derive(Debug)]
-pub struct ObjectFile {
-    id: u64,
-    build_id: Option<Arc<str>>,
-    source: ObjectSource,
-    _guard: Option<HandleGuard>,
-}
-
-impl ObjectFile {
-    fn new(source: ObjectSource, guard: Option<HandleGuard>) -> Self {
-        let mut object = Self {
-            id: NEXT_OBJECT_ID.fetch_add(1, Ordering::Relaxed),
-            build_id: None,
-            source,
-            _guard: guard,
-        };
-        object.build_id = object.read_build_id().map(Arc::from);
-        object
-    }
-
-    /// Identity unique to this opened file for the daemon's lifetime.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// Hex GNU build ID, if the file has one.
-    pub fn build_id(&self) -> Option<&Arc<str>> {
-        self.build_id.as_ref()
-    }
-
-    /// Whether the file stays readable after its process exits.
-    pub fn has_handle(&self) -> bool {
-        matches!(self.source, ObjectSource::Handle(_))
-    }
-
-    /// A path that opens this file now: `/proc/self/fd/N` for a held handle
-    /// (works for deleted files too), else the live process's root path.
-    pub fn elf_path(&self) -> PathBuf {
-        match &self.source {
-            ObjectSource::Handle(file) => {
-                PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            }
-            ObjectSource::LivePath(path) => path.clone(),
-        }
-    }
-
-    fn read_build_id(&self) -> Option<String> {
-        let path = self.elf_path();
-        match blazesym::helper::read_elf_build_id(&path) {
-            Ok(Some(bytes)) => Some(hex(&bytes)),
-            Ok(None) => None,
-            Err(err) => {
-                debug!(path = %crate::model::text::escape_controls(&path.to_string_lossy()), %err, "no build ID");
-                None
-            }
-        }
-    }
-}
-
-/// Lower-case hex, as build IDs are written.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
-
-/// One executable mapping of a process and the file behind it, if any.
-#[derive(Clone, Debug)]
-pub struct MappedObject {
-    pub mapping: Arc<Mapping>,
-    /// `None` for anonymous (JIT) code or a file that could not be opened.
-    pub object: Option<Arc<ObjectFile>>,
-}
-
-impl MappedObject {
-    /// File offset of `addr`, which must lie in the mapping.
-    pub fn file_offset(&self, addr: u64) -> u64 {
-        addr.wrapping_sub(self.mapping.start)
-            .wrapping_add(self.mapping.file_offset)
-    }
-}
-
 /// What is known about one process.
 #[derive(Debug)]
 pub struct ProcessInfo {
@@ -224,21 +111,21 @@ pub struct ProcessInfo {
     /// Process name from /proc/PID/comm.
     pub comm: String,
     /// Executable mappings sorted by start address.
-    mappings: Vec<MappedObject>,
+    pub(super) mappings: Vec<MappedObject>,
     /// Environment labels (container, pod, service), only those known.
-    labels: Vec<(&'static str, String)>,
+    pub(super) labels: Vec<(&'static str, String)>,
     /// Tick of the exit mark, if the process exited.
-    exited: Option<u64>,
+    pub(super) exited: Option<u64>,
     /// Tick of the last lookup; drives LRU eviction and pruning.
-    last_used: Cell<u64>,
-    snapshot_at: Instant,
+    pub(super) last_used: Cell<u64>,
+    pub(super) snapshot_at: Instant,
     /// Where the mappings came from.
-    origin: Origin,
+    pub(super) origin: Origin,
 }
 
 /// Where a snapshot's mappings came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Origin {
+pub(super) enum Origin {
     /// The process's own /proc/PID/maps.
     Read,
     /// A copy of the parent's snapshot, for a forked child gone before its
@@ -274,85 +161,6 @@ impl ProcessInfo {
     }
 }
 
-/// File handles shared by (device, inode). It holds weak references, so a
-/// file stays open exactly as long as some process snapshot maps it.
-#[derive(Debug)]
-struct ObjectCache {
-    by_inode: HashMap<(u64, u64), Weak<ObjectFile>>,
-    /// The same files by build ID, with the path a process mapped them
-    /// under: image anchors name files this way.
-    by_build_id: HashMap<Arc<str>, (Weak<ObjectFile>, String)>,
-    open_handles: Arc<AtomicUsize>,
-    max_handles: usize,
-    sweep_at: usize,
-}
-
-impl ObjectCache {
-    fn get(&self, key: (u64, u64)) -> Option<Arc<ObjectFile>> {
-        self.by_inode.get(&key)?.upgrade()
-    }
-
-    fn insert(&mut self, key: (u64, u64), object: &Arc<ObjectFile>) {
-        if self.by_inode.len() >= self.sweep_at {
-            self.sweep();
-        }
-        self.by_inode.insert(key, Arc::downgrade(object));
-    }
-
-    /// Notes that `object`, which has a build ID, is mapped as `path`.
-    fn note_build_id(&mut self, object: &Arc<ObjectFile>, path: &str) {
-        let Some(id) = object.build_id() else {
-            return;
-        };
-        if self
-            .by_build_id
-            .get(id)
-            .is_some_and(|(known, _)| known.strong_count() > 0)
-        {
-            return;
-        }
-        if self.by_build_id.len() >= self.sweep_at {
-            self.sweep();
-        }
-        self.by_build_id
-            .insert(Arc::clone(id), (Arc::downgrade(object), path.to_owned()));
-    }
-
-    /// A held file with this build ID (the kernel's zero-padded bytes; GNU
-    /// build IDs are 20, 16 or 8 bytes long), and the path it was mapped as.
-    fn by_build_id(&self, padded: &[u8; 20]) -> Option<(Arc<ObjectFile>, &str)> {
-        [20, 16, 8].into_iter().find_map(|len| {
-            let (known, path) = self.by_build_id.get(hex(&padded[..len]).as_str())?;
-            Some((known.upgrade()?, path.as_str()))
-        })
-    }
-
-    fn sweep(&mut self) {
-        self.by_inode.retain(|_, object| object.strong_count() > 0);
-        self.by_build_id
-            .retain(|_, (object, _)| object.strong_count() > 0);
-        self.sweep_at = (self.by_inode.len().max(self.by_build_id.len()) * 2).max(1024);
-    }
-
-    /// Takes one unit of the handle budget, if any is left.
-    fn reserve(&self) -> Option<HandleGuard> {
-        let open = self.open_handles.fetch_add(1, Ordering::Relaxed);
-        let guard = HandleGuard(Arc::clone(&self.open_handles));
-        (open < self.max_handles).then_some(guard)
-    }
-}
-
-#[derive(Debug)]
-enum Vdso {
-    Unknown,
-    Unavailable,
-    Ready {
-        object: Arc<ObjectFile>,
-        header: Vec<u8>,
-        len: u64,
-    },
-}
-
 /// Whether `new` still has every file mapping of `old` (libraries loaded
 /// since, not another image). Anonymous code (JIT) comes and goes.
 fn keeps_every_mapping(old: &[MappedObject], new: &[MappedObject]) -> bool {
@@ -367,46 +175,46 @@ fn keeps_every_mapping(old: &[MappedObject], new: &[MappedObject]) -> bool {
 /// Bounded table of process snapshots, keyed by tgid.
 #[derive(Debug)]
 pub struct ProcessTable {
-    max_processes: usize,
-    procs: HashMap<u32, ProcessInfo>,
-    objects: ObjectCache,
-    vdso: Vdso,
+    pub(super) max_processes: usize,
+    pub(super) procs: HashMap<u32, ProcessInfo>,
+    pub(super) objects: OpenFiles,
+    pub(super) vdso: Vdso,
     /// Logical clock for LRU order and "used since the last prune".
-    tick: Cell<u64>,
-    last_prune: u64,
+    pub(super) tick: Cell<u64>,
+    pub(super) last_prune: u64,
     /// Snapshots waiting for their re-read, one queue per settle delay.
-    settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
+    pub(super) settling: [VecDeque<(Instant, u32)>; SETTLE_DELAYS.len()],
     /// Recent forks of known processes: child to (parent, when), oldest
     /// first in `fork_order`; bounded by `max_processes`.
-    forks: HashMap<u32, (u32, Instant)>,
-    fork_order: VecDeque<(u32, Instant)>,
-    environment: Environment,
+    pub(super) forks: HashMap<u32, (u32, Instant)>,
+    pub(super) fork_order: VecDeque<(u32, Instant)>,
+    pub(super) environment: Environment,
     /// The image generation of each process that exec'd or whose pid was
     /// reused (absent: 0), with the kernel time its image started (0:
     /// unknown).
-    generations: HashMap<u32, (u32, u64)>,
+    pub(super) generations: HashMap<u32, (u32, u64)>,
     /// Snapshots of replaced images, by (tgid, generation), with the tick
     /// they were replaced at and the kernel time they started: samples
     /// taken before an exec are symbolized with them at the window's end.
     /// Pruned like exited processes.
-    retired: HashMap<(u32, u32), Retired>,
-    stats: ProcessStats,
+    pub(super) retired: HashMap<(u32, u32), Retired>,
+    pub(super) stats: ProcessStats,
 }
 
 /// A replaced image kept for the samples it ran.
 #[derive(Debug)]
-struct Retired {
-    info: ProcessInfo,
+pub(super) struct Retired {
+    pub(super) info: ProcessInfo,
     /// The tick it was replaced at.
-    replaced: u64,
+    pub(super) replaced: u64,
     /// When it started (kernel ns; 0: unknown).
-    since_ns: u64,
+    pub(super) since_ns: u64,
 }
 
 /// How long a fork record may stand in for a child's own snapshot: the
 /// child's first event follows its fork within a drain period or two; an
 /// older record may name a pid that has since been reused.
-const FORK_RECORD_TTL: Duration = Duration::from_secs(5);
+pub(super) const FORK_RECORD_TTL: Duration = Duration::from_secs(5);
 
 impl ProcessTable {
     /// A table of at most `max_processes` processes. The file-handle budget
@@ -422,7 +230,7 @@ impl ProcessTable {
         Self {
             max_processes: max_processes.max(1),
             procs: HashMap::new(),
-            objects: ObjectCache {
+            objects: OpenFiles {
                 by_inode: HashMap::new(),
                 by_build_id: HashMap::new(),
                 open_handles: Arc::new(AtomicUsize::new(0)),
@@ -442,7 +250,7 @@ impl ProcessTable {
         }
     }
 
-    fn bump(&self) -> u64 {
+    pub(super) fn bump(&self) -> u64 {
         let tick = self.tick.get() + 1;
         self.tick.set(tick);
         tick
@@ -639,170 +447,6 @@ impl ProcessTable {
         }
     }
 
-    /// Records that `parent` forked `child` (a process or a thread). Until
-    /// the child execs, it maps what its parent maps: if it is gone before
-    /// its own snapshot, the parent's stands in for it.
-    pub fn note_fork(&mut self, child: u32, parent: u32) {
-        let now = Instant::now();
-        while self.fork_order.len() >= self.max_processes {
-            let Some((old, at)) = self.fork_order.pop_front() else {
-                break;
-            };
-            if self.forks.get(&old).is_some_and(|&(_, t)| t == at) {
-                self.forks.remove(&old);
-                self.stats.fork_evictions += 1;
-            }
-        }
-        self.forks.insert(child, (parent, now));
-        self.fork_order.push_back((child, now));
-    }
-
-    /// The process exec'd (or exited): its parent's mappings no longer
-    /// stand for it. A snapshot taken from the parent is dropped too.
-    pub fn forget_fork(&mut self, tgid: u32) {
-        self.forks.remove(&tgid);
-        if self
-            .procs
-            .get(&tgid)
-            .is_some_and(|info| info.origin == Origin::Parent)
-        {
-            self.procs.remove(&tgid);
-        }
-    }
-
-    /// For a child gone before its snapshot: a copy of its parent's
-    /// snapshot, marked exited, if it forked recently and has not exec'd.
-    fn inherit_from_parent(&mut self, tgid: u32) -> bool {
-        let Some(&(parent, at)) = self.forks.get(&tgid) else {
-            return false;
-        };
-        if at.elapsed() > FORK_RECORD_TTL || self.procs.contains_key(&tgid) {
-            return false;
-        }
-        let Some(from) = self.procs.get(&parent) else {
-            return false;
-        };
-        let tick = self.bump();
-        let info = ProcessInfo {
-            tgid,
-            comm: from.comm.clone(),
-            mappings: from.mappings.clone(),
-            labels: from.labels.clone(),
-            exited: Some(tick),
-            last_used: Cell::new(tick),
-            snapshot_at: from.snapshot_at,
-            origin: Origin::Parent,
-        };
-        self.admit(info);
-        self.stats.inherited += 1;
-        true
-    }
-
-    /// Places the files named by an image's anchors (see
-    /// [`profiler_common::ImageAnchors`]) when that image is gone before its
-    /// own mappings could be read: each anchored frame's address less its
-    /// file offset is where its file lies, and a file known by build ID
-    /// from another process's snapshot is read for its symbols. Only the
-    /// current image of the pid is placed, and only if nothing better is
-    /// known of it; anchors of a live process take a snapshot instead.
-    pub fn anchor_image(&mut self, anchors: &ImageAnchors) {
-        let tgid = anchors.tgid;
-        if self.generation_at(tgid, anchors.time_ns) != self.generation(tgid) {
-            return;
-        }
-        match self.procs.get(&tgid).map(|info| info.origin) {
-            Some(Origin::Anchors) => {}
-            Some(_) => return,
-            None => {
-                if self.snapshot(tgid) || self.procs.contains_key(&tgid) {
-                    return;
-                }
-            }
-        }
-        // Objects already placed by earlier anchors of this image.
-        let known: Vec<u64> = self
-            .procs
-            .get(&tgid)
-            .map(|info| {
-                info.mappings
-                    .iter()
-                    .filter_map(|m| m.object.as_ref().map(|o| o.id()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let len = (anchors.len as usize).min(ANCHOR_FRAMES);
-        let mut placed: Vec<MappedObject> = Vec::new();
-        for (ip, frame) in anchors.ips[..len].iter().zip(&anchors.frames[..len]) {
-            if frame.status != BUILD_ID_VALID || frame.offset > *ip {
-                continue;
-            }
-            let Some((object, path)) = self.objects.by_build_id(&frame.build_id) else {
-                self.stats.anchor_files_unknown += 1;
-                continue;
-            };
-            if known.contains(&object.id())
-                || placed
-                    .iter()
-                    .any(|m| m.object.as_ref().is_some_and(|o| o.id() == object.id()))
-            {
-                continue;
-            }
-            // Where the file's offset 0 lies; the mapping starts at the
-            // frame's page, so that the unwinder places the object through
-            // the segment that holds the frame.
-            let bias = ip - frame.offset;
-            let file_offset = frame.offset & !(PAGE_SIZE - 1);
-            let size = std::fs::metadata(object.elf_path()).map_or(0, |m| m.len());
-            if size <= file_offset {
-                continue;
-            }
-            let mapping = Mapping {
-                start: bias + file_offset,
-                limit: bias.saturating_add(size),
-                file_offset,
-                path: path.to_owned(),
-                build_id: object.build_id().map(|id| id.to_string()),
-            };
-            placed.push(MappedObject {
-                mapping: Arc::new(mapping),
-                object: Some(object),
-            });
-        }
-        // Kept even if empty: the process is gone, and its next anchors
-        // need not try to read it again.
-        let tick = self.bump();
-        if !self.procs.contains_key(&tgid) {
-            self.admit(ProcessInfo {
-                tgid,
-                comm: String::new(),
-                mappings: Vec::new(),
-                labels: Vec::new(),
-                exited: Some(tick),
-                last_used: Cell::new(tick),
-                snapshot_at: Instant::now(),
-                origin: Origin::Anchors,
-            });
-        }
-        if let Some(info) = self.procs.get_mut(&tgid)
-            && !placed.is_empty()
-        {
-            if info.mappings.is_empty() {
-                self.stats.anchored += 1;
-            }
-            info.mappings.extend(placed);
-            info.mappings.sort_by_key(|m| m.mapping.start);
-            // Placed from file sizes: keep them from overlapping.
-            for i in 1..info.mappings.len() {
-                let next = info.mappings[i].mapping.start;
-                let previous = &mut info.mappings[i - 1].mapping;
-                if previous.limit > next {
-                    Arc::make_mut(previous).limit = next;
-                }
-            }
-            info.snapshot_at = Instant::now();
-        }
-    }
-
     /// Snapshot if not known yet.
     pub fn ensure(&mut self, tgid: u32) {
         self.settle();
@@ -921,7 +565,7 @@ impl ProcessTable {
     }
 
     /// Adds a process not in the table, making room first if it is full.
-    fn admit(&mut self, info: ProcessInfo) {
+    pub(super) fn admit(&mut self, info: ProcessInfo) {
         if self.procs.len() >= self.max_processes {
             self.evict_one();
         }
@@ -1096,64 +740,11 @@ impl ProcessTable {
     }
 }
 
-fn default_handle_limit() -> usize {
-    let soft = Process::myself()
-        .and_then(|me| me.limits())
-        .map(|limits| limits.max_open_files.soft_limit);
-    match soft {
-        Ok(LimitValue::Value(n)) => usize::try_from(n / 3).unwrap_or(usize::MAX).max(16),
-        Ok(LimitValue::Unlimited) => 1 << 20,
-        Err(_) => 256,
-    }
-}
-
-/// Copies the daemon's vDSO into a memfd so blazesym can read it as a file.
-fn load_own_vdso() -> Result<Vdso, ProcessError> {
-    let pid = std::process::id();
-    let me = Process::myself().map_err(|source| ProcessError::Proc { pid, source })?;
-    let maps = me
-        .maps()
-        .map_err(|source| ProcessError::Proc { pid, source })?;
-    let Some((start, limit)) = maps
-        .iter()
-        .find(|m| matches!(m.pathname, MMapPath::Vdso))
-        .map(|m| m.address)
-    else {
-        return Ok(Vdso::Unavailable);
-    };
-    let len = limit - start;
-    let mut image = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    me.open_relative("mem")
-        .map_err(|source| ProcessError::Proc { pid, source })?
-        .read_exact_at(&mut image, start)
-        .map_err(io_error("reading the vDSO"))?;
-    let mut file = memfd(c"profilerd-vdso").map_err(io_error("memfd_create"))?;
-    file.write_all(&image)
-        .map_err(io_error("writing the vDSO copy"))?;
-    let header = image.get(..ELF_HEADER_LEN).unwrap_or(&image).to_vec();
-    let object = ObjectFile::new(ObjectSource::Handle(file), None);
-    Ok(Vdso::Ready {
-        object: Arc::new(object),
-        header,
-        len,
-    })
-}
-
-fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessError {
+pub(super) fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessError {
     move |source| ProcessError::Io {
         what: what.to_owned(),
         source,
     }
-}
-
-fn memfd(name: &CStr) -> io::Result<File> {
-    // SAFETY: `name` is NUL-terminated and outlives the call.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd) })
 }
 
 /// Whether the process runs a Go executable (it has a `.gopclntab` or
@@ -1175,6 +766,8 @@ pub fn is_go_executable(tgid: u32) -> bool {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use profiler_common::{ANCHOR_FRAMES, BUILD_ID_VALID, ImageAnchors};
+
     use super::*;
     use std::process::{Command, Stdio};
 

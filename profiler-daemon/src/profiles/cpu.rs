@@ -28,7 +28,7 @@ pub(crate) async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &
     let buffer = match probes.flip() {
         Ok(b) => b,
         Err(e) => {
-            tracing::warn!("cannot switch sample buffers: {e}");
+            tracing::warn!(target: "profilerd::session", "cannot switch sample buffers: {e}");
             return;
         }
     };
@@ -38,7 +38,7 @@ pub(crate) async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &
             0 => procs.generation(tgid),
             since => procs.generation_at(tgid, since),
         }),
-        Err(e) => tracing::warn!("{e}"),
+        Err(e) => tracing::warn!(target: "profilerd::session", "{e}"),
     }
 }
 

@@ -239,7 +239,7 @@ impl Waits {
         if let Some(map) = &mut self.walk_hints
             && let Err(e) = map.insert(key, hint, 0)
         {
-            tracing::debug!("walk hint for process {} not stored: {e}", key.tgid);
+            tracing::debug!(target: "profilerd::session", "walk hint for process {} not stored: {e}", key.tgid);
         }
     }
 

@@ -32,13 +32,13 @@ impl Losses {
             let i = index as usize;
             if now[i] > 0 && !self.logged[i] {
                 self.logged[i] = true;
-                tracing::warn!(
+                tracing::warn!(target: "profilerd::session",
                     "{what}: {} so far (logged once; see the exit summary and /metrics)",
                     now[i]
                 );
             }
         }
-        tracing::debug!(samples = now[counter::SAMPLES as usize], "kernel counters");
+        tracing::debug!(target: "profilerd::session", samples = now[counter::SAMPLES as usize], "kernel counters");
     }
 }
 
@@ -111,7 +111,7 @@ pub(crate) fn log_summary(
 ) {
     if let Some(conds) = probes.cond_parks() {
         let a = conds.stats();
-        tracing::info!(
+        tracing::info!(target: "profilerd::session",
             condition_links = a.links,
             condition_attach_failures = a.failures,
             mutex_orphan_delays = waits.mutex.orphan_delays,
@@ -122,7 +122,7 @@ pub(crate) fn log_summary(
     if let Some(allocators) = probes.allocators() {
         let a = allocators.stats();
         let c = probes.counters();
-        tracing::info!(
+        tracing::info!(target: "profilerd::session",
             heap_samples = c[counter::HEAP_SAMPLES as usize],
             heap_allocs_lost = c[counter::HEAP_ALLOCS_LOST as usize],
             heap_frees_lost = c[counter::HEAP_FREES_LOST as usize],
@@ -141,7 +141,7 @@ pub(crate) fn log_summary(
     let u = unwinder.stats();
     let s = symbolizer.stats();
     let p = procs.stats();
-    tracing::info!(
+    tracing::info!(target: "profilerd::session",
         samples = c[counter::SAMPLES as usize],
         stack_copies = c[counter::STACK_SAMPLES as usize],
         stack_copies_dropped = c[counter::STACK_SAMPLES_FULL as usize],
@@ -195,7 +195,7 @@ pub(crate) fn log_summary(
 pub(crate) fn log_run_stats(probes: &Probes) {
     for (name, runs, time) in probes.run_stats() {
         if runs > 0 {
-            tracing::info!(
+            tracing::info!(target: "profilerd::session",
                 "bpf program {name}: {runs} runs, {:.0} ns per run",
                 time.as_nanos() as f64 / runs as f64
             );

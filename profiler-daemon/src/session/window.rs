@@ -85,7 +85,7 @@ pub(crate) fn write_window(
         let built = began.elapsed();
         // A failure is logged by the publisher, once per window.
         if let Ok(path) = publisher.publish(kind, window.start, &profile) {
-            tracing::info!(
+            tracing::info!(target: "profilerd::session",
                 "wrote {} ({} samples, built in {:.1} ms, written in {:.1} ms)",
                 path.display(),
                 profile.sample.len(),

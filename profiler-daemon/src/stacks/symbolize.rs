@@ -20,7 +20,8 @@ use object::read::elf::NoteIterator;
 use tracing::{debug, warn};
 
 use crate::model::frames::{Frame, Line, Mapping};
-use crate::procs::process::{MappedObject, ObjectFile, ProcessTable, hex};
+use crate::procs::objects::{MappedObject, ObjectFile, hex};
+use crate::procs::process::ProcessTable;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
