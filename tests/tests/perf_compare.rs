@@ -371,6 +371,25 @@ impl Aliases {
     fn of(&mut self, path: &str) -> &HashMap<String, Vec<u64>> {
         self.objects.entry(path.to_string()).or_insert_with(|| {
             let mut names: HashMap<String, Vec<u64>> = HashMap::new();
+            if path == KERNEL_MAPPING {
+                // The kernel's aliases (`memcpy` and `__pi_memcpy`) share an
+                // address in kallsyms; either tool may pick either.
+                let text = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+                for line in text.lines() {
+                    let mut fields = line.split_whitespace();
+                    if let (Some(addr), Some(_), Some(name)) =
+                        (fields.next(), fields.next(), fields.next())
+                        && let Ok(addr) = u64::from_str_radix(addr, 16)
+                        && addr != 0
+                    {
+                        let addrs = names.entry(normalize(name)).or_default();
+                        if !addrs.contains(&addr) {
+                            addrs.push(addr);
+                        }
+                    }
+                }
+                return names;
+            }
             let Ok(data) = std::fs::read(path) else {
                 return names;
             };
@@ -378,7 +397,11 @@ impl Aliases {
                 use object::{Object as _, ObjectSymbol as _};
                 let file = object::File::parse(data).ok()?;
                 for symbol in file.symbols().chain(file.dynamic_symbols()) {
-                    if symbol.is_definition()
+                    // Not `is_definition`, which leaves out IFUNC symbols:
+                    // glibc's `memmove` is an IFUNC at the address of its
+                    // resolver `__libc_memmove_ifunc`.
+                    if !symbol.is_undefined()
+                        && symbol.section_index().is_some()
                         && let Ok(name) = symbol.name()
                     {
                         let addrs = names.entry(normalize(name)).or_default();
