@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(Some(points)) = profilerd::kernel::attach::allocators::find_in(data) {
+    if let Ok(Some(points)) = profilerd::bpf::attach::allocators::find_in(data) {
         assert_eq!(points.offsets.len(), points.cookies.len());
         for offset in points.offsets {
             assert!(offset < data.len() as u64, "{offset}");

@@ -8,6 +8,6 @@ fuzz_target!(|data: &[u8]| {
     let Some((address, code)) = data.split_first_chunk::<8>() else {
         return;
     };
-    let placed = profilerd::kernel::attach::placement::choose(code, u64::from_le_bytes(*address));
+    let placed = profilerd::bpf::attach::placement::choose(code, u64::from_le_bytes(*address));
     assert!(placed.offset == 0 || placed.offset < code.len() as u64);
 });

@@ -5,17 +5,17 @@
 //! profiles go, and the session that schedules it all. `report` reads
 //! profile files. docs/ARCHITECTURE.md maps them.
 
-pub mod model;
+pub(crate) mod model;
 
 pub mod config;
 
-pub mod kernel;
+pub mod bpf;
 
 pub mod procs;
 
-pub mod stacks;
+pub(crate) mod stacks;
 
-pub mod profiles;
+pub(crate) mod profiles;
 
 pub mod output;
 

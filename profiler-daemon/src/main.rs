@@ -33,7 +33,7 @@ fn main() -> ExitCode {
     if settings.kernel_log {
         // `[debug] kernel_log`: the kernel's lines are shown whatever the level.
         filter = filter.add_directive(
-            format!("{}=debug", profilerd::kernel::log::TARGET)
+            format!("{}=debug", profilerd::bpf::log::TARGET)
                 .parse()
                 .expect("a valid directive"),
         );
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         .init();
 
     if settings.check {
-        return profilerd::kernel::check::run_check(&settings);
+        return profilerd::bpf::check::run_check(&settings);
     }
     raise_open_file_limit();
     let runtime = match tokio::runtime::Builder::new_current_thread()

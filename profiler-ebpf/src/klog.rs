@@ -103,13 +103,15 @@ pub fn on() -> bool {
     crate::globals::global_u8(&KERNEL_LOG) != 0
 }
 
-/// Runs a program's body (an `#[inline(always)]` function of its context),
-/// then sends what it noted. The log calls run after the body, with none
-/// of its stack in use: their records' fields would not fit beside the
-/// largest programs' stack (futex_exit, sched_switch, cpu_sample).
+/// Runs a program's body (an `#[inline(always)]` function of its context,
+/// which returns `Err` to leave early; both carry the program's return
+/// value), then sends what it noted. The log calls run after the body,
+/// with none of its stack in use: their records' fields would not fit
+/// beside the largest programs' stack (futex_exit, sched_switch,
+/// cpu_sample).
 #[inline(always)]
-pub fn run<C>(ctx: C, body: impl FnOnce(C) -> u32) -> u32 {
-    let ret = body(ctx);
+pub fn run<C>(ctx: C, body: impl FnOnce(C) -> Result<u32, u32>) -> u32 {
+    let (Ok(ret) | Err(ret)) = body(ctx);
     if on() {
         flush();
     }

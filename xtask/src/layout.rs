@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 
 /// The daemon's folders in data-flow order.
 pub const DAEMON_LAYERS: &[&str] = &[
-    "model", "config", "kernel", "procs", "stacks", "profiles", "output", "session", "report",
+    "model", "config", "bpf", "procs", "stacks", "profiles", "output", "session", "report",
 ];
 
 /// The crates whose modules must not form cycles, by source folder.
@@ -28,7 +28,7 @@ const CRATES: &[&str] = &[
 ];
 
 /// A module, as the path of its file's module below the crate root
-/// (`kernel::attach::placement`); the crate root is the empty path.
+/// (`bpf::attach::placement`); the crate root is the empty path.
 type Module = String;
 
 /// Runs every check; fails with each violation listed.
@@ -89,7 +89,7 @@ fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-/// `kernel/attach/mod.rs` -> `kernel::attach`; `lib.rs`, `main.rs` -> "".
+/// `bpf/attach/mod.rs` -> `bpf::attach`; `lib.rs`, `main.rs` -> "".
 fn module_of(rel: &Path) -> Module {
     let mut parts: Vec<String> = rel
         .iter()
@@ -266,31 +266,28 @@ mod tests {
     #[test]
     fn finds_paths_outside_comments_and_strings() {
         let text = strip_comments(
-            "use crate::kernel::probes::Probes; // crate::report\nlet s = \"crate::output\";\nx = crate::model::text::hex(1);\n$crate::klog::x",
+            "use crate::bpf::probes::Probes; // crate::report\nlet s = \"crate::output\";\nx = crate::model::text::hex(1);\n$crate::klog::x",
         );
         let paths: Vec<String> = crate_paths(&text).iter().map(|p| p.join("::")).collect();
         assert_eq!(
             paths,
-            ["kernel::probes::Probes", "model::text::hex"].map(String::from)
+            ["bpf::probes::Probes", "model::text::hex"].map(String::from)
         );
     }
 
     #[test]
     fn resolves_to_the_longest_module() {
-        let known: BTreeSet<Module> = ["kernel", "kernel::attach", "kernel::attach::placement"]
+        let known: BTreeSet<Module> = ["bpf", "bpf::attach", "bpf::attach::placement"]
             .map(String::from)
             .into();
-        let path: Vec<String> = ["kernel", "attach", "placement", "choose"]
+        let path: Vec<String> = ["bpf", "attach", "placement", "choose"]
             .map(String::from)
             .into();
         assert_eq!(
             resolve(&path, &known).as_deref(),
-            Some("kernel::attach::placement")
+            Some("bpf::attach::placement")
         );
-        assert_eq!(
-            module_of(Path::new("kernel/attach/mod.rs")),
-            "kernel::attach"
-        );
+        assert_eq!(module_of(Path::new("bpf/attach/mod.rs")), "bpf::attach");
         assert_eq!(module_of(Path::new("lib.rs")), "");
     }
 

@@ -2,8 +2,8 @@
 //! a Pyroscope server (`push`), the metrics and `/metrics` server
 //! (`metrics`), and `publish`, which hands each profile to all of them.
 
-pub mod metrics;
-pub mod publish;
-pub mod push;
-pub mod retention;
+pub(crate) mod metrics;
+pub(crate) mod publish;
+pub(crate) mod push;
+pub(crate) mod retention;
 pub mod writer;

@@ -57,11 +57,13 @@ impl Retention {
     }
 
     /// Files deleted since start.
+    #[cfg(test)]
     pub fn deleted(&self) -> u64 {
         self.deleted
     }
 
     /// Failed deletions (and failed directory listings) since start.
+    #[cfg(test)]
     pub fn failures(&self) -> u64 {
         self.failures
     }

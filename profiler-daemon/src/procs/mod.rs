@@ -4,5 +4,5 @@
 
 pub mod environment;
 mod lineage;
-pub mod objects;
-pub mod process;
+pub(crate) mod objects;
+pub(crate) mod process;

@@ -73,6 +73,7 @@ impl ObjectFile {
     }
 
     /// Whether the file stays readable after its process exits.
+    #[cfg(test)]
     pub fn has_handle(&self) -> bool {
         matches!(self.source, ObjectSource::Handle(_))
     }
@@ -122,6 +123,7 @@ pub struct MappedObject {
 
 impl MappedObject {
     /// File offset of `addr`, which must lie in the mapping.
+    #[cfg(test)]
     pub fn file_offset(&self, addr: u64) -> u64 {
         addr.wrapping_sub(self.mapping.start)
             .wrapping_add(self.mapping.file_offset)

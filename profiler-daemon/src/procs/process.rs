@@ -516,6 +516,7 @@ impl ProcessTable {
 
     /// The environment labels of `tgid` if known, then the node's; not a use
     /// for eviction.
+    #[cfg(test)]
     pub fn environment_labels(&self, tgid: u32) -> impl Iterator<Item = (&'static str, &str)> {
         self.image_labels(tgid, self.generation(tgid))
     }

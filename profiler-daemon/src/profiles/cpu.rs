@@ -9,9 +9,9 @@ use std::time::Duration;
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
 
+use crate::bpf::drain::{CpuWindow, SampleId, Stack};
+use crate::bpf::probes::Probes;
 use crate::config::Settings;
-use crate::kernel::drain::{CpuWindow, SampleId, Stack};
-use crate::kernel::probes::Probes;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;

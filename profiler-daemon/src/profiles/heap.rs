@@ -13,9 +13,9 @@ use aya::maps::{MapData, RingBuf};
 use foldhash::{HashMap, HashSet};
 use profiler_common::{HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, heap_event};
 
+use crate::bpf::drain::{SampleId, Stack};
+use crate::bpf::probes::Probes;
 use crate::config::Settings;
-use crate::kernel::drain::{SampleId, Stack};
-use crate::kernel::probes::Probes;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
@@ -264,7 +264,7 @@ pub(crate) fn build_heap_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::drain::Stack;
+    use crate::bpf::drain::Stack;
 
     fn id(tgid: u32, frames: &[u64]) -> SampleId {
         SampleId {

@@ -144,6 +144,7 @@ impl ProfileBuilder {
     }
 
     /// Number of distinct samples (after merging) added so far.
+    #[cfg(test)]
     pub fn sample_count(&self) -> usize {
         self.samples.len()
     }

@@ -9,7 +9,7 @@ use profiler_common::{
     BRIEF_FRAMES_OFFSET, WALK_HINT_WORDS, WaitBrief, WalkHint, WalkHintKey, wait_flags,
 };
 
-use crate::kernel::drain::Stack;
+use crate::bpf::drain::Stack;
 use crate::procs::process::ProcessTable;
 use crate::stacks::unwind::{Matched, Unwinder, UnwoundStack};
 

@@ -30,6 +30,7 @@ pub fn block_event(duration_ns: u64, rate_ns: u64) -> (f64, f64) {
 
 /// Whether an event is kept: decided in the kernel, by the rule in
 /// `profiler_common::sampling`.
+#[cfg(test)]
 pub use profiler_common::sampling::keep_block_event;
 
 /// Mutex: one kept wake-up in `fraction` with a delay of `delay_ns` stands

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::bpf::drain::{SampleId, Stack};
 use crate::config::Settings;
-use crate::kernel::drain::{SampleId, Stack};
 use crate::model::frames::{Frame, Line};
 use crate::procs::process::ProcessTable;
 

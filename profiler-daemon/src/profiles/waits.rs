@@ -14,8 +14,8 @@ use profiler_common::{
     STACK_COPY_BYTES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event, wait_flags,
 };
 
+use crate::bpf::drain::{SampleId, Stack};
 use crate::config::Settings;
-use crate::kernel::drain::{SampleId, Stack};
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
@@ -429,7 +429,7 @@ pub(crate) fn build_wait_profile(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::drain::Stack;
+    use crate::bpf::drain::Stack;
 
     fn id(frame: u64) -> SampleId {
         SampleId {

@@ -4,8 +4,8 @@
 use aya::maps::{MapData, RingBuf};
 use profiler_common::{ImageAnchors, ProcEvent, proc_event};
 
+use crate::bpf::probes::Probes;
 use crate::config::UnwindMode;
-use crate::kernel::probes::Probes;
 use crate::procs::process::ProcessTable;
 use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;

@@ -4,7 +4,7 @@
 //! to stop.
 
 mod events;
-pub mod notify;
+mod notify;
 mod summary;
 mod targets;
 mod window;
@@ -17,11 +17,11 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::bpf::check::{probe_config, settle_profiles};
+use crate::bpf::features::KernelFeatures;
+use crate::bpf::log::KernelLog;
+use crate::bpf::probes::Probes;
 use crate::config::Settings;
-use crate::kernel::check::{probe_config, settle_profiles};
-use crate::kernel::features::KernelFeatures;
-use crate::kernel::log::KernelLog;
-use crate::kernel::probes::Probes;
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::retention::Retention;
@@ -170,7 +170,7 @@ impl Session {
     /// and attaches the probes, and watches their rings.
     async fn start(mut settings: Settings) -> Result<(Session, Rings)> {
         check_privileges()?;
-        let features = KernelFeatures::probe(crate::kernel::probes::tracefs_dir()?);
+        let features = KernelFeatures::probe(crate::bpf::tracefs::tracefs_dir()?);
         let skipped = settle_profiles(&mut settings, &features)?;
         let writer = ProfileWriter::open(&settings.output_dir)?;
         let stale = writer.remove_stale_temp_files();
@@ -269,7 +269,7 @@ impl Session {
     /// Says ready, in the log and to the service manager; the first
     /// window starts here.
     fn announce_ready(&mut self) {
-        match crate::kernel::check::skipped_names() {
+        match crate::bpf::check::skipped_names() {
             "" => tracing::info!("ready: every probe is attached"),
             skipped => tracing::info!(
                 "ready: every probe is attached (skipped at best effort on this kernel: {skipped})"

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use profiler_common::counter;
 
+use crate::bpf::probes::Probes;
 use crate::config::{Settings, UnwindMode};
-use crate::kernel::probes::Probes;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
 use crate::procs::process::ProcessTable;
@@ -184,7 +184,7 @@ pub(crate) fn log_summary(
         uprobe_links_closed_inline = probes.links_closed_inline(),
         symbol_cache_evictions = s.cache_evictions,
         unwind_evictions = u.evictions,
-        profiles_unavailable = %match crate::kernel::check::skipped_names() {
+        profiles_unavailable = %match crate::bpf::check::skipped_names() {
             "" => "none",
             names => names,
         },

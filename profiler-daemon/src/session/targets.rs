@@ -10,9 +10,9 @@ use anyhow::{Context as _, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 
-use crate::kernel::attach::allocators::{PreExecLinks, resolve_program};
-use crate::kernel::log::KernelLog;
-use crate::kernel::probes::Probes;
+use crate::bpf::attach::allocators::{PreExecLinks, resolve_program};
+use crate::bpf::log::KernelLog;
+use crate::bpf::probes::Probes;
 use crate::procs::process::ProcessTable;
 
 /// Loading eBPF needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN. Checking
@@ -115,7 +115,7 @@ pub(crate) fn start_command(
     unsafe {
         cmd.pre_exec(move || {
             let pid = libc::getpid() as u32;
-            crate::kernel::map_syscalls::update_elem_raw(targets, &pid, &1u8)?;
+            crate::bpf::map_syscalls::update_elem_raw(targets, &pid, &1u8)?;
             if let Some(links) = &in_child {
                 links.in_child();
             }

@@ -3,8 +3,8 @@
 
 use std::time::{Instant, SystemTime};
 
+use crate::bpf::drain::CpuWindow;
 use crate::config::Settings;
-use crate::kernel::drain::CpuWindow;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::publish::Publisher;
 use crate::procs::process::ProcessTable;

@@ -16,7 +16,7 @@
 //! window ends. Tops are sent again each window, as the kernel drops a
 //! thread's entry when it exits and its id may come back.
 
-use crate::kernel::probes::TopUpdate;
+use crate::bpf::probes::TopUpdate;
 use std::collections::HashMap;
 
 /// Counters of learned tops.

@@ -219,15 +219,11 @@ impl Symbolizer {
         })
     }
 
-    /// The mapping that kernel frames carry.
-    pub fn kernel_mapping(&self) -> &Arc<Mapping> {
-        &self.kernel_mapping
-    }
-
     /// Symbolizes a user stack of `tgid`: `addrs` leaf first, as recorded.
     /// Every address but the first is a return address and is looked up
     /// (and reported in [`Frame::address`]) as `addr - 1`, the call. Returns
     /// one frame per address, leaf first.
+    #[cfg(test)]
     pub fn user_stack(&mut self, procs: &mut ProcessTable, tgid: u32, addrs: &[u64]) -> Vec<Frame> {
         let generation = procs.generation(tgid);
         self.user_stack_of(procs, (tgid, generation), addrs)

@@ -224,11 +224,13 @@ impl WalkMemo {
     }
 
     /// Walks remembered now, in both generations.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.current.len() + self.previous.len()
     }
 
     /// Whether no walk is remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -22,20 +22,20 @@ static COND_WAITS: TaskStorage<CondWait> = TaskStorage::new();
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn cond_wait_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    cond_wait_run(ProbeContext::new(ctx));
-    0
+    let (Ok(ret) | Err(ret)) = try_cond_wait(ProbeContext::new(ctx));
+    ret
 }
 
 /// At `pthread_cond_*wait`'s entry: the thread notes the condition and
 /// mutex it is about to wait with (the first two arguments).
 #[inline(always)]
-fn cond_wait_run(ctx: ProbeContext) {
+fn try_cond_wait(ctx: ProbeContext) -> Result<u32, u32> {
     if global_u8(&BLOCK_ON) == 0 {
-        return;
+        return Ok(0);
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if tgid == global(&SELF_TGID) || !is_target(tgid) {
-        return;
+        return Ok(0);
     }
     let regs = ctx.regs;
     // SAFETY: checked context loads of the user's pt_regs.
@@ -49,6 +49,7 @@ fn cond_wait_run(ctx: ProbeContext) {
         // SAFETY: the current thread's value; only its own programs touch it.
         unsafe { *slot = wait };
     }
+    Ok(0)
 }
 
 /// The condition variable a wait on futex word `uaddr` belongs to: the one

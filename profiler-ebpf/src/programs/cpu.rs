@@ -68,17 +68,17 @@ static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTES, 0);
 
 #[perf_event]
 pub fn cpu_sample(ctx: PerfEventContext) -> u32 {
-    klog::run(ctx, cpu_sample_run)
+    klog::run(ctx, try_cpu_sample)
 }
 
 #[inline(always)]
-fn cpu_sample_run(ctx: PerfEventContext) -> u32 {
+fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     // The idle task: the CPU did no work for anyone.
     if tid == 0 || !is_target(tgid) {
-        return 0;
+        return Ok(0);
     }
     count(counter::SAMPLES);
     let image_since = note_process(tgid);
@@ -86,7 +86,7 @@ fn cpu_sample_run(ctx: PerfEventContext) -> u32 {
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
-        return 0;
+        return Ok(0);
     }
     let active = CONTROL.get(control::ACTIVE_BUFFER).copied().unwrap_or(0);
     let (stacks, counts) = if active == 0 {
@@ -132,7 +132,7 @@ fn cpu_sample_run(ctx: PerfEventContext) -> u32 {
             }
         }
     }
-    0
+    Ok(0)
 }
 
 /// The user registers (ip, sp, bp) of the current task: those of the

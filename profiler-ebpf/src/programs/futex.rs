@@ -59,11 +59,11 @@ static WAKE_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// profile (one in MUTEX_FRACTION).
 #[tracepoint]
 pub fn futex_enter(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, futex_enter_run)
+    klog::run(ctx, try_futex_enter)
 }
 
 #[inline(always)]
-fn futex_enter_run(ctx: TracePointContext) -> u32 {
+fn try_futex_enter(ctx: TracePointContext) -> Result<u32, u32> {
     let offset = global(&FUTEX_UADDR_OFFSET) as usize;
     // The word and the operation in one read: two adjacent arguments.
     // SAFETY: fields of the tracepoint record, offset from its format file.
@@ -83,32 +83,32 @@ fn futex_enter_run(ctx: TracePointContext) -> u32 {
         | futex_op::CMP_REQUEUE_PI => begin_wake(uaddr),
         _ => {}
     }
-    0
+    Ok(0)
 }
 
 /// sys_enter_futex_wait and sys_enter_futex_waitv (whose first argument,
 /// the waiter array, stands for the futex word).
 #[tracepoint]
 pub fn futex_wait_enter(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, futex_wait_enter_run)
+    klog::run(ctx, try_futex_wait_enter)
 }
 
 #[inline(always)]
-fn futex_wait_enter_run(ctx: TracePointContext) -> u32 {
+fn try_futex_wait_enter(ctx: TracePointContext) -> Result<u32, u32> {
     begin_wait(futex_uaddr(&ctx));
-    0
+    Ok(0)
 }
 
 /// sys_enter_futex_wake.
 #[tracepoint]
 pub fn futex_wake_enter(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, futex_wake_enter_run)
+    klog::run(ctx, try_futex_wake_enter)
 }
 
 #[inline(always)]
-fn futex_wake_enter_run(ctx: TracePointContext) -> u32 {
+fn try_futex_wake_enter(ctx: TracePointContext) -> Result<u32, u32> {
     begin_wake(futex_uaddr(&ctx));
-    0
+    Ok(0)
 }
 
 /// The process of the current system call, if it is targeted.
@@ -215,17 +215,15 @@ fn set_futex_call(call: FutexCall) {
 /// reports its stack when it woke someone.
 #[tracepoint]
 pub fn futex_exit(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, futex_exit_run)
+    klog::run(ctx, try_futex_exit)
 }
 
 #[inline(always)]
-fn futex_exit_run(ctx: TracePointContext) -> u32 {
+fn try_futex_exit(ctx: TracePointContext) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    let Some(slot) = FUTEX_CALLS.current(false) else {
-        return 0;
-    };
+    let slot = FUTEX_CALLS.current(false).ok_or(0u32)?;
     // SAFETY: the current thread's value; copied out, then marked done.
     let call = unsafe {
         let call = *slot;
@@ -233,7 +231,7 @@ fn futex_exit_run(ctx: TracePointContext) -> u32 {
         call
     };
     if call.kind == futex_call::NONE {
-        return 0;
+        return Ok(0);
     }
     // SAFETY: plain helper.
     let now = unsafe { bpf_ktime_get_ns() };
@@ -274,7 +272,7 @@ fn futex_exit_run(ctx: TracePointContext) -> u32 {
                 }
             }
         }
-        return 0;
+        return Ok(0);
     }
     let offset = global(&SYSCALL_RET_OFFSET) as usize;
     // SAFETY: a field of the tracepoint record, offset from its format file.
@@ -285,7 +283,7 @@ fn futex_exit_run(ctx: TracePointContext) -> u32 {
             if ret <= 0 {
                 // It woke nobody: no wait may claim it.
                 let _ = FUTEX_WAKERS.remove(key);
-                return 0;
+                return Ok(0);
             }
             // SAFETY: as above.
             unsafe { (*waker).woken = ret.min(i64::from(u32::MAX)) as u32 };
@@ -302,7 +300,7 @@ fn futex_exit_run(ctx: TracePointContext) -> u32 {
             call.uaddr,
         );
     }
-    0
+    Ok(0)
 }
 
 /// The WAKER_TIMES slot of a futex word.

@@ -40,24 +40,18 @@ static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn go_park_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    klog::run(ProbeContext::new(ctx), go_park_probe_run)
+    klog::run(ProbeContext::new(ctx), try_go_park)
 }
 
 #[inline(always)]
-fn go_park_probe_run(ctx: ProbeContext) -> u32 {
-    go_park_run(ctx);
-    0
-}
-
-#[inline(always)]
-fn go_park_run(ctx: ProbeContext) {
+fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     if global_u8(&BLOCK_ON) == 0 {
-        return;
+        return Ok(0);
     }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if tgid == global(&SELF_TGID) || !is_target(tgid) {
-        return;
+        return Ok(0);
     }
     let regs = ctx.regs;
     // SAFETY: plain helpers; checked context loads of the user's pt_regs.
@@ -86,7 +80,7 @@ fn go_park_run(ctx: ProbeContext) {
             addr: r14,
         };
         let _ = GO_PARKED.insert(key, park, 0);
-        return;
+        return Ok(0);
     }
     let key = FutexKey {
         tgid,
@@ -94,9 +88,7 @@ fn go_park_run(ctx: ProbeContext) {
         addr: rax,
     };
     // SAFETY: copied out before the entry is removed.
-    let Some(park) = (unsafe { GO_PARKED.get(key) }).copied() else {
-        return;
-    };
+    let park = (unsafe { GO_PARKED.get(key) }).copied().ok_or(0u32)?;
     let _ = GO_PARKED.remove(key);
     count(counter::FUTEX_WAITS);
     let waited = now.saturating_sub(park.start_ns);
@@ -105,6 +97,7 @@ fn go_park_run(ctx: ProbeContext) {
     if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
         send_go_block(tgid, &park, waited);
     }
+    Ok(0)
 }
 
 /// Sends a kept goroutine wait with its frames: the return address at

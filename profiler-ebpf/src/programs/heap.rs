@@ -63,16 +63,16 @@ static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn heap_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    klog::run(ProbeContext::new(ctx), heap_probe_run)
+    klog::run(ProbeContext::new(ctx), try_heap_probe)
 }
 
 #[inline(always)]
-fn heap_probe_run(ctx: ProbeContext) -> u32 {
+fn try_heap_probe(ctx: ProbeContext) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
     if tgid == global(&SELF_TGID) {
-        return 1;
+        return Ok(1);
     }
     let regs = ctx.regs;
     // SAFETY: the context of a uprobe is the user's pt_regs; these are
@@ -82,11 +82,9 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
     let function = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) };
     if function == alloc_fn::FREE {
         retire(tgid, arg0);
-        return 1;
+        return Ok(1);
     }
-    let Some(state) = heap_thread(tid) else {
-        return 1;
-    };
+    let state = heap_thread(tid).ok_or(1u32)?;
     // SAFETY: the map value stays valid for this program run; a thread
     // runs one program at a time.
     let state = unsafe { &mut *state };
@@ -104,7 +102,7 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
         {
             on_return(&ctx, state, tgid, tid);
         }
-        return 0;
+        return Ok(0);
     }
     if state.pending_sp != 0 {
         // Nested in the pending call, counted by it: deeper on the stack, or
@@ -114,7 +112,7 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
         if sp <= state.pending_sp
             && unsafe { bpf_ktime_get_ns() } - state.pending_ns < PENDING_STALE_NS
         {
-            return 1;
+            return Ok(1);
         }
         // A pending call that never returned (longjmp out of it): forget it.
         state.pending_sp = 0;
@@ -127,7 +125,7 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
         alloc_fn::POSIX_MEMALIGN => (arg2, arg0, 0),
         alloc_fn::ALIGNED_ALLOC | alloc_fn::MEMALIGN => (arg1, 0, 0),
         alloc_fn::PVALLOC => ((arg0 + 4095) & !4095, 0, 0),
-        _ => return 1,
+        _ => return Ok(1),
     };
     if old != 0 {
         retire(tgid, old);
@@ -135,7 +133,7 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
     let sampled = size > 0 && take_sample(state, size);
     let composite = function != alloc_fn::MALLOC && function != alloc_fn::CALLOC;
     if !sampled && !composite {
-        return 1;
+        return Ok(1);
     }
     state.pending_sp = sp;
     // SAFETY: plain helper.
@@ -144,7 +142,7 @@ fn heap_probe_run(ctx: ProbeContext) -> u32 {
     state.pending_out = out;
     state.pending_fn = function as u32;
     state.pending_sampled = u32::from(sampled);
-    0
+    Ok(0)
 }
 
 /// n * size as calloc computes it; a request that overflows fails and

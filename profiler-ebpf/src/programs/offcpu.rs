@@ -61,13 +61,13 @@ static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries
 /// costliest part) is not paid for the intervals the rule drops.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn sched_switch(ctx: BtfTracePointContext) -> u32 {
-    klog::run(ctx, sched_switch_run)
+    klog::run(ctx, try_sched_switch)
 }
 
 #[inline(always)]
-fn sched_switch_run(ctx: BtfTracePointContext) -> u32 {
+fn try_sched_switch(ctx: BtfTracePointContext) -> Result<u32, u32> {
     if global_u8(&OFFCPU_ON) == 0 {
-        return 0;
+        return Ok(0);
     }
     // sched_switch(bool preempt, struct task_struct *prev,
     //              struct task_struct *next, unsigned int prev_state)
@@ -82,7 +82,7 @@ fn sched_switch_run(ctx: BtfTracePointContext) -> u32 {
         park(&ctx, prev, now);
     }
     unpark(next, now);
-    0
+    Ok(0)
 }
 
 /// `__state` of a task's final switch (include/linux/sched.h).

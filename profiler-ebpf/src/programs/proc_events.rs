@@ -44,19 +44,16 @@ static EXEC_STARTS: TaskStorage<u64> = TaskStorage::new();
 
 #[tracepoint]
 pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, sched_process_fork_run)
+    klog::run(ctx, try_sched_process_fork)
 }
 
 #[inline(always)]
-fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
+fn try_sched_process_fork(ctx: TracePointContext) -> Result<u32, u32> {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     // SAFETY: the offset comes from this kernel's format file.
     let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
     // SAFETY: reading a field of the tracepoint record.
-    let child: i32 = match unsafe { ctx.read_at(offset) } {
-        Ok(c) => c,
-        Err(_) => return 0,
-    };
+    let child: i32 = unsafe { ctx.read_at(offset) }.map_err(|_| 0u32)?;
     // The pid of a process that exited is someone else's from now on.
     let _ = SEEN.remove(child as u32);
     // SAFETY: presence check only.
@@ -65,7 +62,7 @@ fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
         // SAFETY: presence check only.
         && unsafe { TARGETS.get(parent_tgid).is_some() };
     if !parent_seen && !follow {
-        return 0;
+        return Ok(0);
     }
     if parent_seen && child as u32 != parent_tgid && FORKED.insert(child as u32, 1u8, 0).is_ok() {
         // Sent before the child can run, so before its NEW event: a child
@@ -74,7 +71,7 @@ fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
         send_proc_event_from(proc_event::FORK, child as u32, parent_tgid);
     }
     if !follow {
-        return 0;
+        return Ok(0);
     }
     // A new thread's id lands here too; sched_process_exit removes it.
     if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
@@ -88,7 +85,7 @@ fn sched_process_fork_run(ctx: TracePointContext) -> u32 {
         count(counter::TARGETS_FULL);
         klog!(why::TARGETS_FULL, parent_tgid, klog::tid(), child);
     }
-    0
+    Ok(0)
 }
 
 /// Notes when an exec passed its point of no return (Linux 6.10+; older
@@ -123,11 +120,11 @@ pub fn task_rename(_ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
-    klog::run(_ctx, sched_process_exec_run)
+    klog::run(_ctx, try_sched_process_exec)
 }
 
 #[inline(always)]
-fn sched_process_exec_run(_ctx: TracePointContext) -> u32 {
+fn try_sched_process_exec(_ctx: TracePointContext) -> Result<u32, u32> {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let forked = FORKED.remove(tgid).is_ok();
     // SAFETY: plain helper.
@@ -151,16 +148,16 @@ fn sched_process_exec_run(_ctx: TracePointContext) -> u32 {
     } else if forked {
         send_proc_event(proc_event::FORGET_FORK, tgid);
     }
-    0
+    Ok(0)
 }
 
 #[tracepoint]
 pub fn sched_process_exit(_ctx: TracePointContext) -> u32 {
-    klog::run(_ctx, sched_process_exit_run)
+    klog::run(_ctx, try_sched_process_exit)
 }
 
 #[inline(always)]
-fn sched_process_exit_run(_ctx: TracePointContext) -> u32 {
+fn try_sched_process_exit(_ctx: TracePointContext) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -175,7 +172,7 @@ fn sched_process_exit_run(_ctx: TracePointContext) -> u32 {
         if global_u8(&FOLLOW_FORKS) != 0 {
             let _ = TARGETS.remove(tid);
         }
-        return 0;
+        return Ok(0);
     }
     // The process is gone: a new process that gets its pid is someone else,
     // not a target (the daemon's own clean-up comes up to a second later).
@@ -191,5 +188,5 @@ fn sched_process_exit_run(_ctx: TracePointContext) -> u32 {
         let _ = SEEN.insert(tgid, EXITED, 0);
         send_proc_event(proc_event::EXIT, tgid);
     }
-    0
+    Ok(0)
 }

@@ -38,7 +38,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-pub use crate::config::push::{PushSettings, PushTable};
+pub use crate::config::push::PushSettings;
 use crate::model::profile_kind::ProfileKind;
 pub use connect::ClientError as PushError;
 use connect::{Client, MAX_BACKOFF, Outcome, REQUEST_TIMEOUT};

@@ -38,8 +38,8 @@ use object::read::elf::{FileHeader as _, ProgramHeader as _, SectionHeader as _}
 use profiler_common::{WalkHint, WalkHintKey};
 use tracing::{debug, trace};
 
+use crate::bpf::probes::TopUpdate;
 use crate::config::limits::DEFAULT_MAX_WALKS;
-use crate::kernel::probes::TopUpdate;
 use crate::procs::objects::{MappedObject, ObjectFile};
 use crate::procs::process::PAGE_SIZE;
 use crate::procs::process::ProcessInfo;
@@ -59,7 +59,6 @@ pub const DEFAULT_MAX_OBJECTS: usize = 1024;
 pub const DEFAULT_MAX_OBJECT_BYTES: usize = 256 << 20;
 mod tables;
 
-pub use tables::LoadError;
 use tables::*;
 
 /// Counters of the unwinder.
@@ -361,6 +360,7 @@ impl Unwinder {
     /// registers at the sample; `stack` is the user stack memory copied from
     /// `sp` upwards. Frames are leaf first: `ip`, then return addresses (as
     /// the kernel's frame-pointer stacks are).
+    #[cfg(test)]
     pub fn unwind(
         &mut self,
         process: &ProcessInfo,

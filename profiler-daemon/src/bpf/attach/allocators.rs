@@ -17,8 +17,8 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::alloc_fn;
 
-use crate::kernel::attach::placement;
-use crate::kernel::uprobe_session::{ProbePoints, UprobeLinks, create_link};
+use crate::bpf::attach::placement;
+use crate::bpf::uprobe_session::{ProbePoints, UprobeLinks, create_link};
 
 /// Finds the allocator entry points that `path` defines. None when it does
 /// not define both malloc and free (most files).

@@ -1,13 +1,7 @@
 //! Kernel probes: loads the embedded eBPF object, sets its globals, attaches
 //! its programs and owns its maps. Everything that touches the kernel's BPF
 //! interface lives here; the rest of the daemon sees plain Rust values.
-//!
-//! Longer than the ~800 lines a file should hold: the loader sets the
-//! globals of every program family before one load, and attaching and the
-//! typed map handles follow that load; splitting it per family (as the
-//! eBPF crate is) is the next step of the layout.
 
-use std::fs;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,11 +16,15 @@ use profiler_common::{
     LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
 };
 
-use crate::kernel::link_closer::LinkCloser;
-use crate::kernel::log::KernelLog;
-use crate::kernel::map_syscalls::{self, BatchError};
-use crate::kernel::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
+use crate::bpf::link_closer::LinkCloser;
+use crate::bpf::log::KernelLog;
+use crate::bpf::map_syscalls::{self, BatchError};
+use crate::bpf::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
 use thiserror::Error;
+
+use crate::bpf::tracefs::{
+    TracefsError, ensure_tracefs, tracefs_root, tracepoint_field_offset, tracepoint_format_path,
+};
 
 /// A change to the kernel's table of stack tops (stacks/stack_tops.rs
 /// decides them).
@@ -41,8 +39,6 @@ pub enum TopUpdate {
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
-
-const TRACEFS: &str = "/sys/kernel/tracing";
 
 #[derive(Debug, Error)]
 pub enum ProbeError {
@@ -78,12 +74,22 @@ pub enum ProbeError {
     },
     #[error(transparent)]
     Session(#[from] SessionError),
-    #[error("cannot list online CPUs: {0}")]
-    Cpus(String),
-    #[error("tracefs is not available at {TRACEFS} and mounting it failed: {0}")]
-    Tracefs(std::io::Error),
-    #[error("cannot read tracepoint format {path}: {reason}")]
-    Format { path: PathBuf, reason: String },
+    /// The kernel's list of CPUs (`/sys/devices/system/cpu/...`) could not
+    /// be read.
+    #[error("cannot list online CPUs: {path}: {source}")]
+    Cpus {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tracefs(#[from] TracefsError),
+    /// `sys_enter_futex`'s `op` does not follow `uaddr`, which the program
+    /// reads in one go.
+    #[error(
+        "cannot read tracepoint format {path}: 'op' at offset {op} does not follow 'uaddr' at {uaddr}"
+    )]
+    FutexLayout { path: PathBuf, uaddr: u32, op: u32 },
     #[error("reading the kernel's diagnostics: {0}")]
     KernelLog(#[source] aya_log::Error),
 }
@@ -202,9 +208,10 @@ impl Probes {
             let op = tracepoint_field_offset("syscalls", "sys_enter_futex", "op")?;
             // The kernel side reads both in one go.
             if op != uaddr + 8 {
-                return Err(ProbeError::Format {
+                return Err(ProbeError::FutexLayout {
                     path: tracepoint_format_path("syscalls", "sys_enter_futex"),
-                    reason: format!("'op' at offset {op} does not follow 'uaddr' at {uaddr}"),
+                    uaddr,
+                    op,
                 });
             }
             (
@@ -295,7 +302,7 @@ impl Probes {
             Some(_) => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "heap_probe", true)?,
                 "allocator",
-                crate::kernel::attach::allocators::find,
+                crate::bpf::attach::allocators::find,
                 &profiler_common::alloc_fn::NAMES,
                 config.filter_targets,
                 Arc::clone(&closer),
@@ -306,7 +313,7 @@ impl Probes {
             true => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "go_park_probe", false)?,
                 "Go runtime",
-                crate::kernel::attach::go_park::find,
+                crate::bpf::attach::go_park::find,
                 &profiler_common::go_fn::NAMES,
                 config.filter_targets,
                 Arc::clone(&closer),
@@ -317,7 +324,7 @@ impl Probes {
             true => Some(UprobeLinks::new(
                 UprobeProgram::load(EBPF_OBJECT, &ebpf, "cond_wait_probe", false)?,
                 "condition variable",
-                crate::kernel::attach::cond_park::find,
+                crate::bpf::attach::cond_park::find,
                 &profiler_common::cond_fn::NAMES,
                 config.filter_targets,
                 Arc::clone(&closer),
@@ -352,7 +359,7 @@ impl Probes {
             hash(take_map(&mut ebpf, "STACKS_1")?, "STACKS_1")?,
         ];
         let possible_cpus =
-            aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+            aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
         let proc_events = typed_map(&mut ebpf, "PROC_EVENTS")?;
         let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
         let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
@@ -502,8 +509,8 @@ impl Probes {
 
     fn attach_cpu(&mut self, frequency: u64) -> Result<(), ProbeError> {
         const NAME: &str = "cpu_sample";
-        let cpus = aya::util::online_cpus()
-            .map_err(|(path, e)| ProbeError::Cpus(format!("{path}: {e}")))?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
         let program: &mut PerfEvent = self
             .ebpf
             .program_mut(NAME)
@@ -817,94 +824,9 @@ fn raise_memlock_limit() {
     }
 }
 
-/// Tracepoints need tracefs; mount it where the kernel expects it when the
-/// system has not.
-fn ensure_tracefs() -> Result<(), ProbeError> {
-    if Path::new(TRACEFS).join("events").is_dir()
-        || Path::new("/sys/kernel/debug/tracing/events").is_dir()
-    {
-        return Ok(());
-    }
-    let target = std::ffi::CString::new(TRACEFS).map_err(|e| ProbeError::Tracefs(e.into()))?;
-    let fstype = c"tracefs";
-    let source = c"nodev";
-    // SAFETY: valid NUL-terminated strings; no data argument.
-    let ret = unsafe {
-        libc::mount(
-            source.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if ret != 0 {
-        return Err(ProbeError::Tracefs(std::io::Error::last_os_error()));
-    }
-    tracing::info!("mounted tracefs at {TRACEFS}");
-    Ok(())
-}
-
-/// Where tracepoints are listed, mounting tracefs if it is not.
-pub fn tracefs_dir() -> Result<&'static Path, ProbeError> {
-    ensure_tracefs()?;
-    Ok(Path::new(tracefs_root()))
-}
-
-fn tracefs_root() -> &'static str {
-    if Path::new(TRACEFS).join("events").is_dir() {
-        TRACEFS
-    } else {
-        "/sys/kernel/debug/tracing"
-    }
-}
-
-/// Offset of one field of a tracepoint record, from its format file:
-/// `field:pid_t child_pid; offset:44; size:4; signed:1;` (tab-separated).
-pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Result<u32, ProbeError> {
-    let path = tracepoint_format_path(category, name);
-    let text = fs::read_to_string(&path).map_err(|e| ProbeError::Format {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
-    parse_field_offset(&text, field).ok_or_else(|| ProbeError::Format {
-        path,
-        reason: format!("no field '{field}'"),
-    })
-}
-
-fn tracepoint_format_path(category: &str, name: &str) -> PathBuf {
-    Path::new(tracefs_root())
-        .join("events")
-        .join(category)
-        .join(name)
-        .join("format")
-}
-
-fn parse_field_offset(format: &str, field: &str) -> Option<u32> {
-    format.lines().find_map(|line| {
-        let line = line.trim();
-        let decl = line.strip_prefix("field:")?.split(';').next()?;
-        let declared = decl.split_whitespace().last()?;
-        if declared.trim_start_matches('*') != field {
-            return None;
-        }
-        let offset = line.split("offset:").nth(1)?.split(';').next()?;
-        offset.trim().parse().ok()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_fork_format() {
-        let format = "name: sched_process_fork\nID: 300\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;\n\tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:0;\n\tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;\n";
-        assert_eq!(parse_field_offset(format, "child_pid"), Some(44));
-        assert_eq!(parse_field_offset(format, "parent_pid"), Some(24));
-        assert_eq!(parse_field_offset(format, "nope"), None);
-    }
 
     /// The names the daemon and users know the kernel side by: every
     /// program with its section, every map with its type and sizes, every

@@ -27,7 +27,7 @@ use aya::maps::Map;
 use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type};
 use thiserror::Error;
 
-use crate::kernel::link_closer::LinkCloser;
+use crate::bpf::link_closer::LinkCloser;
 
 /// Files whose probe points are remembered (found or not).
 const MAX_FILES: usize = 4096;
@@ -42,17 +42,31 @@ pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 
 #[derive(Debug, Error)]
 pub enum SessionError {
+    /// The embedded object does not parse.
     #[error("parsing the eBPF object: {0}")]
-    Parse(String),
+    Parse(#[source] aya_obj::ParseError),
+    /// The object has no such program (or no code for it).
     #[error("eBPF program {0} is missing from the object")]
-    MissingProgram(String),
-    #[error("relocating eBPF program {name}: {reason}")]
-    Relocate { name: String, reason: String },
+    MissingProgram(&'static str),
+    /// The program's map references could not be bound to the loaded maps.
+    #[error("relocating eBPF program {name}: {source}")]
+    RelocateMaps {
+        name: &'static str,
+        #[source]
+        source: aya_obj::relocation::EbpfRelocationError,
+    },
+    /// The program's calls could not be linked.
+    #[error("relocating eBPF program {name}: {source}")]
+    RelocateCalls {
+        name: &'static str,
+        #[source]
+        source: aya_obj::relocation::EbpfRelocationError,
+    },
     #[error(
         "loading eBPF program {name} as a uprobe session failed (needs Linux 6.13 or later): {source}\n{log}"
     )]
     Load {
-        name: String,
+        name: &'static str,
         #[source]
         source: io::Error,
         log: String,
@@ -88,7 +102,7 @@ impl UprobeProgram {
     pub fn load(
         object: &[u8],
         ebpf: &Ebpf,
-        name: &str,
+        name: &'static str,
         session: bool,
     ) -> Result<Self, SessionError> {
         let attach_type = if session {
@@ -96,12 +110,7 @@ impl UprobeProgram {
         } else {
             BPF_TRACE_UPROBE_MULTI
         };
-        let mut obj =
-            aya_obj::Object::parse(object).map_err(|e| SessionError::Parse(e.to_string()))?;
-        let relocate = |reason: String| SessionError::Relocate {
-            name: name.to_string(),
-            reason,
-        };
+        let mut obj = aya_obj::Object::parse(object).map_err(SessionError::Parse)?;
         let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
         let mut maps = Vec::with_capacity(objects.len());
         for (map_name, map_obj) in &objects {
@@ -113,24 +122,19 @@ impl UprobeProgram {
         }
         let text_sections: HashSet<usize> = obj.functions.keys().map(|(s, _)| *s).collect();
         obj.relocate_maps(maps.into_iter(), &text_sections)
-            .map_err(|e| relocate(e.to_string()))?;
+            .map_err(|source| SessionError::RelocateMaps { name, source })?;
         obj.relocate_calls(&text_sections)
-            .map_err(|e| relocate(e.to_string()))?;
+            .map_err(|source| SessionError::RelocateCalls { name, source })?;
         let program = obj
             .programs
             .get(name)
-            .ok_or_else(|| SessionError::MissingProgram(name.to_string()))?;
+            .ok_or(SessionError::MissingProgram(name))?;
         let function = obj
             .functions
             .get(&program.function_key())
-            .ok_or_else(|| SessionError::MissingProgram(name.to_string()))?;
-        let fd = load_program(name, &function.instructions, &obj.license, attach_type).map_err(
-            |(source, log)| SessionError::Load {
-                name: name.to_string(),
-                source,
-                log,
-            },
-        )?;
+            .ok_or(SessionError::MissingProgram(name))?;
+        let fd = load_program(name, &function.instructions, &obj.license, attach_type)
+            .map_err(|(source, log)| SessionError::Load { name, source, log })?;
         Ok(UprobeProgram { fd, attach_type })
     }
 

@@ -16,9 +16,9 @@ use std::sync::OnceLock;
 use anyhow::{Result, bail};
 use profiler_common::unwind_mode;
 
+use crate::bpf::features::{Availability, KernelFeatures, refusal};
+use crate::bpf::probes::{ProbeConfig, Probes};
 use crate::config::{Settings, UnwindMode};
-use crate::kernel::features::{Availability, KernelFeatures, refusal};
-use crate::kernel::probes::{ProbeConfig, Probes};
 use crate::model::profile_kind::ProfileKind;
 
 /// Profile types skipped on this kernel, for the exit summary ("" when
@@ -55,7 +55,7 @@ pub fn probe_config(
         mutex_fraction: on(ProfileKind::Mutex).then_some(settings.mutex_fraction),
         limits: settings.limits,
         stack_switches: settings.stack_switches,
-        kernel_log: crate::kernel::log::wanted(settings.kernel_log),
+        kernel_log: crate::bpf::log::wanted(settings.kernel_log),
         uprobe_multi: features.uprobe_multi,
         futex2_tracepoints: features.futex2_tracepoints,
     }
@@ -155,7 +155,7 @@ pub fn settle_profiles(
 /// `profilerd --check`: each profile type and unwinding mode on this
 /// kernel; exit 0 when every requested type can run, 1 otherwise.
 pub fn run_check(settings: &Settings) -> ExitCode {
-    let features = match crate::kernel::probes::tracefs_dir() {
+    let features = match crate::bpf::tracefs::tracefs_dir() {
         Ok(tracefs) => KernelFeatures::probe(tracefs),
         Err(e) => {
             eprintln!("profilerd: {e}");

@@ -3,6 +3,6 @@
 //! a probe within a function's first instructions.
 
 pub mod allocators;
-pub mod cond_park;
-pub mod go_park;
+pub(crate) mod cond_park;
+pub(crate) mod go_park;
 pub mod placement;

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::kernel::uprobe_session::{
+use crate::bpf::uprobe_session::{
     BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION, kernel_supports,
 };
 use crate::model::profile_kind::ProfileKind;

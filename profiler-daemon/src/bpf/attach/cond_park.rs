@@ -15,9 +15,9 @@ use std::path::Path;
 use object::{Object, ObjectSymbol, SymbolKind};
 use profiler_common::cond_fn;
 
-use crate::kernel::attach::allocators::code_at;
-use crate::kernel::attach::placement;
-use crate::kernel::uprobe_session::ProbePoints;
+use crate::bpf::attach::allocators::code_at;
+use crate::bpf::attach::placement;
+use crate::bpf::uprobe_session::ProbePoints;
 
 /// The probe points of `path`: None unless it defines pthread_cond_wait.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {

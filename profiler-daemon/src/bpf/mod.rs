@@ -7,10 +7,11 @@
 
 pub mod attach;
 pub mod check;
-pub mod drain;
-pub mod features;
-pub mod link_closer;
+pub(crate) mod drain;
+pub(crate) mod features;
+pub(crate) mod link_closer;
 pub mod log;
-pub mod map_syscalls;
-pub mod probes;
-pub mod uprobe_session;
+pub(crate) mod map_syscalls;
+pub(crate) mod probes;
+pub(crate) mod tracefs;
+pub(crate) mod uprobe_session;

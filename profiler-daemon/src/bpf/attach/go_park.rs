@@ -10,8 +10,8 @@ use std::path::Path;
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use profiler_common::go_fn;
 
-use crate::kernel::attach::placement;
-use crate::kernel::uprobe_session::ProbePoints;
+use crate::bpf::attach::placement;
+use crate::bpf::uprobe_session::ProbePoints;
 
 /// The probe points of `path`: None unless it defines both Go functions.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
-use crate::kernel::probes::Drained;
+use crate::bpf::probes::Drained;
 
 /// What became of one of the two stacks of a sample.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +103,7 @@ impl CpuWindow {
     }
 
     /// Total samples in the window.
+    #[cfg(test)]
     pub fn total(&self) -> u64 {
         self.samples.values().sum()
     }

@@ -1,0 +1,245 @@
+//! Block and mutex profiles: futex calls and kept wake-ups, condition
+//! and Go park points, and the wait records (full, brief, delays).
+
+use crate::{COMM_LEN, MAX_STACK_DEPTH, STACK_COPY_BYTES, WALK_HINT_WORDS};
+
+/// futex(2) commands (`op & FUTEX_CMD_MASK`).
+pub mod futex_op {
+    pub const CMD_MASK: u64 = 0x7f;
+    pub const WAIT: u64 = 0;
+    pub const WAKE: u64 = 1;
+    pub const REQUEUE: u64 = 3;
+    pub const CMP_REQUEUE: u64 = 4;
+    pub const WAKE_OP: u64 = 5;
+    pub const LOCK_PI: u64 = 6;
+    pub const UNLOCK_PI: u64 = 7;
+    pub const WAIT_BITSET: u64 = 9;
+    pub const WAKE_BITSET: u64 = 10;
+    pub const WAIT_REQUEUE_PI: u64 = 11;
+    pub const CMP_REQUEUE_PI: u64 = 12;
+    pub const LOCK_PI2: u64 = 13;
+}
+
+/// A futex system call in progress on a thread (the `FUTEX_CALLS` map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexCall {
+    /// When it was entered (ns, CLOCK_MONOTONIC).
+    pub start_ns: u64,
+    /// The futex word.
+    pub uaddr: u64,
+    /// A kept wake-up's id.
+    pub wake_id: u64,
+    /// 1: a wait; 2: a wake-up kept for the mutex profile.
+    pub kind: u32,
+    pub _pad: u32,
+}
+
+/// Values of [`FutexCall::kind`].
+pub mod futex_call {
+    /// None in progress (the last one ended).
+    pub const NONE: u32 = 0;
+    pub const WAIT: u32 = 1;
+    pub const WAKE: u32 = 2;
+}
+
+/// The latest kept wake-up of a futex word (the `FUTEX_WAKERS` map): the
+/// waits it ended report their delays against it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FutexWaker {
+    /// Identity of the wake-up (the waker's tid and its entry time).
+    pub wake_id: u64,
+    /// When the waker entered the wake-up call.
+    pub time_ns: u64,
+    /// Waits it ended that have reported (bounded by `woken`).
+    pub claimed: u32,
+    /// How many waiters it woke (0 until the waker's call returns).
+    pub woken: u32,
+}
+
+/// Futex words with a kept wake-up remembered at once.
+pub const FUTEX_WAKERS_ENTRIES: u32 = 16_384;
+
+/// Slots of the times of the latest kept wake-ups, by futex word hash (a
+/// power of two).
+pub const WAKER_TIME_SLOTS: u32 = 4096;
+
+/// Bytes in the ring buffer of wait events.
+pub const WAIT_EVENTS_BYTES: u32 = 16 * 1024 * 1024;
+
+/// What a wait event reports (its first word).
+pub mod wait_event {
+    /// A kept futex wait (block profile), with the waiter's stack.
+    pub const BLOCK: u32 = 1;
+    /// A kept contended wake-up (mutex profile), with the waker's stack.
+    pub const MUTEX_WAKE: u32 = 2;
+    /// A wait ended by a kept wake-up: its delay ([`super::MutexDelay`]).
+    pub const MUTEX_DELAY: u32 = 3;
+    /// A kept off-CPU interval ([`super::OffcpuRecord`]).
+    pub const OFFCPU: u32 = 4;
+}
+
+/// Bits of [`WaitHead::flags`] and [`OffcpuRecord::flags`].
+pub mod wait_flags {
+    /// The first frame is a return address (a Go goroutine's park point),
+    /// not the thread's instruction pointer.
+    pub const RETURN_ADDRESS: u32 = 1;
+    /// The thread's stack holds, at every offset of the daemon's walk hint
+    /// `hint_id`, the word the hint expects, and the record carries that
+    /// walk's frames (after the instruction pointer): `frames` and
+    /// `frames_len` of a [`super::WaitBrief`] or [`super::OffcpuRecord`].
+    /// The daemon uses them as they are: it needs no state of its own to
+    /// read the record.
+    pub const HINT_MATCHED: u32 = 2;
+    /// With `HINT_MATCHED`: no stack copy follows (a [`super::WaitBrief`],
+    /// or an off-CPU record with an empty copy). The kernel checked the
+    /// hinted words in user memory itself.
+    pub const BRIEF: u32 = 4;
+    /// With `HINT_MATCHED`: the remembered walk stopped before the root
+    /// (its stack is shown as truncated, as the walk's was).
+    pub const WALK_TRUNCATED: u32 = 8;
+}
+
+/// POSIX condition variable waits probed for the block profile (uprobe
+/// cookie): at their entry the thread notes which condition it is about to
+/// wait on, so that its futex wait names the condition, not only a word
+/// inside it.
+pub mod cond_fn {
+    pub const WAIT: u64 = 0;
+    pub const TIMEDWAIT: u64 = 1;
+    pub const CLOCKWAIT: u64 = 2;
+    /// Symbol names, indexed by the constants above (every symbol version).
+    pub const NAMES: [&str; 3] = [
+        "pthread_cond_wait",
+        "pthread_cond_timedwait",
+        "pthread_cond_clockwait",
+    ];
+}
+
+/// Bytes of a `pthread_cond_t` (x86_64 glibc and musl): a futex wait on a
+/// word within this span of the condition a thread entered a wait on is
+/// that condition's wait; the wait to take the mutex again is not.
+pub const COND_BYTES: u64 = 48;
+
+/// The condition variable wait a thread entered last (the `COND_WAITS`
+/// task storage).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CondWait {
+    /// The `pthread_cond_t`'s address.
+    pub cond: u64,
+    /// The mutex given with it.
+    pub mutex: u64,
+}
+
+/// Go runtime park points probed for the block profile (uprobe cookie).
+pub mod go_fn {
+    /// `runtime.gopark`: the current goroutine parks.
+    pub const GOPARK: u64 = 0;
+    /// `runtime.ready`: a parked goroutine is made runnable.
+    pub const READY: u64 = 1;
+    /// Symbol names, indexed by the constants above.
+    pub const NAMES: [&str; 2] = ["runtime.gopark", "runtime.ready"];
+}
+
+/// A parked goroutine (the `GO_PARKED` map, by process and `g` address):
+/// when and where it parked.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GoPark {
+    pub start_ns: u64,
+    /// Registers at runtime.gopark's entry: the return address is at
+    /// `sp`, the caller's frame pointer in `bp`.
+    pub sp: u64,
+    pub bp: u64,
+    pub tid: u32,
+    pub _pad: u32,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Goroutines parked at once whose park points are remembered.
+pub const GO_PARKED_ENTRIES: u32 = 65_536;
+
+/// What every kept wait or wake-up reports: the head of a
+/// [`WaitStack`], or of a [`WaitBrief`] when the kernel matched the stack
+/// against a walk hint.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitHead {
+    /// `wait_event::BLOCK` or `wait_event::MUTEX_WAKE`.
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// `wait_flags`.
+    pub flags: u32,
+    /// BLOCK: how long the wait lasted (ns). MUTEX_WAKE: the wake-up's id.
+    pub value: u64,
+    /// The futex word.
+    pub uaddr: u64,
+    /// User registers of the thread (saved on entering the kernel).
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// With `wait_flags::HINT_MATCHED`: the walk hint the stack matched.
+    pub hint_id: u64,
+    /// When the wait ended or the wake-up happened (ns, CLOCK_MONOTONIC).
+    pub time_ns: u64,
+    /// BLOCK: the condition variable waited on, when the futex word lies
+    /// in the one the thread entered `pthread_cond_*wait` with; else 0.
+    pub cond: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A kept wait or wake-up whose stack matched one of the daemon's walk
+/// hints (`wait_flags::HINT_MATCHED | BRIEF`): the walk's frames instead of
+/// a stack copy. Writing a copy into the ring, whose memory is cold in the
+/// writing CPU's cache, was most of a kept wait's cost; a few frames are
+/// not.
+///
+/// A record has room for `N` frames, the smallest of
+/// [`BRIEF_FRAME_CLASSES`] that holds its walk's: the ring then carries
+/// about the bytes in use (a room for 32 frames is 352 bytes, most walks
+/// have fewer than 8), so it fills and wakes the reader no sooner than
+/// for a record of the head alone. Readers take the frames from the
+/// record's length, not from `N`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitBrief<const N: usize = WALK_HINT_WORDS> {
+    pub head: WaitHead,
+    /// Frames of `frames` in use: the walk's frames after `head.ip`.
+    pub frames_len: u64,
+    pub frames: [u64; N],
+}
+
+/// The rooms for frames brief wait records come in (each a power of two,
+/// the last [`WALK_HINT_WORDS`]).
+pub const BRIEF_FRAME_CLASSES: [usize; 3] = [8, 16, WALK_HINT_WORDS];
+
+/// Bytes before a brief record's frames.
+pub const BRIEF_FRAMES_OFFSET: usize = core::mem::offset_of!(WaitBrief<1>, frames);
+
+/// A kept wait or wake-up with the user stack where it happened (a copy for
+/// unwinding in the daemon, or frame-pointer frames walked by the kernel).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WaitStack {
+    pub head: WaitHead,
+    /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
+    pub stack_len: u64,
+    /// Frames of `frames` in use (frame-pointer walk).
+    pub frames_len: u64,
+    pub frames: [u64; MAX_STACK_DEPTH],
+    pub stack: [u8; STACK_COPY_BYTES],
+}
+
+/// A wait ended by a kept wake-up, and how long it waited.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MutexDelay {
+    /// `wait_event::MUTEX_DELAY`.
+    pub kind: u32,
+    pub tgid: u32,
+    pub wake_id: u64,
+    pub delay_ns: u64,
+}
