@@ -32,6 +32,7 @@
 //! mutex_fraction = 100
 //! retention = "24h"          # or "off" (also "0"): keep every file
 //! push_url = "http://pyroscope:4040"   # Pyroscope's base URL
+//! otlp_endpoint = "http://collector:4318"   # OTLP profiles (alpha), base URL
 //! metrics_addr = "127.0.0.1:9464"
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
@@ -39,6 +40,9 @@
 //!
 //! [push]                      # series, limits, tenant and auth of the push (push/settings.rs)
 //! tenant = "team-a"
+//!
+//! [otlp]                      # service name, auth, headers of the OTLP export (otlp/settings.rs)
+//! headers = { "X-Scope-OrgID" = "team-a" }
 //!
 //! [limits]                    # sizes of the kernel maps (limits.rs); file only
 //! stack_samples_bytes = 8388608
@@ -66,6 +70,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 
 use crate::limits::{LimitsTable, MapLimits};
+use crate::otlp::{OtlpSettings, OtlpTable};
 use crate::profile_kind::ProfileKind;
 use crate::push::{PushSettings, PushTable};
 use crate::stack_switches::{DebugTable, StackSwitches};
@@ -154,6 +159,10 @@ pub struct Settings {
     /// Where and how every written profile is also pushed to Pyroscope
     /// (`--push-url` and `[push]`, checked by `push::settings::build`).
     pub push: Option<PushSettings>,
+    /// Where and how every written profile is also exported as OTLP
+    /// profiles (`--otlp-endpoint` and `[otlp]`, checked by
+    /// `otlp::settings::build`).
+    pub otlp: Option<OtlpSettings>,
     /// Where `/metrics` is served.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sizes of the kernel maps (`[limits]` in the config file).
@@ -355,6 +364,12 @@ struct Cli {
     #[arg(long, value_name = "URL")]
     push_url: Option<String>,
 
+    /// Also export every profile as OpenTelemetry profiles to this OTLP/HTTP
+    /// receiver (its base URL; /v1development/profiles is added). Alpha, as
+    /// the signal is: the format may change between releases
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_addr: Option<String>,
@@ -387,8 +402,10 @@ struct FileConfig {
     #[serde(alias = "label")]
     labels: Option<BTreeMap<String, String>>,
     push_url: Option<String>,
+    otlp_endpoint: Option<String>,
     metrics_addr: Option<String>,
     push: Option<PushTable>,
+    otlp: Option<OtlpTable>,
     limits: Option<LimitsTable>,
     debug: Option<DebugTable>,
 }
@@ -615,6 +632,22 @@ fn pick<T>(
     }
 }
 
+/// A push or OTLP setting refused: the URL under the option it came from
+/// (`url_key` names it), a table key under the file it is in, or quoted
+/// alone when it is a default (no file).
+fn sink_error(
+    e: crate::push::settings::SettingError,
+    url_key: &str,
+    opt: &str,
+    path: Option<&Path>,
+) -> ConfigError {
+    match e.key {
+        key if key == url_key => invalid(opt, e.value, e.expected),
+        key if path.is_none() => invalid(&format!("'{key}'"), e.value, e.expected),
+        key => invalid(&origin("", key, path), e.value, e.expected),
+    }
+}
+
 fn invalid(option: &str, value: impl fmt::Display, expected: impl Into<String>) -> ConfigError {
     ConfigError::InvalidValue {
         option: printable(option),
@@ -733,14 +766,21 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
     };
     let push = match pick(cli.push_url, fc.push_url, "push-url", "push_url", path) {
         Some((raw, opt)) => Some(
-            crate::push::settings::build(&raw, fc.push.as_ref(), &labels, interval).map_err(
-                |e| match e.key {
-                    "push_url" => invalid(&opt, e.value, e.expected),
-                    // A default of the [push] table, when there is no file.
-                    key if path.is_none() => invalid(&format!("'{key}'"), e.value, e.expected),
-                    key => invalid(&origin("", key, path), e.value, e.expected),
-                },
-            )?,
+            crate::push::settings::build(&raw, fc.push.as_ref(), &labels, interval)
+                .map_err(|e| sink_error(e, "push_url", &opt, path))?,
+        ),
+        None => None,
+    };
+    let otlp = match pick(
+        cli.otlp_endpoint,
+        fc.otlp_endpoint,
+        "otlp-endpoint",
+        "otlp_endpoint",
+        path,
+    ) {
+        Some((raw, opt)) => Some(
+            crate::otlp::settings::build(&raw, fc.otlp.as_ref(), &labels)
+                .map_err(|e| sink_error(e, "otlp_endpoint", &opt, path))?,
         ),
         None => None,
     };
@@ -795,6 +835,7 @@ fn merge(cli: Cli, file: Option<(PathBuf, FileConfig)>) -> Result<Settings, Conf
         unwind,
         retention,
         push,
+        otlp,
         metrics_addr,
         limits,
         stack_switches,
@@ -1160,6 +1201,7 @@ mod tests {
                 unwind: UnwindMode::Auto,
                 retention: Some(Duration::from_secs(24 * 3600)),
                 push: None,
+                otlp: None,
                 metrics_addr: None,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),

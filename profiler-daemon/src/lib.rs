@@ -17,6 +17,7 @@ pub mod link_closer;
 pub mod map_syscalls;
 pub mod metrics;
 pub mod notify;
+pub mod otlp;
 pub mod plt;
 pub mod pprof;
 pub mod probe_placement;

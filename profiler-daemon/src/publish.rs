@@ -1,6 +1,7 @@
 //! Where a finished profile goes: gzipped once, written to its file (always),
-//! counted in the metrics, and handed to the push when one is set (which
-//! makes its own uploads of it: push/mod.rs).
+//! counted in the metrics, and handed to each sink that is set (the push to
+//! Pyroscope, push/mod.rs; the OTLP export, otlp/), which makes its own
+//! uploads of it.
 //!
 //! A failed write (full disk, vanished directory) is logged once per window,
 //! not once per profile type, and the first successful write after failures
@@ -20,7 +21,8 @@ use crate::writer::{ProfileWriter, WriteError};
 pub struct Publisher {
     pub writer: ProfileWriter,
     pub metrics: Arc<Metrics>,
-    pub pusher: Option<Pusher>,
+    /// The push and the OTLP export, those that are set.
+    pub sinks: Vec<Pusher>,
     failures: Mutex<Failures>,
 }
 
@@ -34,11 +36,11 @@ struct Failures {
 }
 
 impl Publisher {
-    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, pusher: Option<Pusher>) -> Self {
+    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, sinks: Vec<Pusher>) -> Self {
         Publisher {
             writer,
             metrics,
-            pusher,
+            sinks,
             failures: Mutex::default(),
         }
     }
@@ -49,7 +51,7 @@ impl Publisher {
     }
 
     /// Writes `profile` of the window that started at `start`, then hands
-    /// it to the push (never waits for it). Logs
+    /// it to the sinks (never waits for them). Logs
     /// the failure (once per window) or a recovery.
     pub fn publish(
         &self,
@@ -69,12 +71,14 @@ impl Publisher {
         self.succeeded();
         self.metrics
             .profile_written(kind, profile.sample.len(), bytes.len());
-        if let Some(pusher) = &self.pusher {
+        if !self.sinks.is_empty() {
             let file = path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            pusher.push(kind, profile, &file);
+            for sink in &self.sinks {
+                sink.push(kind, profile, &file);
+            }
         }
         Ok(path)
     }

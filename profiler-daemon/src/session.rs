@@ -36,6 +36,7 @@ use crate::probes::Probes;
 use crate::process::ProcessTable;
 use crate::profile_kind::ProfileKind;
 use crate::publish::Publisher;
+use crate::push::queue::finish_all;
 use crate::push::{Pusher, SHUTDOWN_GRACE};
 use crate::retention::Retention;
 use crate::symbolize::Symbolizer;
@@ -302,8 +303,12 @@ pub async fn run(mut settings: Settings) -> Result<()> {
         &symbolizer,
         &procs,
     );
-    if let Some(pusher) = publisher.pusher.take() {
-        tracing::info!("{}", pusher.finish(SHUTDOWN_GRACE).await.summary());
+    let sinks = std::mem::take(&mut publisher.sinks);
+    if !sinks.is_empty() {
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        for stats in finish_all(sinks, deadline).await {
+            tracing::info!("{}", stats.summary());
+        }
     }
     if let Some(mut child) = child {
         // We started it; on our own stop (signal or duration) leave it be as
@@ -1479,7 +1484,8 @@ fn log_summary(
     );
 }
 
-/// The metrics, the `/metrics` server and the push task, as configured.
+/// The metrics, the `/metrics` server, the push and the OTLP export, as
+/// configured.
 /// The server binds here, so that a port in use stops the start.
 async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Publisher> {
     let metrics = Arc::new(Metrics::new()?);
@@ -1487,16 +1493,24 @@ async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Pub
         let (bound, _) = crate::metrics::serve(addr, metrics.clone()).await?;
         tracing::info!("serving metrics at http://{bound}/metrics");
     }
-    let pusher = match &settings.push {
-        Some(push) => {
-            let pusher = Pusher::start(push.clone())?;
-            metrics.watch_push(pusher.stats());
-            tracing::info!("pushing every profile to {}", pusher.url());
-            Some(pusher)
-        }
-        None => None,
-    };
-    Ok(Publisher::new(writer, metrics, pusher))
+    let mut sinks = Vec::new();
+    if let Some(push) = &settings.push {
+        let pusher = Pusher::start(push.clone())?;
+        metrics.watch_push(pusher.stats());
+        tracing::info!("pushing every profile to {}", pusher.url());
+        sinks.push(pusher);
+    }
+    if let Some(otlp) = &settings.otlp {
+        let exporter = crate::otlp::start(otlp.clone())?;
+        metrics.watch_otlp(exporter.stats());
+        tracing::warn!(
+            "exporting every profile to {} as OTLP profiles ({}, alpha: the format may change)",
+            exporter.url(),
+            crate::otlp::PINNED
+        );
+        sinks.push(exporter);
+    }
+    Ok(Publisher::new(writer, metrics, sinks))
 }
 
 /// Mirrors the session's counters into the metrics.
