@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::http::closed_port;
 use profiler_tests::pprof_tool::check_readable;
-use profiler_tests::profiles::{ProfileFile, dir_entries, read_profiles};
+use profiler_tests::profiles::{ProfileFile, dir_entries};
 use profiler_tests::pyroscope::{Behaviour, Pyroscope, Received, save_golden};
+use profiler_tests::sinks::{
+    RUN_TIMEOUT, check_refused_settings, files_of, run_daemon, summary_count, totals,
+};
 use profiler_tests::workloads::{Running, Workload};
 use profiler_tests::{pause, temp_dir};
 
-/// Bound on a run whose command works for a few seconds, shutdown grace
-/// included.
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The contract: SIGINT/SIGTERM → exit 0 within 5 s.
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 const KINDS: [&str; 5] = ["cpu", "heap", "block", "mutex", "offcpu"];
@@ -41,17 +41,6 @@ fn profile_name(kind: &str) -> &'static str {
         "offcpu" => "offcpu",
         other => panic!("unknown kind {other}"),
     }
-}
-
-/// Every profile file in `dir` of the given kinds.
-fn files_of(dir: &Path, kinds: &[&str]) -> Vec<(String, ProfileFile)> {
-    let mut all = Vec::new();
-    for kind in kinds {
-        for f in read_profiles(dir, kind) {
-            all.push((kind.to_string(), f));
-        }
-    }
-    all
 }
 
 /// One accepted profile: its series labels and the profile.
@@ -74,17 +63,6 @@ fn accepted(received: &[Received]) -> Vec<Pushed> {
             split: s.split.len(),
         })
         .collect()
-}
-
-/// Sum of each sample type's values.
-fn totals(p: &pprof_proto::Profile) -> Vec<i64> {
-    let mut t = vec![0i64; p.sample_type.len()];
-    for s in &p.sample {
-        for (a, v) in t.iter_mut().zip(&s.value) {
-            *a += v;
-        }
-    }
-    t
 }
 
 /// Checks that `file`'s window arrived: the pushed profiles of its type
@@ -125,18 +103,6 @@ fn check_window_arrived(kind: &str, file: &ProfileFile, pushed: &[Pushed], diag:
     mine.len()
 }
 
-fn run_daemon(args: &[String]) -> Daemon {
-    let mut daemon = Daemon::start(args);
-    daemon.wait_ready();
-    let status = daemon.wait_exit(RUN_TIMEOUT);
-    assert!(
-        status.success(),
-        "profilerd exited with {status}\n{}",
-        daemon.describe()
-    );
-    daemon
-}
-
 fn args(
     out: &Path,
     config: Option<&Path>,
@@ -167,25 +133,8 @@ fn args(
     args
 }
 
-/// The exit summary's line about the push.
 fn push_summary(daemon: &Daemon) -> String {
-    daemon
-        .stderr_lines()
-        .into_iter()
-        .find(|l| l.contains("push: ") && l.contains("uploads sent"))
-        .unwrap_or_else(|| panic!("no push summary\n{}", daemon.describe()))
-}
-
-/// A number that the summary gives before `what`: "... 3 uploads sent".
-fn summary_count(summary: &str, what: &str) -> u64 {
-    let at = summary
-        .find(what)
-        .unwrap_or_else(|| panic!("no '{what}' in {summary:?}"));
-    summary[..at]
-        .split_whitespace()
-        .last()
-        .and_then(|n| n.trim_start_matches('(').parse().ok())
-        .unwrap_or_else(|| panic!("no count before '{what}' in {summary:?}"))
+    profiler_tests::sinks::sink_summary(daemon, "push")
 }
 
 /// `go tool pprof -raw` reads every pushed profile.
@@ -621,21 +570,5 @@ fn bad_push_settings_are_rejected() {
             "push.reject_older_than",
         ),
     ];
-    for (extra, needle) in cases {
-        let mut args = vec![
-            "--output-dir".to_string(),
-            out.display().to_string(),
-            "--duration".into(),
-            "1s".into(),
-        ];
-        args.extend(extra.iter().cloned());
-        let mut daemon = Daemon::start(&args);
-        let status = daemon.wait_exit(Duration::from_secs(10));
-        let lines = daemon.stderr_lines();
-        assert_eq!(status.code(), Some(2), "{extra:?}: {}", daemon.describe());
-        assert_eq!(lines.len(), 1, "{extra:?}: {lines:?}");
-        assert!(lines[0].contains(needle), "{extra:?}: {lines:?}");
-        assert!(!lines[0].contains("hunter2"), "{lines:?}");
-        assert!(!out.exists(), "{extra:?}: the output directory was created");
-    }
+    check_refused_settings(&out, &cases, "hunter2");
 }
