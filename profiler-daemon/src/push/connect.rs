@@ -32,6 +32,9 @@ const MAX_SUCCESS_BODY: usize = 64 << 10;
 /// Longest `Retry-After` honoured; the backoff's own bound.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// Reads a success answer's body: the items it refused, and its message.
+pub type ReadAccepted = fn(&[u8]) -> (u64, String);
+
 /// What sets one server's protocol apart.
 pub struct Protocol {
     /// The request body's content type.
@@ -46,7 +49,7 @@ pub struct Protocol {
     pub not_found_hint: &'static str,
     /// Reads a success answer's body: the items it says were refused and
     /// its message. `None`: the body is not read.
-    pub accepted: Option<fn(&[u8]) -> (u64, String)>,
+    pub accepted: Option<ReadAccepted>,
 }
 
 /// Pyroscope's push API over the Connect protocol's unary form.

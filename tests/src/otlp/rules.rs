@@ -75,6 +75,13 @@ pub fn check(
     Ok(request)
 }
 
+/// A gzipped request body decoded.
+pub fn decode_gzipped(body: &[u8]) -> Result<ExportProfilesServiceRequest, String> {
+    let raw = gunzip(body)?;
+    ExportProfilesServiceRequest::decode(raw.as_slice())
+        .map_err(|e| format!("not an ExportProfilesServiceRequest: {e}"))
+}
+
 /// The body inflated, at most [`MAX_REQUEST_BYTES`].
 pub fn gunzip(body: &[u8]) -> Result<Vec<u8>, String> {
     let mut raw = Vec::new();
