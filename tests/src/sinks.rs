@@ -2,11 +2,13 @@
 //! export) share: running the daemon to its end, the files it wrote as the
 //! truth to compare with, and the exit summary's counts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::daemon::Daemon;
 use crate::profiles::{ProfileFile, read_profiles};
+use crate::standin::Request;
+use crate::workloads::Workload;
 
 /// Bound on a run whose command works for a few seconds, shutdown grace
 /// included.
@@ -21,6 +23,90 @@ pub fn files_of(dir: &Path, kinds: &[&str]) -> Vec<(String, ProfileFile)> {
         }
     }
     all
+}
+
+/// The daemon's arguments for a sink test: `out`, the profile types and
+/// interval, the sink's flag (`--push-url`, `--otlp-endpoint`) with `url`,
+/// two static labels (`env=e2e`, `team.name=profiling`), and `config`.
+pub fn sink_args(
+    out: &Path,
+    config: Option<&Path>,
+    (flag, url): (&str, &str),
+    profiles: &str,
+    interval: &str,
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--output-dir",
+        &out.display().to_string(),
+        "--profiles",
+        profiles,
+        "--interval",
+        interval,
+        flag,
+        url,
+        "--label",
+        "env=e2e",
+        "--label",
+        "team.name=profiling",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if let Some(config) = config {
+        args.extend(["--config".to_string(), config.display().to_string()]);
+    }
+    args
+}
+
+/// Checks what every request of a sink test carries: the `X-Route: e2e`
+/// header of the test's config and the daemon's user agent.
+pub fn check_common_headers(r: &Request) {
+    assert_eq!(
+        r.headers.get("x-route").map(String::as_str),
+        Some("e2e"),
+        "{:?}",
+        r.headers
+    );
+    assert!(
+        r.headers
+            .get("user-agent")
+            .is_some_and(|u| u.starts_with("profilerd/")),
+        "{:?}",
+        r.headers
+    );
+}
+
+/// Checks the requests that carry `file`'s window: none when the window
+/// has no samples (an empty window is not sent; then `None`), some
+/// otherwise.
+pub fn window_carriers<T>(file: &ProfileFile, carriers: Vec<T>, diag: &str) -> Option<Vec<T>> {
+    if file.profile.sample.is_empty() {
+        assert!(
+            carriers.is_empty(),
+            "{}: an empty window was sent{diag}",
+            file.name()
+        );
+        return None;
+    }
+    assert!(!carriers.is_empty(), "{}: not sent{diag}", file.name());
+    Some(carriers)
+}
+
+/// The files of a sink test's real run in `dir`: the mixed workload built
+/// as `name`, the output directory, and a config file whose text `config`
+/// makes of the path of a token file holding `token`.
+pub fn mixed_run_files(
+    dir: &Path,
+    name: &str,
+    token: &str,
+    config: impl Fn(&Path) -> String,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let exe = Workload::Mixed.build(dir, name);
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let config_file = dir.join("profilerd.toml");
+    std::fs::write(&config_file, config(&token_file)).unwrap();
+    (exe, dir.join("out"), config_file)
 }
 
 /// Sum of each sample type's values.

@@ -29,6 +29,13 @@ pub struct Request {
     pub body: Vec<u8>,
 }
 
+impl Request {
+    /// The parts the rules of a stand-in look at.
+    pub fn parts(&self) -> (&str, &str, &BTreeMap<String, String>, &[u8]) {
+        (&self.method, &self.path, &self.headers, &self.body)
+    }
+}
+
 /// An answer.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -202,12 +209,13 @@ fn read_request(stream: &mut TcpStream) -> Result<Option<Request>, String> {
 /// A golden request on disk: the body (`NAME.bin`) and, in
 /// `NAME.headers`, the method and path, then the headers named in `keep`
 /// (`name: value` lines; credentials are never kept).
-pub fn save_golden(
-    dir: &Path,
-    name: &str,
-    (method, path, headers, body): (&str, &str, &BTreeMap<String, String>, &[u8]),
-    keep: &[&str],
-) {
+pub fn save_golden(dir: &Path, name: &str, request: &Request, keep: &[&str]) {
+    let Request {
+        method,
+        path,
+        headers,
+        body,
+    } = request;
     std::fs::create_dir_all(dir).expect("creating the golden directory");
     std::fs::write(dir.join(format!("{name}.bin")), body).expect("writing a golden body");
     let mut head = format!("{method} {path}\n");

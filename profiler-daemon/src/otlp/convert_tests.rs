@@ -60,29 +60,20 @@ fn profile() -> pb::Profile {
                 unit: s("nanoseconds"),
             },
         ],
-        sample: vec![
-            pb::Sample {
-                location_id: vec![2, 1],
-                value: vec![3, 30],
-                label: process("10", "11"),
-            },
-            pb::Sample {
-                location_id: vec![1],
-                value: vec![0, 5],
-                label: process("10", "10"),
-            },
-            pb::Sample {
-                location_id: vec![2, 1],
-                value: vec![4, 40],
-                label: process("20", "21"),
-            },
-            // An unknown location keeps the stack's depth.
-            pb::Sample {
-                location_id: vec![99],
-                value: vec![1, 1],
-                label: process("20", "21"),
-            },
-        ],
+        // The last sample's unknown location keeps the stack's depth.
+        sample: [
+            (vec![2, 1], [3, 30], ("10", "11")),
+            (vec![1], [0, 5], ("10", "10")),
+            (vec![2, 1], [4, 40], ("20", "21")),
+            (vec![99], [1, 1], ("20", "21")),
+        ]
+        .into_iter()
+        .map(|(location_id, value, (pid, tid))| pb::Sample {
+            location_id,
+            value: value.to_vec(),
+            label: process(pid, tid),
+        })
+        .collect(),
         mapping: vec![pb::Mapping {
             id: 1,
             memory_start: 0x1000,
@@ -91,30 +82,20 @@ fn profile() -> pb::Profile {
             build_id: s("abcdef"),
             ..Default::default()
         }],
-        location: vec![
-            pb::Location {
-                id: 1,
+        location: [(1, 0x1100, 1, 7), (2, 0x1200, 2, 0)]
+            .iter()
+            .map(|&(id, address, function_id, line)| pb::Location {
+                id,
                 mapping_id: 1,
-                address: 0x1100,
+                address,
                 line: vec![pb::Line {
-                    function_id: 1,
-                    line: 7,
+                    function_id,
+                    line,
                     column: 0,
                 }],
                 ..Default::default()
-            },
-            pb::Location {
-                id: 2,
-                mapping_id: 1,
-                address: 0x1200,
-                line: vec![pb::Line {
-                    function_id: 2,
-                    line: 0,
-                    column: 0,
-                }],
-                ..Default::default()
-            },
-        ],
+            })
+            .collect(),
         function: vec![
             pb::Function {
                 id: 1,

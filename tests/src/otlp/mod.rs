@@ -72,12 +72,8 @@ use api::opentelemetry::proto::collector::profiles::v1development::{
 /// One request the stand-in got, and its answer.
 #[derive(Debug, Clone)]
 pub struct Received {
-    pub method: String,
-    pub path: String,
-    /// Header names lowercased.
-    pub headers: BTreeMap<String, String>,
-    /// As sent (gzipped when the request says so).
-    pub body: Vec<u8>,
+    /// As sent (the body gzipped when the request says so).
+    pub http: Request,
     pub status: u16,
     /// Why it was refused, when not 200.
     pub refusal: Option<String>,
@@ -135,10 +131,7 @@ fn answer(
     request: Request,
 ) -> (Received, Reply) {
     let mut r = Received {
-        method: request.method,
-        path: request.path,
-        headers: request.headers,
-        body: request.body,
+        http: request,
         status: 200,
         refusal: None,
         request: None,
@@ -146,15 +139,16 @@ fn answer(
     let refused = if let Some(&status) = b.fail_first.get(served) {
         Some((status, "scripted failure".to_owned()))
     } else if b.authorization.is_some()
-        && r.headers.get("authorization") != b.authorization.as_ref()
+        && r.http.headers.get("authorization") != b.authorization.as_ref()
     {
         Some((401, "authentication required".to_owned()))
     } else {
+        let (method, path, headers, body) = r.http.parts();
         let http = rules::HttpRequest {
-            method: &r.method,
-            path: &r.path,
-            headers: &r.headers,
-            body: &r.body,
+            method,
+            path,
+            headers,
+            body,
         };
         match rules::check(&http, SystemTime::now()) {
             Ok(request) => {

@@ -23,7 +23,6 @@ pub mod api {
     }
 }
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
 
@@ -33,11 +32,7 @@ use rules::{HttpRequest, Refusal, Stored};
 /// One request the stand-in got, and its answer.
 #[derive(Debug, Clone)]
 pub struct Received {
-    pub method: String,
-    pub path: String,
-    /// Header names lowercased.
-    pub headers: BTreeMap<String, String>,
-    pub body: Vec<u8>,
+    pub http: Request,
     pub status: u16,
     /// The refusal, when not 200.
     pub refusal: Option<Refusal>,
@@ -66,10 +61,7 @@ impl Pyroscope {
     pub fn start(behaviour: Behaviour) -> Pyroscope {
         let server = Server::start("pyroscope", move |served, request: Request| {
             let mut r = Received {
-                method: request.method,
-                path: request.path,
-                headers: request.headers,
-                body: request.body,
+                http: request,
                 status: 0,
                 refusal: None,
                 stored: Vec::new(),
@@ -104,24 +96,25 @@ fn answer(b: &Behaviour, served: usize, r: &mut Received) {
             code,
             message: "scripted failure".into(),
         })
-    } else if b.tenant.is_some() && r.headers.get("x-scope-orgid") != b.tenant.as_ref() {
+    } else if b.tenant.is_some() && r.http.headers.get("x-scope-orgid") != b.tenant.as_ref() {
         Some(Refusal {
             code: "unauthenticated",
             message: "no org id".into(),
         })
     } else if b.authorization.is_some()
-        && r.headers.get("authorization") != b.authorization.as_ref()
+        && r.http.headers.get("authorization") != b.authorization.as_ref()
     {
         Some(Refusal {
             code: "unauthenticated",
             message: "authentication required".into(),
         })
     } else {
+        let (method, path, headers, body) = r.http.parts();
         let request = HttpRequest {
-            method: &r.method,
-            path: &r.path,
-            headers: &r.headers,
-            body: &r.body,
+            method,
+            path,
+            headers,
+            body,
         };
         match rules::check(&request, SystemTime::now()) {
             Ok(stored) => {
@@ -156,7 +149,7 @@ pub fn save_golden(dir: &Path, name: &str, r: &Received) {
     crate::standin::save_golden(
         dir,
         name,
-        (&r.method, &r.path, &r.headers, &r.body),
+        &r.http,
         &["content-type", "connect-protocol-version"],
     );
 }
