@@ -119,3 +119,46 @@ fn which_answers_are_retried() {
         assert!(!retryable(StatusCode::from_u16(code).unwrap()), "{code}");
     }
 }
+
+/// Sizes and conversion time of the requests made of real profile files:
+/// `PROFILERD_MEASURE_DIR=DIR cargo test --release -p profiler-daemon --lib
+/// otlp::tests::measure -- --ignored --nocapture` (figures in design 005).
+#[test]
+#[ignore]
+fn measure() {
+    let dir = std::env::var("PROFILERD_MEASURE_DIR").expect("PROFILERD_MEASURE_DIR");
+    let s = settings("http://c");
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    println!("| file | samples | file bytes | request bytes (raw) | request bytes (gzip) | convert + gzip |");
+    for path in paths {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Some(kind) = ProfileKind::ALL
+            .into_iter()
+            .find(|k| name.starts_with(&format!("{}-", k.name())))
+        else {
+            continue;
+        };
+        let bytes = std::fs::read(&path).unwrap();
+        let profile = pprof_proto::decode(&bytes).unwrap();
+        let start = std::time::Instant::now();
+        let prepared = prepare(kind, &profile, &s);
+        let took = start.elapsed();
+        let gz: usize = prepared.uploads.iter().map(|u| u.body.len()).sum();
+        let mut cx = convert::Context {
+            service_name: None,
+            static_labels: &[],
+            profile_id: &mut random_id,
+        };
+        let raw = convert::convert(kind, &profile, &mut cx).encoded_len();
+        println!(
+            "| {name} | {} | {} | {raw} | {gz} | {:.1} ms |",
+            profile.sample.len(),
+            bytes.len(),
+            took.as_secs_f64() * 1000.0
+        );
+    }
+}
