@@ -133,7 +133,9 @@ fn measure() {
         .map(|e| e.unwrap().path())
         .collect();
     paths.sort();
-    println!("| file | samples | file bytes | request bytes (raw) | request bytes (gzip) | convert + gzip |");
+    println!(
+        "| file | samples | file bytes | request bytes (raw) | request bytes (gzip) | convert + gzip |"
+    );
     for path in paths {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let Some(kind) = ProfileKind::ALL
