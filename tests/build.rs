@@ -1,14 +1,21 @@
-//! Compiles Pyroscope's push API (`proto/`, written from its published
-//! `.proto` files) with protox and prost, for the stand-in server that
-//! decodes what the daemon pushes. No `protoc` needed.
+//! Compiles the published APIs the stand-in servers decode requests with
+//! (`proto/`, written from the published `.proto` files): Pyroscope's push
+//! API, and OpenTelemetry's profiles signal with google.rpc.Status, with
+//! protox and prost. No `protoc` needed.
+
+const PROTOS: [&str; 3] = [
+    "push/v1/push.proto",
+    "opentelemetry/proto/collector/profiles/v1development/profiles_service.proto",
+    "google/rpc/status.proto",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=proto");
-    let fds = match protox::compile(["push/v1/push.proto"], ["proto"]) {
+    let fds = match protox::compile(PROTOS, ["proto"]) {
         Ok(fds) => fds,
-        Err(e) => panic!("parsing proto/push/v1/push.proto: {e:?}"),
+        Err(e) => panic!("parsing proto/: {e:?}"),
     };
     if let Err(e) = prost_build::Config::new().compile_fds(fds) {
-        panic!("generating Rust for the push API: {e}");
+        panic!("generating Rust for proto/: {e}");
     }
 }

@@ -16,6 +16,10 @@
 //! - [`http`]: `/metrics` scrapes.
 //! - [`pyroscope`]: a stand-in Pyroscope server that decodes pushes with
 //!   Pyroscope's published API and checks them by the server's rules.
+//! - [`otlp`]: a stand-in OTLP profiles receiver that decodes exports with
+//!   OpenTelemetry's published `v1development` proto and checks them by its
+//!   rules; [`standin`]: the HTTP side both stand-ins share; [`sinks`]:
+//!   running the daemon and reading its files and summaries for both.
 //! - [`perf`]: `perf record` over the same stretch as the daemon, and its
 //!   samples read back with `perf script`.
 //! - [`resources`]: the daemon's memory and open descriptors over time.
@@ -26,12 +30,15 @@
 pub mod cgroups;
 pub mod daemon;
 pub mod http;
+pub mod otlp;
 pub mod perf;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
 pub mod pyroscope;
 pub mod resources;
+pub mod sinks;
+pub mod standin;
 pub mod workloads;
 
 pub use pprof_proto::Profile;

@@ -18,14 +18,15 @@ use std::time::{Duration, Instant};
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::http::closed_port;
 use profiler_tests::pprof_tool::check_readable;
-use profiler_tests::profiles::{ProfileFile, dir_entries, read_profiles};
+use profiler_tests::profiles::{ProfileFile, dir_entries};
 use profiler_tests::pyroscope::{Behaviour, Pyroscope, Received, save_golden};
+use profiler_tests::sinks::{
+    RUN_TIMEOUT, check_common_headers, check_refused_settings, files_of, mixed_run_files,
+    run_daemon, sink_args, summary_count, totals, window_carriers,
+};
 use profiler_tests::workloads::{Running, Workload};
 use profiler_tests::{pause, temp_dir};
 
-/// Bound on a run whose command works for a few seconds, shutdown grace
-/// included.
-const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The contract: SIGINT/SIGTERM → exit 0 within 5 s.
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 const KINDS: [&str; 5] = ["cpu", "heap", "block", "mutex", "offcpu"];
@@ -41,17 +42,6 @@ fn profile_name(kind: &str) -> &'static str {
         "offcpu" => "offcpu",
         other => panic!("unknown kind {other}"),
     }
-}
-
-/// Every profile file in `dir` of the given kinds.
-fn files_of(dir: &Path, kinds: &[&str]) -> Vec<(String, ProfileFile)> {
-    let mut all = Vec::new();
-    for kind in kinds {
-        for f in read_profiles(dir, kind) {
-            all.push((kind.to_string(), f));
-        }
-    }
-    all
 }
 
 /// One accepted profile: its series labels and the profile.
@@ -76,17 +66,6 @@ fn accepted(received: &[Received]) -> Vec<Pushed> {
         .collect()
 }
 
-/// Sum of each sample type's values.
-fn totals(p: &pprof_proto::Profile) -> Vec<i64> {
-    let mut t = vec![0i64; p.sample_type.len()];
-    for s in &p.sample {
-        for (a, v) in t.iter_mut().zip(&s.value) {
-            *a += v;
-        }
-    }
-    t
-}
-
 /// Checks that `file`'s window arrived: the pushed profiles of its type
 /// and window add up to the file's values, with the same sample and period
 /// types; returns how many uploads carried it.
@@ -97,15 +76,9 @@ fn check_window_arrived(kind: &str, file: &ProfileFile, pushed: &[Pushed], diag:
         .filter(|p| p.labels.get("__name__").map(String::as_str) == Some(name))
         .filter(|p| p.profile.time_nanos == file.profile.time_nanos)
         .collect();
-    if file.profile.sample.is_empty() {
-        assert!(
-            mine.is_empty(),
-            "{}: an empty window was pushed{diag}",
-            file.name()
-        );
+    let Some(mine) = window_carriers(file, mine, diag) else {
         return 0;
-    }
-    assert!(!mine.is_empty(), "{}: not pushed{diag}", file.name());
+    };
     let mut sum = vec![0i64; file.profile.sample_type.len()];
     for p in &mine {
         let types = |q: &pprof_proto::Profile| profiler_tests::profiles::sample_types(q);
@@ -125,18 +98,6 @@ fn check_window_arrived(kind: &str, file: &ProfileFile, pushed: &[Pushed], diag:
     mine.len()
 }
 
-fn run_daemon(args: &[String]) -> Daemon {
-    let mut daemon = Daemon::start(args);
-    daemon.wait_ready();
-    let status = daemon.wait_exit(RUN_TIMEOUT);
-    assert!(
-        status.success(),
-        "profilerd exited with {status}\n{}",
-        daemon.describe()
-    );
-    daemon
-}
-
 fn args(
     out: &Path,
     config: Option<&Path>,
@@ -144,48 +105,11 @@ fn args(
     profiles: &str,
     interval: &str,
 ) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "--output-dir",
-        out.to_str().unwrap(),
-        "--profiles",
-        profiles,
-        "--interval",
-        interval,
-        "--push-url",
-        url,
-        "--label",
-        "env=e2e",
-        "--label",
-        "team.name=profiling",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    if let Some(config) = config {
-        args.extend(["--config".to_string(), config.display().to_string()]);
-    }
-    args
+    sink_args(out, config, ("--push-url", url), profiles, interval)
 }
 
-/// The exit summary's line about the push.
 fn push_summary(daemon: &Daemon) -> String {
-    daemon
-        .stderr_lines()
-        .into_iter()
-        .find(|l| l.contains("push: ") && l.contains("uploads sent"))
-        .unwrap_or_else(|| panic!("no push summary\n{}", daemon.describe()))
-}
-
-/// A number that the summary gives before `what`: "... 3 uploads sent".
-fn summary_count(summary: &str, what: &str) -> u64 {
-    let at = summary
-        .find(what)
-        .unwrap_or_else(|| panic!("no '{what}' in {summary:?}"));
-    summary[..at]
-        .split_whitespace()
-        .last()
-        .and_then(|n| n.trim_start_matches('(').parse().ok())
-        .unwrap_or_else(|| panic!("no count before '{what}' in {summary:?}"))
+    profiler_tests::sinks::sink_summary(daemon, "push")
 }
 
 /// `go tool pprof -raw` reads every pushed profile.
@@ -208,19 +132,12 @@ fn check_with_pprof(pushed: &[Pushed], dir: &Path) {
 fn every_profile_type_reaches_pyroscope() {
     require_root();
     let tmp = temp_dir();
-    let exe = Workload::Mixed.build(tmp.path(), "push_mixed");
-    let out = tmp.path().join("out");
-    let token = tmp.path().join("token");
-    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
-    let config = tmp.path().join("profilerd.toml");
-    std::fs::write(
-        &config,
+    let (exe, out, config) = mixed_run_files(tmp.path(), "push_mixed", TOKEN, |token| {
         format!(
             "[push]\ntenant = \"team-e2e\"\nbearer_token_file = {token:?}\n\
              max_samples = 4\nheaders = {{ \"X-Route\" = \"e2e\" }}\n"
-        ),
-    )
-    .unwrap();
+        )
+    });
     let pyroscope = Pyroscope::start(Behaviour {
         tenant: Some("team-e2e".into()),
         authorization: Some(format!("Bearer {TOKEN}")),
@@ -256,14 +173,7 @@ fn every_profile_type_reaches_pyroscope() {
     assert!(pyroscope.errors().is_empty(), "{diag}");
     assert!(received.iter().all(|r| r.status == 200), "{diag}");
     for r in &received {
-        assert_eq!(r.headers.get("x-route").map(String::as_str), Some("e2e"));
-        assert!(
-            r.headers
-                .get("user-agent")
-                .is_some_and(|u| u.starts_with("profilerd/")),
-            "{:?}",
-            r.headers
-        );
+        check_common_headers(&r.http);
     }
     let pushed = accepted(&received);
     for kind in KINDS {
@@ -378,7 +288,7 @@ fn save_goldens(dir: &Path, received: &[Received]) {
                     .iter()
                     .any(|(k, v)| k == "__name__" && v == name)
             })
-            .min_by_key(|r| r.body.len())
+            .min_by_key(|r| r.http.body.len())
             .unwrap_or_else(|| panic!("no {kind} request"));
         save_golden(dir, kind, smallest);
     }
@@ -621,21 +531,5 @@ fn bad_push_settings_are_rejected() {
             "push.reject_older_than",
         ),
     ];
-    for (extra, needle) in cases {
-        let mut args = vec![
-            "--output-dir".to_string(),
-            out.display().to_string(),
-            "--duration".into(),
-            "1s".into(),
-        ];
-        args.extend(extra.iter().cloned());
-        let mut daemon = Daemon::start(&args);
-        let status = daemon.wait_exit(Duration::from_secs(10));
-        let lines = daemon.stderr_lines();
-        assert_eq!(status.code(), Some(2), "{extra:?}: {}", daemon.describe());
-        assert_eq!(lines.len(), 1, "{extra:?}: {lines:?}");
-        assert!(lines[0].contains(needle), "{extra:?}: {lines:?}");
-        assert!(!lines[0].contains("hunter2"), "{lines:?}");
-        assert!(!out.exists(), "{extra:?}: the output directory was created");
-    }
+    check_refused_settings(&out, &cases, "hunter2");
 }

@@ -95,6 +95,12 @@ pub(super) struct Cli {
     #[arg(long, value_name = "URL")]
     pub(super) push_url: Option<String>,
 
+    /// Also export every profile as OpenTelemetry profiles to this OTLP/HTTP
+    /// receiver (its base URL; /v1development/profiles is added). Alpha, as
+    /// the signal is: the format may change between releases
+    #[arg(long, value_name = "URL")]
+    pub(super) otlp_endpoint: Option<String>,
+
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics
     #[arg(long, value_name = "ADDR:PORT")]
     pub(super) metrics_addr: Option<String>,

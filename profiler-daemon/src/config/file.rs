@@ -25,8 +25,10 @@ pub(super) struct FileConfig {
     #[serde(alias = "label")]
     pub(super) labels: Option<BTreeMap<String, String>>,
     pub(super) push_url: Option<String>,
+    pub(super) otlp_endpoint: Option<String>,
     pub(super) metrics_addr: Option<String>,
     pub(super) push: Option<PushTable>,
+    pub(super) otlp: Option<OtlpTable>,
     pub(super) limits: Option<LimitsTable>,
     pub(super) debug: Option<DebugTable>,
 }

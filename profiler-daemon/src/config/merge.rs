@@ -31,6 +31,22 @@ pub(super) fn pick<T>(
     }
 }
 
+/// A push or OTLP setting refused: the URL under the option it came from
+/// (`url_key` names it), a table key under the file it is in, or quoted
+/// alone when it is a default (no file).
+pub(super) fn sink_error(
+    e: crate::config::push::SettingError,
+    url_key: &str,
+    opt: &str,
+    path: Option<&Path>,
+) -> ConfigError {
+    match e.key {
+        key if key == url_key => invalid(opt, e.value, e.expected),
+        key if path.is_none() => invalid(&format!("'{key}'"), e.value, e.expected),
+        key => invalid(&origin("", key, path), e.value, e.expected),
+    }
+}
+
 pub(super) fn invalid(
     option: &str,
     value: impl fmt::Display,
@@ -156,14 +172,21 @@ pub(super) fn merge(
     };
     let push = match pick(cli.push_url, fc.push_url, "push-url", "push_url", path) {
         Some((raw, opt)) => Some(
-            crate::config::push::build(&raw, fc.push.as_ref(), &labels, interval).map_err(|e| {
-                match e.key {
-                    "push_url" => invalid(&opt, e.value, e.expected),
-                    // A default of the [push] table, when there is no file.
-                    key if path.is_none() => invalid(&format!("'{key}'"), e.value, e.expected),
-                    key => invalid(&origin("", key, path), e.value, e.expected),
-                }
-            })?,
+            crate::config::push::build(&raw, fc.push.as_ref(), &labels, interval)
+                .map_err(|e| sink_error(e, "push_url", &opt, path))?,
+        ),
+        None => None,
+    };
+    let otlp = match pick(
+        cli.otlp_endpoint,
+        fc.otlp_endpoint,
+        "otlp-endpoint",
+        "otlp_endpoint",
+        path,
+    ) {
+        Some((raw, opt)) => Some(
+            crate::config::otlp::build(&raw, fc.otlp.as_ref(), &labels)
+                .map_err(|e| sink_error(e, "otlp_endpoint", &opt, path))?,
         ),
         None => None,
     };
@@ -218,6 +241,7 @@ pub(super) fn merge(
         unwind,
         retention,
         push,
+        otlp,
         metrics_addr,
         limits,
         stack_switches,

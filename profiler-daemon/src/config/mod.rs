@@ -32,15 +32,19 @@
 //! mutex_fraction = 100
 //! retention = "24h"          # or "off" (also "0"): keep every file
 //! push_url = "http://pyroscope:4040"   # Pyroscope's base URL
+//! otlp_endpoint = "http://collector:4318"   # OTLP profiles (alpha), base URL
 //! metrics_addr = "127.0.0.1:9464"
 //!
 //! [labels]                    # `label` is accepted too, after the flag's name
 //! env = "prod"
 //!
-//! [push]                      # series, limits, tenant and auth of the push (push/settings.rs)
+//! [push]                      # series, limits, tenant and auth of the push (config/push.rs)
 //! tenant = "team-a"
 //!
-//! [limits]                    # sizes of the kernel maps (limits.rs); file only
+//! [otlp]                      # service name, auth, headers of the OTLP export (config/otlp.rs)
+//! headers = { "X-Scope-OrgID" = "team-a" }
+//!
+//! [limits]                    # sizes of the kernel maps (config/limits.rs); file only
 //! stack_samples_bytes = 8388608
 //!
 //! [debug]                     # stack optimizations off, to compare (stack_switches.rs)
@@ -57,6 +61,7 @@ mod cli;
 mod file;
 pub mod limits;
 mod merge;
+pub mod otlp;
 pub mod push;
 pub mod stack_switches;
 
@@ -79,6 +84,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use crate::config::limits::{LimitsTable, MapLimits};
 use crate::config::stack_switches::{DebugTable, StackSwitches};
 use crate::model::profile_kind::ProfileKind;
+use otlp::{OtlpSettings, OtlpTable};
 use push::{PushSettings, PushTable};
 
 /// Default for `--interval`.
@@ -165,6 +171,10 @@ pub struct Settings {
     /// Where and how every written profile is also pushed to Pyroscope
     /// (`--push-url` and `[push]`, checked by `push::settings::build`).
     pub push: Option<PushSettings>,
+    /// Where and how every written profile is also exported as OTLP
+    /// profiles (`--otlp-endpoint` and `[otlp]`, checked by
+    /// `otlp::settings::build`).
+    pub otlp: Option<OtlpSettings>,
     /// Where `/metrics` is served.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sizes of the kernel maps (`[limits]` in the config file).
@@ -394,6 +404,7 @@ mod tests {
                 unwind: UnwindMode::Auto,
                 retention: Some(Duration::from_secs(24 * 3600)),
                 push: None,
+                otlp: None,
                 metrics_addr: None,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),

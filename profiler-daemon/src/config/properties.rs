@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// The keys a config file may have, and some it may not.
-const KEYS: [&str; 20] = [
+const KEYS: [&str; 22] = [
     "pid",
     "command",
     "profiles",
@@ -25,6 +25,8 @@ const KEYS: [&str; 20] = [
     "retention",
     "push_url",
     "push",
+    "otlp_endpoint",
+    "otlp",
     "metrics_addr",
     "labels",
     "label",
@@ -150,7 +152,7 @@ proptest! {
                 prop::sample::select(&[
                     "--pid", "--profiles", "--duration", "--interval", "--cpu-frequency",
                     "--heap-sample-bytes", "--block-rate", "--mutex-fraction", "--label",
-                    "--unwind", "--retention", "--push-url", "--metrics-addr", "--",
+                    "--unwind", "--retention", "--push-url", "--otlp-endpoint", "--metrics-addr", "--",
                     "--output-dir", "-3", "cpu", "1", "0", "env=prod",
                 ][..]).prop_map(str::to_owned),
                 ".{0,8}",

@@ -58,12 +58,13 @@ pub const MAX_LABEL_NAME_BYTES: usize = 1024;
 pub const MAX_LABEL_VALUE_BYTES: usize = 2048;
 /// Largest secret file read: a token is a few KiB at most.
 const MAX_SECRET_BYTES: u64 = 64 << 10;
-/// Headers the push sets itself and a `headers` entry may not replace.
-const OWN_HEADERS: [&str; 7] = [
+/// Headers the sinks set themselves and a `headers` entry may not replace.
+const OWN_HEADERS: [&str; 8] = [
     "content-type",
     "content-length",
     "content-encoding",
     "connect-protocol-version",
+    "connect-timeout-ms",
     "host",
     "transfer-encoding",
     "connection",
@@ -101,6 +102,31 @@ pub enum Auth {
         password: SecretSource,
     },
     Bearer(SecretSource),
+}
+
+/// The names of a sink's settings that hold credentials and headers, as
+/// errors name them.
+pub struct Keys {
+    pub url: &'static str,
+    pub user: &'static str,
+    pub password_file: &'static str,
+    pub bearer_file: &'static str,
+    pub headers: &'static str,
+}
+
+const PUSH_KEYS: Keys = Keys {
+    url: "push_url",
+    user: "push.basic_auth_user",
+    password_file: "push.basic_auth_password_file",
+    bearer_file: "push.bearer_token_file",
+    headers: "push.headers",
+};
+
+/// A table's credential keys as written (every one optional).
+pub struct AuthKeys<'a> {
+    pub user: Option<&'a String>,
+    pub password_file: Option<&'a PathBuf>,
+    pub bearer_file: Option<&'a PathBuf>,
 }
 
 /// Validated push settings.
@@ -153,7 +179,11 @@ pub struct SettingError {
     pub expected: String,
 }
 
-fn error(key: &'static str, value: impl fmt::Display, expected: impl Into<String>) -> SettingError {
+pub fn error(
+    key: &'static str,
+    value: impl fmt::Display,
+    expected: impl Into<String>,
+) -> SettingError {
     SettingError {
         key,
         value: value.to_string(),
@@ -174,6 +204,23 @@ pub struct Endpoint {
 /// itself is taken off, then [`PUSH_PATH`] added. Userinfo becomes basic
 /// auth and leaves the URL. The error is one line.
 pub fn parse_url(raw: &str) -> Result<Endpoint, String> {
+    let (mut url, userinfo) = base_url(raw)?;
+    let path = url.path().trim_end_matches('/');
+    let base = path
+        .strip_suffix(PUSH_PATH)
+        .or_else(|| path.strip_suffix("/ingest"))
+        .unwrap_or(path)
+        .to_owned();
+    url.set_path(&format!("{base}{PUSH_PATH}"));
+    Ok(Endpoint {
+        url: url.to_string(),
+        userinfo,
+    })
+}
+
+/// A server's URL checked (http or https with a host, no query or
+/// fragment), and its userinfo taken out of it. The error is one line.
+pub fn base_url(raw: &str) -> Result<(Url, Option<(String, Secret)>), String> {
     let mut url = Url::parse(raw.trim()).map_err(|e| format!("not a URL: {e}"))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(format!(
@@ -199,17 +246,7 @@ pub fn parse_url(raw: &str) -> Result<Endpoint, String> {
     // Infallible for http(s) URLs with a host.
     let _ = url.set_username("");
     let _ = url.set_password(None);
-    let path = url.path().trim_end_matches('/');
-    let base = path
-        .strip_suffix(PUSH_PATH)
-        .or_else(|| path.strip_suffix("/ingest"))
-        .unwrap_or(path)
-        .to_owned();
-    url.set_path(&format!("{base}{PUSH_PATH}"));
-    Ok(Endpoint {
-        url: url.to_string(),
-        userinfo,
-    })
+    Ok((url, userinfo))
 }
 
 /// `%XX` sequences decoded (userinfo is percent-encoded in a URL).
@@ -365,8 +402,18 @@ pub fn build(
         Some(tenant) => Some(check_tenant(tenant)?),
         None => None,
     };
-    let auth = auth(t, endpoint.userinfo)?;
-    let headers = headers(t.headers.as_ref(), tenant.is_some(), auth.is_some())?;
+    let keys = AuthKeys {
+        user: t.basic_auth_user.as_ref(),
+        password_file: t.basic_auth_password_file.as_ref(),
+        bearer_file: t.bearer_token_file.as_ref(),
+    };
+    let auth = auth(&PUSH_KEYS, &keys, endpoint.userinfo)?;
+    let headers = headers(
+        &PUSH_KEYS,
+        t.headers.as_ref(),
+        tenant.is_some(),
+        auth.is_some(),
+    )?;
 
     Ok(PushSettings {
         url: endpoint.url,
@@ -383,7 +430,7 @@ pub fn build(
     })
 }
 
-fn count(
+pub fn count(
     key: &'static str,
     value: Option<i64>,
     range: std::ops::RangeInclusive<i64>,
@@ -464,7 +511,13 @@ fn check_tenant(tenant: &str) -> Result<String, SettingError> {
     Ok(tenant.to_owned())
 }
 
-fn auth(t: &PushTable, userinfo: Option<(String, Secret)>) -> Result<Option<Auth>, SettingError> {
+/// The credentials of a sink: basic auth from the URL's userinfo or from
+/// a user and a password file, or a bearer token from a file; at most one.
+pub fn auth(
+    names: &Keys,
+    t: &AuthKeys,
+    userinfo: Option<(String, Secret)>,
+) -> Result<Option<Auth>, SettingError> {
     let file = |key: &'static str, path: &Path| {
         read_secret(path)
             .map(|first| SecretSource::File {
@@ -473,12 +526,14 @@ fn auth(t: &PushTable, userinfo: Option<(String, Secret)>) -> Result<Option<Auth
             })
             .map_err(|why| error(key, path.display(), why))
     };
-    match (
-        &t.basic_auth_user,
-        &t.basic_auth_password_file,
-        &t.bearer_token_file,
-        userinfo,
-    ) {
+    let both = |path: &Path| {
+        error(
+            names.bearer_file,
+            path.display(),
+            "basic auth and a bearer token cannot both be set",
+        )
+    };
+    match (t.user, t.password_file, t.bearer_file, userinfo) {
         (None, None, None, None) => Ok(None),
         (None, None, None, Some((user, password))) => Ok(Some(Auth::Basic {
             user,
@@ -486,45 +541,34 @@ fn auth(t: &PushTable, userinfo: Option<(String, Secret)>) -> Result<Option<Auth
         })),
         (Some(user), Some(path), None, None) => {
             if user.is_empty() || user.contains(':') || user.chars().any(char::is_control) {
-                return Err(error(
-                    "push.basic_auth_user",
-                    user,
-                    "expected a user name without ':'",
-                ));
+                return Err(error(names.user, user, "expected a user name without ':'"));
             }
             Ok(Some(Auth::Basic {
                 user: user.clone(),
-                password: file("push.basic_auth_password_file", path)?,
+                password: file(names.password_file, path)?,
             }))
         }
-        (None, None, Some(path), None) => {
-            Ok(Some(Auth::Bearer(file("push.bearer_token_file", path)?)))
-        }
+        (None, None, Some(path), None) => Ok(Some(Auth::Bearer(file(names.bearer_file, path)?))),
         (Some(user), None, _, _) => Err(error(
-            "push.basic_auth_user",
+            names.user,
             user,
-            "needs push.basic_auth_password_file",
+            format!("needs {}", names.password_file),
         )),
         (None, Some(path), _, _) => Err(error(
-            "push.basic_auth_password_file",
+            names.password_file,
             path.display(),
-            "needs push.basic_auth_user",
+            format!("needs {}", names.user),
         )),
-        (_, _, Some(path), _) if t.basic_auth_user.is_some() => Err(error(
-            "push.bearer_token_file",
-            path.display(),
-            "basic auth and a bearer token cannot both be set",
-        )),
+        (_, _, Some(path), _) if t.user.is_some() => Err(both(path)),
         (_, _, _, Some((user, _))) => Err(error(
-            "push_url",
+            names.url,
             format!("{user}:***@..."),
-            "credentials in the URL and in [push] cannot both be set",
+            format!(
+                "credentials in the URL and in [{}] cannot both be set",
+                names.user.split('.').next().unwrap_or_default()
+            ),
         )),
-        (_, _, Some(path), None) => Err(error(
-            "push.bearer_token_file",
-            path.display(),
-            "basic auth and a bearer token cannot both be set",
-        )),
+        (_, _, Some(path), None) => Err(both(path)),
     }
 }
 
@@ -561,7 +605,10 @@ fn io_reason(err: &std::io::Error) -> String {
     }
 }
 
-fn headers(
+/// A sink's extra headers, checked: names a header may have, values a
+/// header can carry, none that the sink sets itself.
+pub fn headers(
+    names: &Keys,
     table: Option<&BTreeMap<String, String>>,
     tenant: bool,
     auth: bool,
@@ -569,7 +616,7 @@ fn headers(
     let mut out = Vec::new();
     for (name, value) in table.into_iter().flatten() {
         let Ok(parsed) = HeaderName::from_bytes(name.as_bytes()) else {
-            return Err(error("push.headers", name, "not a header name"));
+            return Err(error(names.headers, name, "not a header name"));
         };
         let lower = parsed.as_str();
         let taken = OWN_HEADERS.contains(&lower)
@@ -577,15 +624,15 @@ fn headers(
             || (auth && lower == "authorization");
         if taken {
             return Err(error(
-                "push.headers",
+                names.headers,
                 name,
-                "the push sets this header itself (tenant and auth have their own keys)",
+                "the sink sets this header itself (tenant and auth have their own keys)",
             ));
         }
         if HeaderValue::from_str(value).is_err() {
             // The value may be a secret: not echoed.
             return Err(error(
-                "push.headers",
+                names.headers,
                 name,
                 "the value holds characters a header cannot carry",
             ));

@@ -4,8 +4,9 @@
 //!
 //! The session updates the metrics as it works (profiles written) and
 //! mirrors its counters into them after every drain (kernel counters, lost
-//! events, symbolization, process table); the push task's counters, the
-//! queue length and the resident memory are read at each scrape. Counters
+//! events, symbolization, process table); the push's and the OTLP export's
+//! counters, their queue lengths and the resident memory are read at each
+//! scrape. Counters
 //! that mirror a total kept elsewhere only ever move forward.
 //!
 //! Serving is hyper's HTTP/1 server (already built for the push client),
@@ -125,14 +126,107 @@ pub struct Metrics {
     processes: IntGauge,
     process_snapshots: IntCounter,
     process_snapshot_failures: IntCounter,
-    push_sent: IntCounter,
-    push_failed: IntCounter,
-    push_dropped: IntCounterVec,
-    push_queue: IntGauge,
-    push_too_large: IntCounter,
+    push: SinkMetrics,
+    otlp: SinkMetrics,
     resident: IntGauge,
     unavailable: IntGaugeVec,
-    push: std::sync::Mutex<Option<Arc<PushStats>>>,
+}
+
+/// The metrics of one sink (the push, the OTLP export), named
+/// `profilerd_<sink>_*`, and the counters they are read from at a scrape.
+struct SinkMetrics {
+    sent: IntCounter,
+    failed: IntCounter,
+    dropped: IntCounterVec,
+    queue: IntGauge,
+    too_large: IntCounter,
+    /// For a protocol with partial successes (OTLP).
+    refused: Option<IntCounter>,
+    stats: std::sync::Mutex<Option<Arc<PushStats>>>,
+}
+
+impl SinkMetrics {
+    /// Registers the metrics of the sink `name`, whose uploads are
+    /// `what` (for the help texts), whose size limit is `limit`, and whose
+    /// server may take part of a request (`partial`).
+    fn new(
+        registry: &Registry,
+        name: &str,
+        what: &str,
+        limit: &str,
+        partial: bool,
+    ) -> Result<SinkMetrics, prometheus::Error> {
+        let register = |c: Box<dyn prometheus::core::Collector>| registry.register(c);
+        let counter = |suffix: &str, help: String| {
+            let c = IntCounter::new(format!("profilerd_{name}_{suffix}"), help)?;
+            register(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let dropped = IntCounterVec::new(
+            Opts::new(
+                format!("profilerd_{name}_dropped_total"),
+                format!(
+                    "{what} not sent, by reason (queue_full, rejected, retries, too_old, shutdown)."
+                ),
+            ),
+            &["reason"],
+        )?;
+        register(Box::new(dropped.clone()))?;
+        for reason in crate::output::push::queue::DROP_REASONS {
+            dropped.with_label_values(&[reason]);
+        }
+        let queue = IntGauge::new(
+            format!("profilerd_{name}_queue_length"),
+            format!("{what} waiting to be sent, the one being sent included."),
+        )?;
+        register(Box::new(queue.clone()))?;
+        Ok(SinkMetrics {
+            sent: counter("sent_total", format!("{what} the endpoint accepted."))?,
+            failed: counter(
+                "failed_total",
+                "Requests that failed (connection, timeout or an error answer).".to_owned(),
+            )?,
+            dropped,
+            queue,
+            too_large: counter(
+                "samples_too_large_total",
+                format!("Samples left out, over {limit}."),
+            )?,
+            refused: match partial {
+                true => Some(counter(
+                    "refused_profiles_total",
+                    "Profiles the endpoint refused in requests it accepted (partial success)."
+                        .to_owned(),
+                )?),
+                false => None,
+            },
+            stats: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn watch(&self, stats: Arc<PushStats>) {
+        if let Ok(mut watched) = self.stats.lock() {
+            *watched = Some(stats);
+        }
+    }
+
+    /// Reads the sink's counters now.
+    fn read(&self) {
+        let Some(stats) = self.stats.lock().ok().and_then(|p| p.clone()) else {
+            return;
+        };
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        mirror(&self.sent, get(&stats.sent));
+        mirror(&self.failed, get(&stats.failed_requests));
+        for (reason, value) in stats.dropped_reasons() {
+            mirror(&self.dropped.with_label_values(&[reason]), value);
+        }
+        self.queue.set(get(&stats.queued) as i64);
+        mirror(&self.too_large, get(&stats.samples_too_large));
+        if let Some(refused) = &self.refused {
+            mirror(refused, get(&stats.refused_items));
+        }
+    }
 }
 
 impl Metrics {
@@ -208,26 +302,19 @@ impl Metrics {
                 "profilerd_process_snapshot_failures_total",
                 "Snapshots of process mappings that failed.",
             )?,
-            push_sent: counter(
-                "profilerd_push_sent_total",
-                "Uploads (one series' profile each) the push endpoint accepted.",
+            push: SinkMetrics::new(
+                &registry,
+                "push",
+                "Uploads (one series' profile each)",
+                "push.max_profile_bytes",
+                false,
             )?,
-            push_failed: counter(
-                "profilerd_push_failed_total",
-                "Push requests that failed (connection, timeout or an error answer).",
-            )?,
-            push_dropped: counter_vec(
-                "profilerd_push_dropped_total",
-                "Uploads not pushed, by reason (queue_full, rejected, retries, too_old, shutdown).",
-                &["reason"],
-            )?,
-            push_queue: gauge(
-                "profilerd_push_queue_length",
-                "Uploads waiting to be pushed, the one being sent included.",
-            )?,
-            push_too_large: counter(
-                "profilerd_push_samples_too_large_total",
-                "Samples left out of the push, each alone over push.max_profile_bytes.",
+            otlp: SinkMetrics::new(
+                &registry,
+                "otlp",
+                "OTLP export requests (one window's profile of one type each)",
+                "otlp.max_request_bytes",
+                true,
             )?,
             resident: gauge(
                 "profilerd_resident_memory_bytes",
@@ -244,7 +331,6 @@ impl Metrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
-            push: std::sync::Mutex::new(None),
             registry,
         };
         // Every series exists from the start, so that rates work from the
@@ -266,9 +352,6 @@ impl Metrics {
         for (_, map, lost) in BPF_DROPS {
             metrics.bpf_dropped.with_label_values(&[map, lost]);
         }
-        for reason in ["queue_full", "rejected", "retries", "too_old", "shutdown"] {
-            metrics.push_dropped.with_label_values(&[reason]);
-        }
         Ok(metrics)
     }
 
@@ -279,9 +362,12 @@ impl Metrics {
 
     /// Reads the push task's counters at each scrape from now on.
     pub fn watch_push(&self, stats: Arc<PushStats>) {
-        if let Ok(mut push) = self.push.lock() {
-            *push = Some(stats);
-        }
+        self.push.watch(stats);
+    }
+
+    /// Reads the OTLP export's counters at each scrape from now on.
+    pub fn watch_otlp(&self, stats: Arc<PushStats>) {
+        self.otlp.watch(stats);
     }
 
     /// A profile file was written.
@@ -322,16 +408,8 @@ impl Metrics {
     /// The exposition text, with the push counters and the resident memory
     /// read now.
     pub fn render(&self) -> Result<String, prometheus::Error> {
-        if let Some(push) = self.push.lock().ok().and_then(|p| p.clone()) {
-            let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-            mirror(&self.push_sent, get(&push.sent));
-            mirror(&self.push_failed, get(&push.failed_requests));
-            for (reason, value) in push.dropped_reasons() {
-                mirror(&self.push_dropped.with_label_values(&[reason]), value);
-            }
-            self.push_queue.set(get(&push.queued) as i64);
-            mirror(&self.push_too_large, get(&push.samples_too_large));
-        }
+        self.push.read();
+        self.otlp.read();
         if let Some(rss) = resident_bytes() {
             self.resident.set(rss as i64);
         }

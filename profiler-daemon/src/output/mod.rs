@@ -3,6 +3,7 @@
 //! (`metrics`), and `publish`, which hands each profile to all of them.
 
 pub(crate) mod metrics;
+pub(crate) mod otlp;
 pub(crate) mod publish;
 pub(crate) mod push;
 pub(crate) mod retention;

@@ -1,6 +1,7 @@
 //! Where a finished profile goes: gzipped once, written to its file (always),
-//! counted in the metrics, and handed to the push when one is set (which
-//! makes its own uploads of it: push/mod.rs).
+//! counted in the metrics, and handed to each sink that is set (the push to
+//! Pyroscope, push/mod.rs; the OTLP export, otlp/), which makes its own
+//! uploads of it.
 //!
 //! A failed write (full disk, vanished directory) is logged once per window,
 //! not once per profile type, and the first successful write after failures
@@ -23,7 +24,8 @@ use crate::output::writer::{ProfileWriter, WriteError};
 pub struct Publisher {
     pub writer: ProfileWriter,
     pub metrics: Arc<Metrics>,
-    pub pusher: Option<Pusher>,
+    /// The push and the OTLP export, those that are set.
+    pub sinks: Vec<Pusher>,
     failures: Mutex<Failures>,
 }
 
@@ -37,11 +39,11 @@ struct Failures {
 }
 
 impl Publisher {
-    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, pusher: Option<Pusher>) -> Self {
+    pub fn new(writer: ProfileWriter, metrics: Arc<Metrics>, sinks: Vec<Pusher>) -> Self {
         Publisher {
             writer,
             metrics,
-            pusher,
+            sinks,
             failures: Mutex::default(),
         }
     }
@@ -52,7 +54,7 @@ impl Publisher {
     }
 
     /// Writes `profile` of the window that started at `start`, then hands
-    /// it to the push (never waits for it). Logs
+    /// it to the sinks (never waits for them). Logs
     /// the failure (once per window) or a recovery.
     pub fn publish(
         &self,
@@ -72,12 +74,14 @@ impl Publisher {
         self.succeeded();
         self.metrics
             .profile_written(kind, profile.sample.len(), bytes.len());
-        if let Some(pusher) = &self.pusher {
+        if !self.sinks.is_empty() {
             let file = path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            pusher.push(kind, profile, &file);
+            for sink in &self.sinks {
+                sink.push(kind, profile, &file);
+            }
         }
         Ok(path)
     }
@@ -114,7 +118,8 @@ impl Publisher {
     }
 }
 
-/// The metrics, the `/metrics` server and the push task, as configured.
+/// The metrics, the `/metrics` server, the push and the OTLP export, as
+/// configured.
 /// The server binds here, so that a port in use stops the start.
 pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Publisher> {
     let metrics = Arc::new(Metrics::new()?);
@@ -122,14 +127,23 @@ pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) ->
         let (bound, _) = crate::output::metrics::serve(addr, metrics.clone()).await?;
         tracing::info!(target: "profilerd::session", "serving metrics at http://{bound}/metrics");
     }
-    let pusher = match &settings.push {
-        Some(push) => {
-            let pusher = Pusher::start(push.clone())?;
-            metrics.watch_push(pusher.stats());
-            tracing::info!(target: "profilerd::session", "pushing every profile to {}", pusher.url());
-            Some(pusher)
-        }
-        None => None,
-    };
-    Ok(Publisher::new(writer, metrics, pusher))
+    let mut sinks = Vec::new();
+    if let Some(push) = &settings.push {
+        let pusher = Pusher::start(push.clone())?;
+        metrics.watch_push(pusher.stats());
+        tracing::info!(target: "profilerd::session", "pushing every profile to {}", pusher.url());
+        sinks.push(pusher);
+    }
+    if let Some(otlp) = &settings.otlp {
+        let exporter = crate::output::otlp::start(otlp.clone())?;
+        metrics.watch_otlp(exporter.stats());
+        tracing::warn!(
+            target: "profilerd::session",
+            "exporting every profile to {} as OTLP profiles ({}, alpha: the format may change)",
+            exporter.url(),
+            crate::output::otlp::PINNED
+        );
+        sinks.push(exporter);
+    }
+    Ok(Publisher::new(writer, metrics, sinks))
 }

@@ -24,6 +24,7 @@ use crate::bpf::probes::Probes;
 use crate::config::Settings;
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
+use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::process::ProcessTable;
@@ -420,8 +421,12 @@ impl Session {
             &self.waits,
         );
         self.observe();
-        if let Some(pusher) = self.publisher.pusher.take() {
-            tracing::info!("{}", pusher.finish(SHUTDOWN_GRACE).await.summary());
+        let sinks = std::mem::take(&mut self.publisher.sinks);
+        if !sinks.is_empty() {
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+            for stats in finish_all(sinks, deadline).await {
+                tracing::info!("{}", stats.summary());
+            }
         }
     }
 }

@@ -2,65 +2,14 @@
 //! request's shape, retries, drops and their counts, the age check and the
 //! shutdown grace.
 
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::queue::QUEUE_CAPACITY;
+use super::test_server::{answering, closed_port};
 use super::*;
 use crate::config::push as settings;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// One request as the server saw it: head lines and body.
-struct Seen {
-    head: String,
-    body: Vec<u8>,
-}
-
-/// A server on a local port that answers each request with the next of
-/// `answers` (status line, body), then stops listening.
-async fn answering(
-    answers: &'static [(&'static str, &'static str)],
-) -> (std::net::SocketAddr, JoinHandle<Vec<Seen>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        for (status, body) in answers {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut buf = vec![0u8; 65536];
-            let (head, len) = loop {
-                let n = s.read(&mut buf).await.unwrap();
-                got.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&got).into_owned();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let len: usize = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap())
-                        })
-                        .unwrap();
-                    break (text[..end].to_owned(), (end + 4, len));
-                }
-            };
-            while got.len() < len.0 + len.1 {
-                let n = s.read(&mut buf).await.unwrap();
-                got.extend_from_slice(&buf[..n]);
-            }
-            seen.push(Seen {
-                head,
-                body: got[len.0..len.0 + len.1].to_vec(),
-            });
-            let reply = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-                 connection: close\r\n\r\n{body}",
-                body.len()
-            );
-            s.write_all(reply.as_bytes()).await.unwrap();
-        }
-        seen
-    });
-    (addr, server)
-}
 
 fn settings(url: &str, table: &str) -> PushSettings {
     settings::build(
@@ -102,19 +51,19 @@ fn profile(age: Duration) -> pprof_proto::Profile {
     p
 }
 
-const OK: (&str, &str) = ("200 OK", "");
-const UNAVAILABLE: (&str, &str) = (
+const OK: (&str, &[u8]) = ("200 OK", b"");
+const UNAVAILABLE: (&str, &[u8]) = (
     "503 Service Unavailable",
-    r#"{"code":"unavailable","message":"ingesters busy"}"#,
+    br#"{"code":"unavailable","message":"ingesters busy"}"#,
 );
-const INVALID: (&str, &str) = (
+const INVALID: (&str, &[u8]) = (
     "400 Bad Request",
-    r#"{"code":"invalid_argument","message":"no"}"#,
+    br#"{"code":"invalid_argument","message":"no"}"#,
 );
 
 #[tokio::test(flavor = "current_thread")]
 async fn requests_are_connect_pushes_with_tenant_and_auth() {
-    let (addr, server) = answering(&[OK, OK]).await;
+    let (addr, server) = answering(vec![OK, OK]).await;
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "s3cret\n").unwrap();
@@ -173,7 +122,7 @@ async fn requests_are_connect_pushes_with_tenant_and_auth() {
 #[tokio::test(flavor = "current_thread")]
 async fn retries_and_drops() {
     let fresh = profile(Duration::ZERO);
-    let (addr, server) = answering(&[UNAVAILABLE, OK, INVALID]).await;
+    let (addr, server) = answering(vec![UNAVAILABLE, OK, INVALID]).await;
     let url = format!("http://{addr}");
     let pusher = Pusher::start(settings(&url, "")).unwrap();
     pusher.push(ProfileKind::Cpu, &fresh, "cpu-x.pb.gz");
@@ -232,12 +181,4 @@ async fn too_old_windows_are_not_sent() {
     assert_eq!(stats.dropped_too_old.load(Ordering::Relaxed), 2);
     assert_eq!(stats.failed_requests.load(Ordering::Relaxed), 0);
     assert_eq!(stats.dropped(), 2, "{}", stats.summary());
-}
-
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

@@ -66,14 +66,18 @@ pub fn encode(labels: &[(String, String)], raw_profile: Vec<u8>, id: String) -> 
 /// A profile serialized and gzipped at the fastest level: the server
 /// only inflates it, and pushing must cost the node little CPU.
 pub fn gzip(profile: &pprof_proto::Profile) -> Vec<u8> {
+    gzip_bytes(&profile.encode_to_vec())
+}
+
+/// `raw` gzipped at the fastest level.
+pub fn gzip_bytes(raw: &[u8]) -> Vec<u8> {
     use std::io::Write;
-    let raw = profile.encode_to_vec();
     let mut enc = flate2::write::GzEncoder::new(
         Vec::with_capacity(raw.len() / 3 + 64),
         flate2::Compression::fast(),
     );
     // Writing into a Vec cannot fail.
-    let _ = enc.write_all(&raw);
+    let _ = enc.write_all(raw);
     enc.finish().unwrap_or_default()
 }
 
@@ -115,12 +119,16 @@ pub fn error_reason(body: &[u8]) -> String {
             .trim()
             .to_owned(),
     };
-    let one_line: String = text
-        .chars()
+    one_line(&text)
+}
+
+/// `text` on one line (control characters as spaces), at most 300
+/// characters: what a server says, fit for a log line.
+pub fn one_line(text: &str) -> String {
+    text.chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .take(300)
-        .collect();
-    one_line
+        .collect()
 }
 
 #[cfg(test)]
