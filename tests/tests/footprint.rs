@@ -41,9 +41,26 @@ fn ring_sizes(pid: u32) -> Vec<u64> {
     sizes
 }
 
+/// The names of process `pid`'s threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let dir = format!("/proc/{pid}/task");
+    std::fs::read_dir(&dir)
+        .expect("reading the daemon's tasks")
+        .filter_map(|entry| {
+            let path = entry.ok()?.path().join("comm");
+            Some(std::fs::read_to_string(path).ok()?.trim().to_string())
+        })
+        .collect()
+}
+
 /// Starts the daemon with `profiles` and the distinctive ring sizes, and
 /// returns the ring sizes it holds once ready.
 fn rings_with(profiles: &str) -> Vec<u64> {
+    held_with(profiles).0
+}
+
+/// As [`rings_with`], with the names of the daemon's threads once ready.
+fn held_with(profiles: &str) -> (Vec<u64>, Vec<String>) {
     require_root();
     let tmp = temp_dir();
     let config = tmp.path().join("profilerd.toml");
@@ -67,8 +84,9 @@ fn rings_with(profiles: &str) -> Vec<u64> {
     ]);
     daemon.wait_ready();
     let sizes = ring_sizes(daemon.pid());
+    let threads = thread_names(daemon.pid());
     daemon.wait_success(EXIT_BOUND);
-    sizes
+    (sizes, threads)
 }
 
 #[test]
@@ -100,6 +118,30 @@ fn rings_exist_only_for_the_profile_types_that_are_on() {
             sizes.iter().filter(|&&s| s == page).count(),
             3 - on.len(),
             "--profiles {profiles}: every ring of a type that is off is one page (rings held: {sizes:?})"
+        );
+    }
+}
+
+/// Threads a ready daemon may run: the event loop and a few helpers. The
+/// pool that closes uprobe links starts only when a link is let go.
+const MAX_THREADS: usize = 8;
+
+#[test]
+fn a_ready_daemon_runs_few_threads() {
+    for profiles in ["cpu", "cpu,heap,block,mutex,offcpu"] {
+        let (_, threads) = held_with(profiles);
+        eprintln!(
+            "figure: --profiles {profiles}: {} threads: {threads:?}",
+            threads.len()
+        );
+        assert!(
+            threads.len() <= MAX_THREADS,
+            "--profiles {profiles}: {} threads once ready, at most {MAX_THREADS} allowed: {threads:?}",
+            threads.len()
+        );
+        assert!(
+            !threads.iter().any(|t| t.starts_with("link-close")),
+            "--profiles {profiles}: the link-closing pool runs before any link is let go: {threads:?}"
         );
     }
 }

@@ -8,9 +8,9 @@
 //! a small pool keeps up.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 /// Threads closing at once.
@@ -18,17 +18,27 @@ const WORKERS: usize = 32;
 /// Links waiting to be closed; past that they are closed where dropped.
 const QUEUE: usize = 16_384;
 
-/// A pool of threads that close the link descriptors given to it.
+/// A pool of threads that close the link descriptors given to it. The
+/// threads start with the first link given, so a daemon that never lets a
+/// link go (no heap or park-point probes, or none released before the
+/// stop) pays for none of them.
 pub struct LinkCloser {
-    tx: Mutex<Option<SyncSender<OwnedFd>>>,
-    workers: Mutex<Vec<JoinHandle<()>>>,
+    pool: OnceLock<Pool>,
+    /// Set by [`LinkCloser::finish`]: later links are closed where given.
+    finished: AtomicBool,
     /// Links closed on the caller's thread because the queue was full (or
     /// the pool could not start).
     closed_inline: AtomicU64,
 }
 
-impl LinkCloser {
-    pub fn new() -> Arc<Self> {
+/// The closing threads and the queue that feeds them.
+struct Pool {
+    tx: Mutex<Option<SyncSender<OwnedFd>>>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Pool {
+    fn start() -> Self {
         let (tx, rx) = sync_channel::<OwnedFd>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let workers = (0..WORKERS)
@@ -42,16 +52,30 @@ impl LinkCloser {
             })
             .collect::<Vec<_>>();
         let tx = (!workers.is_empty()).then_some(tx);
-        Arc::new(LinkCloser {
+        Pool {
             tx: Mutex::new(tx),
             workers: Mutex::new(workers),
+        }
+    }
+}
+
+impl LinkCloser {
+    pub fn new() -> Arc<Self> {
+        Arc::new(LinkCloser {
+            pool: OnceLock::new(),
+            finished: AtomicBool::new(false),
             closed_inline: AtomicU64::new(0),
         })
     }
 
     /// Closes `link` on a pool thread (here, when the queue is full).
     pub fn close(&self, link: OwnedFd) {
-        let tx = self.tx.lock().ok().and_then(|tx| tx.clone());
+        if self.finished.load(Ordering::Acquire) {
+            self.closed_inline.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let pool = self.pool.get_or_init(Pool::start);
+        let tx = pool.tx.lock().ok().and_then(|tx| tx.clone());
         let Some(tx) = tx else {
             self.closed_inline.fetch_add(1, Ordering::Relaxed);
             return;
@@ -66,12 +90,16 @@ impl LinkCloser {
     }
 
     /// Waits until every link given so far is closed; later ones are
-    /// closed where they are dropped.
+    /// closed where they are given.
     pub fn finish(&self) {
-        if let Ok(mut tx) = self.tx.lock() {
+        self.finished.store(true, Ordering::Release);
+        let Some(pool) = self.pool.get() else {
+            return;
+        };
+        if let Ok(mut tx) = pool.tx.lock() {
             tx.take();
         }
-        let workers = match self.workers.lock() {
+        let workers = match pool.workers.lock() {
             Ok(mut w) => std::mem::take(&mut *w),
             Err(_) => return,
         };
@@ -82,6 +110,12 @@ impl LinkCloser {
 
     pub fn closed_inline(&self) -> u64 {
         self.closed_inline.load(Ordering::Relaxed)
+    }
+
+    /// Whether the closing threads were started.
+    #[cfg(test)]
+    pub fn started(&self) -> bool {
+        self.pool.get().is_some()
     }
 }
 
@@ -118,6 +152,7 @@ mod tests {
         // SAFETY: both are ours, just made.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         let closer = LinkCloser::new();
+        assert!(!closer.started(), "no thread before the first link");
         for _ in 0..100 {
             closer.close(write.try_clone().unwrap());
         }

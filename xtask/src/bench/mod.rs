@@ -52,10 +52,20 @@ pub struct BenchArgs {
     /// (an earlier build), in the same rounds, and compare the two.
     #[arg(long, value_name = "BIN", requires = "waits")]
     baseline: Option<std::path::PathBuf>,
+    /// The profilerd binary to measure, when not this checkout's release
+    /// build (an earlier build, to compare runs of the CPU and heap
+    /// benchmarks).
+    #[arg(long, value_name = "BIN")]
+    daemon: Option<std::path::PathBuf>,
 }
 
 pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
-    let bin = root.join("target/release/profilerd");
+    let bin = match &args.daemon {
+        Some(path) => {
+            fs::canonicalize(path).with_context(|| format!("daemon {}", path.display()))?
+        }
+        None => root.join("target/release/profilerd"),
+    };
     let baseline = args
         .baseline
         .as_deref()

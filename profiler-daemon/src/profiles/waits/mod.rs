@@ -1,8 +1,9 @@
-//! The block and mutex profiles' state between the kernel's events and the
-//! pprof files: kept futex waits by the waiter's stack (block), and kept
-//! contended wake-ups by the waker's stack with the delays of the waits
-//! they ended (mutex). Rescaling follows Go (`rescale::block_event`,
-//! `rescale::mutex_event`).
+//! The block, mutex and off-CPU profiles: their records decoded from the
+//! wait ring (full, brief, delays, off-CPU), kept waits by the waiter's
+//! stack (block.rs, for block and off-CPU), kept contended wake-ups by the
+//! waker's stack with the delays of the waits they ended (mutex.rs), and
+//! each window's profiles built. Rescaling follows Go
+//! (`rescale::block_event`, `rescale::mutex_event`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,157 +29,11 @@ use crate::profiles::samples::{is_tracing_frame, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
-/// Kept wake-ups remembered for delays that arrive late (their waits end
-/// after the window that saw the wake-up closed).
-const MAX_WAKES: usize = 16_384;
-/// Delays kept while their wake-up's own event has not arrived yet.
-const MAX_EARLY_DELAYS: usize = 16_384;
-/// Futex words known to lie in a condition variable.
-const MAX_COND_WORDS: usize = 16_384;
+mod block;
+mod mutex;
 
-/// Estimated contentions and delay (ns) of one stack.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Weight {
-    pub contentions: f64,
-    pub delay_ns: f64,
-}
-
-impl Weight {
-    fn add(&mut self, (contentions, delay_ns): (f64, f64)) {
-        self.contentions += contentions;
-        self.delay_ns += delay_ns;
-    }
-}
-
-/// Block profile: kept waits of the current window.
-#[derive(Default)]
-pub struct BlockWindow {
-    samples: HashMap<SampleId, Weight>,
-}
-
-impl BlockWindow {
-    /// A kept wait of `waited_ns`, sampled at `rate_ns`.
-    pub fn add(&mut self, id: SampleId, waited_ns: u64, rate_ns: u64) {
-        self.samples
-            .entry(id)
-            .or_default()
-            .add(block_event(waited_ns, rate_ns));
-    }
-
-    pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
-        self.samples
-            .drain()
-            .map(|(id, weight)| (Arc::new(id), weight))
-            .collect()
-    }
-}
-
-/// Mutex profile: kept wake-ups and the delays of the waits they ended.
-pub struct MutexTable {
-    fraction: u64,
-    /// Wake-up id → the waker's stack identity.
-    wakes: HashMap<u64, Arc<SampleId>>,
-    wake_order: VecDeque<u64>,
-    /// Delays whose wake-up has not been seen yet.
-    early: HashMap<u64, u64>,
-    window: HashMap<Arc<SampleId>, Weight>,
-    /// The condition variable of each futex word that waits inside
-    /// `pthread_cond_*wait` were seen on, by (process, image, word): a
-    /// wake-up on such a word is a signal or broadcast of that condition.
-    cond_words: HashMap<(u32, u32, u64), u64>,
-    /// Delays whose wake-up was never seen (dropped by a full ring).
-    pub orphan_delays: u64,
-    /// Times the table of condition words was full and started afresh.
-    pub cond_words_cleared: u64,
-}
-
-impl MutexTable {
-    pub fn new(fraction: u64) -> Self {
-        MutexTable {
-            fraction: fraction.max(1),
-            wakes: HashMap::default(),
-            wake_order: VecDeque::new(),
-            early: HashMap::default(),
-            window: HashMap::default(),
-            cond_words: HashMap::default(),
-            orphan_delays: 0,
-            cond_words_cleared: 0,
-        }
-    }
-
-    /// A wait on futex word `id.object` was made inside a wait on condition
-    /// `id.cond` (the waker's side names no condition: it calls
-    /// pthread_cond_signal or _broadcast, which are not probed, as they
-    /// are often called with nobody waiting).
-    pub fn note_cond_word(&mut self, id: &SampleId) {
-        if id.cond == 0 || id.object == 0 {
-            return;
-        }
-        if self.cond_words.len() >= MAX_COND_WORDS {
-            self.cond_words.clear();
-            self.cond_words_cleared += 1;
-        }
-        self.cond_words
-            .insert((id.tgid, id.generation, id.object), id.cond);
-    }
-
-    /// A kept wake-up that woke someone, made at `id`'s stack.
-    pub fn wake(&mut self, wake_id: u64, id: SampleId) {
-        let id = Arc::new(id);
-        // Counted once, with whatever delays arrived before it.
-        let early = self.early.remove(&wake_id).unwrap_or(0);
-        self.window
-            .entry(Arc::clone(&id))
-            .or_default()
-            .add(mutex_event(early, self.fraction));
-        if self.wakes.len() >= MAX_WAKES
-            && let Some(old) = self.wake_order.pop_front()
-        {
-            self.wakes.remove(&old);
-        }
-        self.wakes.insert(wake_id, id);
-        self.wake_order.push_back(wake_id);
-    }
-
-    /// A wait of `delay_ns` ended by kept wake-up `wake_id`.
-    pub fn delay(&mut self, wake_id: u64, delay_ns: u64) {
-        match self.wakes.get(&wake_id) {
-            Some(id) => {
-                let (_, delay) = mutex_event(delay_ns, self.fraction);
-                self.window.entry(Arc::clone(id)).or_default().delay_ns += delay;
-            }
-            None => {
-                if self.early.len() >= MAX_EARLY_DELAYS {
-                    self.orphan_delays += self.early.len() as u64;
-                    self.early.clear();
-                }
-                *self.early.entry(wake_id).or_default() += delay_ns;
-            }
-        }
-    }
-
-    /// The window's wake-ups, each on a condition's word labelled with
-    /// that condition.
-    pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
-        let cond_words = &self.cond_words;
-        self.window
-            .drain()
-            .map(|(id, weight)| {
-                let cond = cond_words.get(&(id.tgid, id.generation, id.object));
-                match cond {
-                    Some(&cond) if id.cond == 0 => (
-                        Arc::new(SampleId {
-                            cond,
-                            ..(*id).clone()
-                        }),
-                        weight,
-                    ),
-                    _ => (id, weight),
-                }
-            })
-            .collect()
-    }
-}
+pub use block::{BlockWindow, Weight};
+pub use mutex::MutexTable;
 
 /// What the block and mutex profiles collect.
 pub(crate) struct Waits {
