@@ -1,6 +1,10 @@
 //! Reading the kernel's ring records: typed views of their bytes, brief
 //! wait records' frames, and a record's user stack, unwound from its copy,
 //! taken from a matched walk hint, or walked by frame pointers.
+//!
+//! Each runs once per record, called from the profile types' modules:
+//! `#[inline]` lets the compiler inline them there across codegen units,
+//! as it did when they shared a module with their callers.
 
 use std::sync::Arc;
 
@@ -16,6 +20,7 @@ use crate::stacks::unwind::{Matched, Unwinder, UnwoundStack};
 /// A ring-buffer record as `T`, borrowed in place: None when the record is
 /// too short or misaligned (ring buffer records are 8-byte aligned; check
 /// rather than trust).
+#[inline]
 pub(crate) fn record<T: Pod>(item: &[u8]) -> Option<&T> {
     if item.len() < std::mem::size_of::<T>()
         || item.as_ptr().align_offset(std::mem::align_of::<T>()) != 0
@@ -28,6 +33,7 @@ pub(crate) fn record<T: Pod>(item: &[u8]) -> Option<&T> {
 
 /// A small ring-buffer record copied out as `T`, at any alignment; None
 /// when the record is too short.
+#[inline]
 pub(crate) fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
     if item.len() < std::mem::size_of::<T>() {
         return None;
@@ -39,6 +45,7 @@ pub(crate) fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
 /// The frames of a brief wait record, which is as long as its room for
 /// them (`BRIEF_FRAME_CLASSES`); None when the record is shorter than
 /// the frames it says it holds, or holds more than a walk hint has.
+#[inline]
 pub(crate) fn brief_frames(item: &[u8]) -> Option<&[u64]> {
     let len = read_record::<u64>(item.get(std::mem::offset_of!(WaitBrief, frames_len)..)?)?;
     let len = usize::try_from(len)
@@ -53,6 +60,7 @@ pub(crate) fn brief_frames(item: &[u8]) -> Option<&[u64]> {
 }
 
 /// The kernel frames a record holds, if any.
+#[inline]
 pub(crate) fn kernel_stack(frames: &[u64]) -> Stack {
     match frames {
         [] => Stack::None,
@@ -72,6 +80,7 @@ pub(crate) struct Thread {
 /// here from `regs`) or frame-pointer frames. `at_return`: the registers
 /// are at a return address, so the kernel's first frame is one past the
 /// call.
+#[inline]
 pub(crate) fn event_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
@@ -90,6 +99,7 @@ pub(crate) fn event_user_stack(
 /// How a record's stack is given to the daemon: its flags, and the frames
 /// it carries (a frame-pointer walk, or with `HINT_MATCHED` a remembered
 /// walk's frames after the ip; `frames_len` as sent).
+#[inline]
 pub(crate) fn matched_walk(
     flags: u32,
     hint_id: u64,
@@ -111,6 +121,7 @@ pub(crate) fn matched_walk(
 /// a brief event has no copy); also returns a hint for the kernel (see
 /// [`Unwinder::unwind_hinted`]).
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn hinted_user_stack(
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
