@@ -164,13 +164,17 @@ pub struct Client {
 
 /// Why the client could not be made.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up the push client: {0}")]
-pub struct ClientError(String);
-
-impl ClientError {
-    pub fn new(why: String) -> Self {
-        ClientError(why)
-    }
+pub enum ClientError {
+    /// The HTTP client could not be built (its TLS backend, for one); the
+    /// chain of causes, without URLs.
+    #[error("cannot set up the push client: {0}")]
+    Http(String),
+    /// A configured value is not a valid HTTP header part.
+    #[error("cannot set up the push client: {what} cannot be sent as a header")]
+    Header { what: &'static str },
+    /// The thread that prepares uploads could not be started.
+    #[error("cannot set up the push client: cannot start its thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 impl Client {
@@ -182,7 +186,7 @@ impl Client {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("profilerd/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| ClientError(error_chain(&e.without_url())))?;
+            .map_err(|e| ClientError::Http(error_chain(&e.without_url())))?;
         let mut headers = HeaderMap::new();
         headers.insert(
             CONTENT_TYPE,
@@ -194,7 +198,7 @@ impl Client {
                 HeaderValue::from_static(value),
             );
         }
-        let bad = |what: &str| ClientError(format!("{what} cannot be sent as a header"));
+        let bad = |what: &'static str| ClientError::Header { what };
         if let Some(tenant) = &settings.tenant {
             headers.insert(
                 HeaderName::from_static("x-scope-orgid"),

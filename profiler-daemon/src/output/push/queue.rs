@@ -239,7 +239,7 @@ impl Pusher {
                 }
                 // Dropping `tx` here ends the sender task's queue.
             })
-            .map_err(|e| ClientError::new(format!("cannot start its thread: {e}")))?;
+            .map_err(ClientError::Thread)?;
         Ok(Pusher {
             jobs,
             stats,
