@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::http::{get, parse_exposition};
 use profiler_tests::temp_dir;
 
 /// `BPF_MAP_TYPE_RINGBUF`.
@@ -144,4 +145,80 @@ fn a_ready_daemon_runs_few_threads() {
             "--profiles {profiles}: the link-closing pool runs before any link is let go: {threads:?}"
         );
     }
+}
+
+/// The memory the kernel charges for process `pid`'s BPF maps: each map's
+/// `memlock` once (by `map_id`), from /proc/PID/fdinfo.
+fn bpf_memlock(pid: u32) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("reading fdinfo") {
+        let Ok(text) = std::fs::read_to_string(entry.expect("an fdinfo entry").path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:"))
+            && seen.insert(id)
+        {
+            total += bytes;
+        }
+    }
+    total
+}
+
+/// `/metrics` says what the daemon's BPF maps and rings cost, as the
+/// kernel counts it: the gauge equals the sum read from outside, and it
+/// follows the profiles that are on.
+#[test]
+fn metrics_count_the_bpf_maps_memory() {
+    require_root();
+    let mut figures = Vec::new();
+    for profiles in ["cpu", "cpu,heap,block,mutex,offcpu"] {
+        let tmp = temp_dir();
+        let out = tmp.path().join("out");
+        let mut daemon = Daemon::start(&[
+            "--profiles",
+            profiles,
+            "--duration",
+            "3s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--output-dir",
+            out.to_str().expect("UTF-8 path"),
+        ]);
+        daemon.wait_ready();
+        let line = daemon
+            .stderr_lines()
+            .into_iter()
+            .find(|l| l.contains("serving metrics at http://"))
+            .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.trim_end_matches("/metrics").parse().ok())
+            .expect("the served address");
+        let outside = bpf_memlock(daemon.pid());
+        let (status, _, body) = get(addr, "/metrics");
+        assert_eq!(status, 200, "{body}");
+        let reported = parse_exposition(&body).value("profilerd_bpf_memory_bytes", &[]) as u64;
+        daemon.wait_success(EXIT_BOUND);
+        eprintln!("figure: --profiles {profiles}: BPF memory {reported} bytes (fdinfo: {outside})");
+        assert_eq!(
+            reported, outside,
+            "--profiles {profiles}: /metrics says {reported} bytes of BPF memory, the kernel {outside}"
+        );
+        assert!(
+            reported > 0,
+            "--profiles {profiles}: no BPF memory reported"
+        );
+        figures.push(reported);
+    }
+    assert!(
+        figures[1] > figures[0],
+        "all five profiles hold more BPF memory than cpu alone: {figures:?}"
+    );
 }

@@ -5,7 +5,7 @@
 //! The session updates the metrics as it works (profiles written) and
 //! mirrors its counters into them after every drain (kernel counters, lost
 //! events, symbolization, process table); the push's and the OTLP export's
-//! counters, their queue lengths and the resident memory are read at each
+//! counters, their queue lengths, the resident memory and the BPF maps' memory are read at each
 //! scrape. Counters
 //! that mirror a total kept elsewhere only ever move forward.
 //!
@@ -129,6 +129,7 @@ pub struct Metrics {
     push: SinkMetrics,
     otlp: SinkMetrics,
     resident: IntGauge,
+    bpf_memory: IntGauge,
     unavailable: IntGaugeVec,
 }
 
@@ -320,6 +321,10 @@ impl Metrics {
                 "profilerd_resident_memory_bytes",
                 "Resident memory of the daemon.",
             )?,
+            bpf_memory: gauge(
+                "profilerd_bpf_memory_bytes",
+                "Memory the kernel charges for the daemon's BPF maps and rings (memlock), each map counted once.",
+            )?,
             unavailable: {
                 let g = IntGaugeVec::new(
                     Opts::new(
@@ -413,6 +418,8 @@ impl Metrics {
         if let Some(rss) = resident_bytes() {
             self.resident.set(rss as i64);
         }
+        self.bpf_memory
+            .set(i64::try_from(bpf_map_bytes()).unwrap_or(i64::MAX));
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
@@ -434,6 +441,34 @@ fn resident_bytes() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
+}
+
+/// The memory the kernel charges for the BPF maps this process holds: the
+/// `memlock` of each map descriptor in /proc/self/fdinfo, each map (by
+/// `map_id`) once, as a map may have several descriptors. Ring buffers
+/// count their data pages; hash maps allocated on use count their bound.
+fn bpf_map_bytes() -> u64 {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return 0;
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0u64;
+    for fd in fds.flatten() {
+        let Ok(text) = std::fs::read_to_string(fd.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:"))
+            && seen.insert(id)
+        {
+            total += bytes;
+        }
+    }
+    total
 }
 
 /// Binds `addr` now (so that a bad address or a port in use fails the
@@ -552,6 +587,7 @@ mod tests {
             "# TYPE profilerd_processes gauge",
             "profilerd_processes 5",
             "# TYPE profilerd_resident_memory_bytes gauge",
+            "# TYPE profilerd_bpf_memory_bytes gauge",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
