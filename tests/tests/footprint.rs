@@ -20,10 +20,18 @@ const HEAP_EVENTS: u64 = 4 << 20;
 const WAIT_EVENTS: u64 = 1 << 20;
 const EXIT_BOUND: Duration = Duration::from_secs(20);
 
-/// The sizes of the ring buffers process `pid` holds.
-fn ring_sizes(pid: u32) -> Vec<u64> {
-    let mut sizes = Vec::new();
+/// The BPF map fields of each of process `pid`'s descriptors that is a
+/// map (/proc/PID/fdinfo), one entry per descriptor.
+struct MapFd {
+    map_id: u64,
+    map_type: Option<u64>,
+    max_entries: Option<u64>,
+    memlock: Option<u64>,
+}
+
+fn map_fds(pid: u32) -> Vec<MapFd> {
     let dir = format!("/proc/{pid}/fdinfo");
+    let mut maps = Vec::new();
     for entry in std::fs::read_dir(&dir).expect("reading the daemon's fdinfo") {
         let Ok(text) = std::fs::read_to_string(entry.expect("an fdinfo entry").path()) else {
             continue;
@@ -33,13 +41,25 @@ fn ring_sizes(pid: u32) -> Vec<u64> {
                 .find_map(|l| l.strip_prefix(name))
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
-        if field("map_type:") == Some(u64::from(RINGBUF))
-            && let Some(size) = field("max_entries:")
-        {
-            sizes.push(size);
+        if let Some(map_id) = field("map_id:") {
+            maps.push(MapFd {
+                map_id,
+                map_type: field("map_type:"),
+                max_entries: field("max_entries:"),
+                memlock: field("memlock:"),
+            });
         }
     }
-    sizes
+    maps
+}
+
+/// The sizes of the ring buffers process `pid` holds.
+fn ring_sizes(pid: u32) -> Vec<u64> {
+    map_fds(pid)
+        .into_iter()
+        .filter(|m| m.map_type == Some(u64::from(RINGBUF)))
+        .filter_map(|m| m.max_entries)
+        .collect()
 }
 
 /// The names of process `pid`'s threads.
@@ -151,23 +171,11 @@ fn a_ready_daemon_runs_few_threads() {
 /// `memlock` once (by `map_id`), from /proc/PID/fdinfo.
 fn bpf_memlock(pid: u32) -> u64 {
     let mut seen = std::collections::HashSet::new();
-    let mut total = 0;
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("reading fdinfo") {
-        let Ok(text) = std::fs::read_to_string(entry.expect("an fdinfo entry").path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:"))
-            && seen.insert(id)
-        {
-            total += bytes;
-        }
-    }
-    total
+    map_fds(pid)
+        .into_iter()
+        .filter(|m| seen.insert(m.map_id))
+        .filter_map(|m| m.memlock)
+        .sum()
 }
 
 /// `/metrics` says what the daemon's BPF maps and rings cost, as the
