@@ -31,6 +31,21 @@ pub const COMM_LEN: usize = 16;
 /// Deepest stack the kernel records (kernel.perf_event_max_stack default).
 pub const MAX_STACK_DEPTH: usize = 127;
 
+/// The cookie of a uprobe: the probed function in its low 32 bits and, on
+/// kernels without uprobe_multi links (before 6.6) or uprobe sessions
+/// (before 6.13), where each probe point is a perf-event uprobe of its own
+/// and a function's entry and return are two probes, which of the two this
+/// one is. A uprobe_multi or session cookie has neither bit: the program
+/// then tells a return from the instruction pointer.
+pub mod probe_cookie {
+    /// The probed function (`alloc_fn`, `go_fn`, `cond_fn`).
+    pub const FUNCTION: u64 = 0xffff_ffff;
+    /// A perf-event uprobe at the function's entry.
+    pub const AT_ENTRY: u64 = 1 << 32;
+    /// A perf-event uprobe at the function's return (a uretprobe).
+    pub const AT_RETURN: u64 = 1 << 33;
+}
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: as below.

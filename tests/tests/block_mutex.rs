@@ -272,6 +272,42 @@ fn wait_args(block_rate: &str, fraction: u64, interval: &str, out: &Path) -> Vec
 fn profile_workload(
     exe: &Path,
     workload_args: &[&str],
+    args: Vec<String>,
+) -> (u32, String, Daemon) {
+    profile_workload_on(Probes::Links, exe, workload_args, args)
+}
+
+/// How the Go park and condition-variable probes attach: one uprobe_multi
+/// link per file (Linux 6.6), or a perf-event uprobe per function as on
+/// older kernels, chosen by pretending uprobe_multi is missing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Probes {
+    Links,
+    PerfEvent,
+}
+
+impl Probes {
+    /// The daemon's log said it attached probes of `what` this way.
+    fn assert_used(self, daemon: &Daemon, what: &str) {
+        let kind = match self {
+            Probes::Links => "a uprobe_multi link per file",
+            Probes::PerfEvent => "perf-event uprobes",
+        };
+        let prefix = format!("probes: {what} in");
+        let lines = daemon.stderr_lines();
+        let found: Vec<&String> = lines.iter().filter(|l| l.contains(&prefix)).collect();
+        assert!(
+            !found.is_empty() && found.iter().all(|l| l.contains(kind)),
+            "every '{prefix}' line should say {kind}:\n{}",
+            daemon.describe()
+        );
+    }
+}
+
+fn profile_workload_on(
+    probes: Probes,
+    exe: &Path,
+    workload_args: &[&str],
     mut args: Vec<String>,
 ) -> (u32, String, Daemon) {
     let mut all = vec!["--wait-stdin"];
@@ -280,7 +316,12 @@ fn profile_workload(
     workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
     let pid = workload.pid();
     args.extend(["--pid".to_string(), pid.to_string()]);
-    let mut daemon = Daemon::start(&args);
+    let mut cmd = std::process::Command::new(profiler_tests::daemon::profilerd_bin());
+    cmd.args(&args);
+    if probes == Probes::PerfEvent {
+        cmd.env("PROFILERD_PRETEND_MISSING", "uprobe_multi");
+    }
+    let mut daemon = Daemon::start_command(cmd);
     daemon.wait_ready();
     workload.release();
     let stdout = workload.finish(WORKLOAD_TIMEOUT);
@@ -720,16 +761,28 @@ const SIGNALER: &str = "signaler";
 /// time to the signaler's wake-ups, also labelled with the condition.
 #[test]
 fn condition_waits_name_their_condition() {
+    condition_waits_name_their_condition_on(Probes::Links);
+}
+
+/// The same with a perf-event uprobe per function, as before Linux 6.6.
+#[test]
+fn condition_waits_name_their_condition_on_perf_event_uprobes() {
+    condition_waits_name_their_condition_on(Probes::PerfEvent);
+}
+
+fn condition_waits_name_their_condition_on(probes: Probes) {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::CondWait.build(tmp.path(), "cond_wait");
     let out = tmp.path().join("out");
     // About 1.2 s: 600 signals 2 ms apart.
-    let (pid, stdout, daemon) = profile_workload(
+    let (pid, stdout, daemon) = profile_workload_on(
+        probes,
         &exe,
         &["--iterations", "600"],
         wait_args(MUTEX_BLOCK_RATE, 1, "60s", &out),
     );
+    probes.assert_used(&daemon, "condition variable");
     let cond = field(&parse_report(&stdout, "addr"), "addr");
     let mutex = field(&parse_report(&stdout, "addr"), "mutex");
     let tally = parse_report(&stdout, "waits");
@@ -863,6 +916,16 @@ fn condition_waits_name_their_condition() {
 /// runtime.gopark and runtime.ready; no futex is involved).
 #[test]
 fn go_goroutines_blocked_on_a_channel() {
+    go_goroutines_blocked_on_a_channel_on(Probes::Links);
+}
+
+/// The same with a perf-event uprobe per park point, as before Linux 6.6.
+#[test]
+fn go_goroutines_blocked_on_a_channel_on_perf_event_uprobes() {
+    go_goroutines_blocked_on_a_channel_on(Probes::PerfEvent);
+}
+
+fn go_goroutines_blocked_on_a_channel_on(probes: Probes) {
     require_root();
     let tmp = temp_dir();
     let go = profiler_tests::pprof_tool::go_binary();
@@ -877,7 +940,9 @@ fn go_goroutines_blocked_on_a_channel() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/chan_block.go");
     let exe = profiler_tests::workloads::compile(cmd, &src, &tmp.path().join("chan_block"));
     let out = tmp.path().join("out");
-    let (pid, stdout, daemon) = profile_workload(&exe, &[], wait_args("10us", 100, "60s", &out));
+    let (pid, stdout, daemon) =
+        profile_workload_on(probes, &exe, &[], wait_args("10us", 100, "60s", &out));
+    probes.assert_used(&daemon, "Go runtime");
     let blocked_ns = field(&parse_report(&stdout, "blocked_ns"), "blocked_ns");
     let run = WaitRun::read(&out, 100, pid, &stdout, daemon);
     let at_receive = |s: &FlatSample| {

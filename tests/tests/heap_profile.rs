@@ -3,7 +3,9 @@
 //! (rescaled from Poisson samples) against the numbers it printed, the
 //! in-use objects and bytes of a live leak and of freed sites, every
 //! allocation at rate 1, a process that exits in the middle of a window,
-//! and the same program on jemalloc.
+//! and the same program on jemalloc. The tests of rates, commands and
+//! system-wide probes run twice: on uprobe sessions and on the perf-event
+//! uprobes of kernels before 6.13, which must give the same answer.
 //!
 //! A sample belongs to a site when the site's function is in its stack, so
 //! the checks hold however the leaf is symbolized.
@@ -351,16 +353,59 @@ fn heap_args(rate: u64, interval: &str, out: &Path) -> Vec<String> {
     .to_vec()
 }
 
+/// How the allocator probes attach: uprobe sessions (Linux 6.13), or the
+/// perf-event uprobes of older kernels (an entry and a return probe per
+/// function), chosen here by pretending sessions are missing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Probes {
+    Sessions,
+    PerfEvent,
+}
+
+impl Probes {
+    /// Starts the daemon with `args` and waits until it is ready.
+    fn start(self, args: &[String]) -> Daemon {
+        let mut cmd = std::process::Command::new(profiler_tests::daemon::profilerd_bin());
+        cmd.args(args);
+        if self == Probes::PerfEvent {
+            cmd.env("PROFILERD_PRETEND_MISSING", "uprobe_session");
+        }
+        let mut daemon = Daemon::start_command(cmd);
+        daemon.wait_ready();
+        daemon
+    }
+
+    /// The daemon's log names the kind of probe it attached.
+    fn assert_used(self, daemon: &Daemon) {
+        let kind = match self {
+            Probes::Sessions => "a uprobe session per file",
+            Probes::PerfEvent => "perf-event uprobes",
+        };
+        let lines = daemon.stderr_lines();
+        let allocator: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.contains("probes: allocator in"))
+            .collect();
+        assert!(
+            !allocator.is_empty() && allocator.iter().all(|l| l.contains(kind)),
+            "every allocator probe line should say {kind}:\n{}",
+            daemon.describe()
+        );
+    }
+}
+
 /// Starts `profilerd --profiles heap ... --pid P...` and waits until it is
 /// ready.
 fn heap_daemon_for(pids: &[u32], rate: u64, interval: &str, out: &Path) -> Daemon {
+    heap_daemon_with(Probes::Sessions, pids, rate, interval, out)
+}
+
+fn heap_daemon_with(probes: Probes, pids: &[u32], rate: u64, interval: &str, out: &Path) -> Daemon {
     let mut args = heap_args(rate, interval, out);
     for pid in pids {
         args.extend(["--pid".to_string(), pid.to_string()]);
     }
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
-    daemon
+    probes.start(&args)
 }
 
 /// Starts `exe ARGS` (ARGS with `--wait-stdin`) and waits for its "ready"
@@ -612,18 +657,30 @@ fn assert_labels(run: &HeapRun, exe: &Path) {
 /// the windows must match the truth per site.
 #[test]
 fn alloc_per_site_under_command() {
+    alloc_per_site_under_command_with(Probes::Sessions);
+}
+
+/// The same, with the probes of kernels before 6.13 (made by the command
+/// itself between fork and exec, one per function and direction): the
+/// same answer.
+#[test]
+fn alloc_per_site_under_command_on_perf_event_uprobes() {
+    alloc_per_site_under_command_with(Probes::PerfEvent);
+}
+
+fn alloc_per_site_under_command_with(probes: Probes) {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_cmd");
     let out = tmp.path().join("out");
     let mut args = heap_args(RATE, "2s", &out);
     args.extend(["--".to_string(), exe.to_string_lossy().into_owned()]);
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
+    let mut daemon = probes.start(&args);
     // The daemon stops by itself when the command exits.
     daemon.wait_success(WORKLOAD_TIMEOUT);
     let stdout = daemon.stdout_text();
     let run = HeapRun::read(&out, RATE, &stdout, daemon);
+    probes.assert_used(&run.daemon);
     println!(
         "{} heap files; work {:?}",
         run.files.len(),
@@ -748,6 +805,17 @@ fn inuse_of_a_live_leak_under_pid() {
 /// live leak exactly its objects, and freed sites nothing in use.
 #[test]
 fn rate_one_records_every_allocation() {
+    rate_one_records_every_allocation_with(Probes::Sessions);
+}
+
+/// The same on the probes of kernels before 6.13: the return probe of
+/// every call must find its own entry (nested and tail calls included).
+#[test]
+fn rate_one_records_every_allocation_on_perf_event_uprobes() {
+    rate_one_records_every_allocation_with(Probes::PerfEvent);
+}
+
+fn rate_one_records_every_allocation_with(probes: Probes) {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_all");
@@ -755,7 +823,7 @@ fn rate_one_records_every_allocation() {
     // A fiftieth of the calls: every one of them is an event.
     let mut workload = start_ready(&exe, &["--wait-stdin", "--hold", "--scale", "0.02"]);
     let pid = workload.pid();
-    let mut daemon = heap_daemon_for(&[pid], 1, "2s", &out);
+    let mut daemon = heap_daemon_with(probes, &[pid], 1, "2s", &out);
     workload.poke();
     let holding = workload.wait_line(WORKLOAD_TIMEOUT, |l| l.starts_with("holding "));
     let hold_ns = field(&parse_report(&holding, "realtime_ns"), "realtime_ns") as i64;
@@ -770,6 +838,7 @@ fn rate_one_records_every_allocation() {
     workload.kill();
     daemon.wait_success(DAEMON_EXIT_TIMEOUT);
     let run = HeapRun::read(&out, 1, &stdout, daemon);
+    probes.assert_used(&run.daemon);
     assert_eq!(run.pid, pid, "the workload's report names another pid");
 
     assert_alloc_per_site(&run, &run.samples, true);
@@ -919,19 +988,30 @@ fn jemalloc_alloc_per_site() {
 /// without being named.
 #[test]
 fn system_wide_covers_a_process_started_later() {
+    system_wide_covers_a_process_started_later_with(Probes::Sessions);
+}
+
+/// The same with perf-event uprobes of no process (every process that
+/// maps the allocator, on one CPU's event).
+#[test]
+fn system_wide_covers_a_process_started_later_on_perf_event_uprobes() {
+    system_wide_covers_a_process_started_later_with(Probes::PerfEvent);
+}
+
+fn system_wide_covers_a_process_started_later_with(probes: Probes) {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_sw");
     let out = tmp.path().join("out");
     let mut args = heap_args(RATE, "60s", &out);
     args.extend(["--duration".to_string(), "60s".to_string()]);
-    let mut daemon = Daemon::start(&args);
-    daemon.wait_ready();
+    let mut daemon = probes.start(&args);
     // No --wait-stdin: it allocates from its first instruction on.
     let mut workload = Running::start::<&str>(&exe, &[]);
     let stdout = workload.finish(WORKLOAD_TIMEOUT);
     daemon.signal(libc::SIGINT);
     daemon.wait_success(DAEMON_EXIT_TIMEOUT);
     let run = HeapRun::read(&out, RATE, &stdout, daemon);
+    probes.assert_used(&run.daemon);
     assert_alloc_per_site(&run, &run.samples, false);
 }

@@ -72,7 +72,7 @@ fn check_finds_every_type_ready_here() {
 
 #[test]
 fn check_names_what_an_older_kernel_lacks() {
-    let missing = "uprobe_session,uprobe_multi,btf";
+    let missing = "uprobe_session,uprobe_multi,uprobe_pmu,btf";
     let (code, report) = check(&["--profiles", "cpu,block,mutex"], missing);
     assert_eq!(code, 0, "every requested type can run:\n{report}");
     assert_eq!(state(&report, "cpu"), "ready");
@@ -92,12 +92,32 @@ fn check_names_what_an_older_kernel_lacks() {
     let block = state(&report, "block");
     assert!(
         block.starts_with("degraded")
-            && block.contains("uprobe_multi")
-            && block.contains("Linux 6.6"),
+            && block.contains("perf-event uprobes")
+            && block.contains("Linux 5.15"),
         "{report}"
     );
     let (code, report) = check(&["--profiles", "cpu,heap"], missing);
     assert_eq!(code, 1, "heap cannot run:\n{report}");
+}
+
+/// Linux 6.6 to 6.12: no uprobe sessions, but perf-event uprobes. Heap
+/// runs, at a cost the line names; Go parks and condition variables are
+/// probed per function, so block is ready.
+#[test]
+fn check_without_uprobe_links_runs_heap_and_block_on_perf_event_uprobes() {
+    let (code, report) = check(
+        &["--profiles", "cpu,heap,block,mutex"],
+        "uprobe_session,uprobe_multi",
+    );
+    assert_eq!(code, 0, "every requested type can run:\n{report}");
+    assert_eq!(state(&report, "block"), "ready", "{report}");
+    let heap = state(&report, "heap");
+    assert!(
+        heap.starts_with("degraded")
+            && heap.contains("return probe")
+            && heap.contains("Linux 6.13"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -110,7 +130,7 @@ fn a_required_type_the_kernel_lacks_stops_the_start() {
         .arg(&out)
         .env("NO_COLOR", "1")
         .env_remove("PROFILERD_LOG")
-        .env(PRETEND, "uprobe_session");
+        .env(PRETEND, "uprobe_session,uprobe_pmu");
     let output = run_with_timeout(cmd, "profilerd", EXIT_BOUND);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
@@ -141,7 +161,7 @@ fn a_best_effort_type_is_skipped_and_reported() {
         "--output-dir",
     ])
     .arg(&out)
-    .env(PRETEND, "uprobe_session");
+    .env(PRETEND, "uprobe_session,uprobe_pmu");
     let mut daemon = Daemon::start_command(cmd);
     daemon.wait_ready();
     let lines = daemon.stderr_lines();

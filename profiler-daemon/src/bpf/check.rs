@@ -57,6 +57,7 @@ pub fn probe_config(
         stack_switches: settings.stack_switches,
         kernel_log: crate::bpf::log::wanted(settings.kernel_log),
         uprobe_multi: features.uprobe_multi,
+        uprobe_session: features.uprobe_session,
         futex2_tracepoints: features.futex2_tracepoints,
     }
 }
@@ -164,9 +165,10 @@ pub fn run_check(settings: &Settings) -> ExitCode {
     };
     let yes = |b: bool| if b { "yes" } else { "no" };
     println!(
-        "kernel {}: BTF {}, uprobe_multi {}, uprobe sessions {}, futex_wait/futex_wake tracepoints {}",
+        "kernel {}: BTF {}, perf uprobes {}, uprobe_multi {}, uprobe sessions {}, futex_wait/futex_wake tracepoints {}",
         features.release,
         yes(features.btf),
+        yes(features.uprobe_pmu),
         yes(features.uprobe_multi),
         yes(features.uprobe_session),
         yes(features.futex2_tracepoints),

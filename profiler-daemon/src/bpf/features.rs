@@ -13,9 +13,8 @@
 use std::fmt;
 use std::path::Path;
 
-use crate::bpf::uprobe_session::{
-    BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION, kernel_supports,
-};
+use crate::bpf::perf_uprobe::UprobePmu;
+use crate::bpf::uprobes::{BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION, kernel_supports};
 use crate::model::profile_kind::ProfileKind;
 
 /// Environment variable naming features to treat as missing (for tests of
@@ -41,6 +40,9 @@ pub struct KernelFeatures {
     pub uprobe_multi: bool,
     /// Uprobe sessions (`BPF_TRACE_UPROBE_SESSION`).
     pub uprobe_session: bool,
+    /// The perf `uprobe` PMU, to which BPF programs link with a cookie
+    /// (one probe per function: what older kernels offer).
+    pub uprobe_pmu: bool,
 }
 
 /// A kernel feature a profile type needs, and the first Linux release
@@ -55,9 +57,9 @@ const UPROBE_SESSION: Need = Need {
     feature: "uprobe sessions (BPF_TRACE_UPROBE_SESSION)",
     since: "6.13",
 };
-const UPROBE_MULTI: Need = Need {
-    feature: "uprobe_multi links",
-    since: "6.6",
+const PERF_UPROBES: Need = Need {
+    feature: "perf-event uprobes with BPF cookies (the uprobe PMU, CONFIG_UPROBE_EVENTS)",
+    since: "5.15",
 };
 const BTF: Need = Need {
     feature: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)",
@@ -108,6 +110,7 @@ impl KernelFeatures {
             futex2_tracepoints: event("sys_enter_futex_wait"),
             uprobe_multi: kernel_supports(BPF_TRACE_UPROBE_MULTI),
             uprobe_session: kernel_supports(BPF_TRACE_UPROBE_SESSION),
+            uprobe_pmu: UprobePmu::read().is_ok(),
         };
         if let Ok(names) = std::env::var(PRETEND_MISSING) {
             features.pretend_missing(&names);
@@ -117,7 +120,7 @@ impl KernelFeatures {
 
     /// Turns off the features named (comma-separated: `btf`,
     /// `futex_tracepoints`, `futex2_tracepoints`, `uprobe_multi`,
-    /// `uprobe_session`), so that what an older kernel gets can be seen
+    /// `uprobes`), so that what an older kernel gets can be seen
     /// and tested on a newer one. Unknown names are ignored.
     fn pretend_missing(&mut self, names: &str) {
         for name in names.split(',').map(str::trim) {
@@ -127,6 +130,7 @@ impl KernelFeatures {
                 "futex2_tracepoints" => self.futex2_tracepoints = false,
                 "uprobe_multi" => self.uprobe_multi = false,
                 "uprobe_session" => self.uprobe_session = false,
+                "uprobe_pmu" => self.uprobe_pmu = false,
                 _ => {}
             }
         }
@@ -139,16 +143,22 @@ impl KernelFeatures {
             ProfileKind::Cpu => {}
             ProfileKind::Heap => {
                 if !self.uprobe_session {
-                    return Availability::Unavailable(UPROBE_SESSION);
+                    if !self.uprobe_pmu {
+                        return Availability::Unavailable(UPROBE_SESSION);
+                    }
+                    degraded.push(format!(
+                        "every allocator call also runs a return probe (perf-event uprobes), \
+                         where {UPROBE_SESSION} return only from sampled calls"
+                    ));
                 }
             }
             ProfileKind::Block | ProfileKind::Mutex => {
                 if !self.futex_tracepoints {
                     return Availability::Unavailable(FUTEX_TRACEPOINTS);
                 }
-                if kind == ProfileKind::Block && !self.uprobe_multi {
+                if kind == ProfileKind::Block && !self.uprobe_multi && !self.uprobe_pmu {
                     degraded.push(format!(
-                        "goroutines parked by the Go runtime and condition-variable names need {UPROBE_MULTI}"
+                        "goroutines parked by the Go runtime and condition-variable names need {PERF_UPROBES}"
                     ));
                 }
             }
@@ -187,24 +197,34 @@ mod tests {
             futex2_tracepoints: false,
             uprobe_multi,
             uprobe_session,
+            uprobe_pmu: true,
         }
     }
 
     #[test]
-    fn heap_needs_uprobe_sessions() {
-        assert_eq!(
-            kernel(true, false, true).assess(ProfileKind::Heap),
-            Availability::Unavailable(UPROBE_SESSION)
-        );
+    fn heap_without_uprobe_sessions_runs_on_perf_event_uprobes() {
         assert_eq!(
             kernel(true, true, true).assess(ProfileKind::Heap),
             Availability::Ready
         );
+        let Availability::Degraded(why) = kernel(true, false, true).assess(ProfileKind::Heap)
+        else {
+            panic!("heap without sessions should run, at a cost");
+        };
+        assert!(why[0].contains("return probe") && why[0].contains("6.13"));
+        let mut no_pmu = kernel(false, false, true);
+        no_pmu.uprobe_pmu = false;
+        assert_eq!(
+            no_pmu.assess(ProfileKind::Heap),
+            Availability::Unavailable(UPROBE_SESSION)
+        );
     }
 
     #[test]
-    fn block_without_uprobe_multi_is_degraded_not_refused() {
-        let k = kernel(false, false, true);
+    fn block_without_uprobe_multi_probes_each_function() {
+        let mut k = kernel(false, false, true);
+        assert_eq!(k.assess(ProfileKind::Block), Availability::Ready);
+        k.uprobe_pmu = false;
         assert!(matches!(
             k.assess(ProfileKind::Block),
             Availability::Degraded(_)
@@ -245,7 +265,7 @@ mod tests {
             .collect();
         if nix_is_root() && version.as_slice() >= [6, 13].as_slice() {
             assert!(
-                features.uprobe_multi && features.uprobe_session,
+                features.uprobe_multi && features.uprobe_session && features.uprobe_pmu,
                 "{features:?}"
             );
         }

@@ -108,6 +108,13 @@ impl LinkCloser {
         }
     }
 
+    /// Closes each descriptor of one file's probes (see [`Self::close`]).
+    pub fn close_all(&self, links: Vec<OwnedFd>) {
+        for link in links {
+            self.close(link);
+        }
+    }
+
     pub fn closed_inline(&self) -> u64 {
         self.closed_inline.load(Ordering::Relaxed)
     }

@@ -24,7 +24,8 @@ use profiler_common::{
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::map_syscalls::{self, BatchError};
-use crate::bpf::uprobe_session::{SessionError, UprobeLinks, UprobeProgram};
+use crate::bpf::perf_uprobe::UprobePmu;
+use crate::bpf::uprobes::{AttachMode, SessionError, UprobeLinks, UprobeProgram};
 use thiserror::Error;
 
 use crate::bpf::tracefs::{
@@ -97,6 +98,9 @@ pub enum ProbeError {
     FutexLayout { path: PathBuf, uaddr: u32, op: u32 },
     #[error("reading the kernel's diagnostics: {0}")]
     KernelLog(#[source] aya_log::Error),
+    /// Neither the link kind wanted nor the perf uprobe PMU is there.
+    #[error("user-space probes need the perf uprobe PMU on this kernel: {0}")]
+    UprobePmu(#[source] std::io::Error),
 }
 
 /// Entries of a preallocated map that nothing uses (a few, not none: the
@@ -141,9 +145,12 @@ pub struct ProbeConfig {
     /// The programs log why they skip, drop, shorten or fall back
     /// (kernel_log.rs); without it their log sites are removed at load.
     pub kernel_log: bool,
-    /// The kernel makes uprobe_multi links (kernel_features.rs): without
-    /// them the block profile has no Go park or condition-variable probes.
+    /// The kernel makes uprobe_multi links (features.rs): without them the
+    /// Go park and condition-variable probes are perf-event uprobes.
     pub uprobe_multi: bool,
+    /// The kernel makes uprobe sessions: without them the allocator probes
+    /// are perf-event uprobes, with a return probe on every call.
+    pub uprobe_session: bool,
     /// The futex_wait, futex_wake and futex_waitv system calls have
     /// tracepoints (Linux 6.7).
     pub futex2_tracepoints: bool,
@@ -305,7 +312,13 @@ impl Probes {
         let closer = LinkCloser::new();
         let allocators = match config.heap_sample_bytes {
             Some(_) => Some(UprobeLinks::new(
-                UprobeProgram::load(EBPF_OBJECT, &ebpf, "heap_probe", true)?,
+                UprobeProgram::load(
+                    EBPF_OBJECT,
+                    &ebpf,
+                    "heap_probe",
+                    uprobe_mode(config.uprobe_session, AttachMode::Session)?,
+                    |function| function != profiler_common::alloc_fn::FREE,
+                )?,
                 "allocator",
                 crate::bpf::attach::allocators::find,
                 &profiler_common::alloc_fn::NAMES,
@@ -314,26 +327,38 @@ impl Probes {
             )),
             None => None,
         };
-        let go_parks = match config.block && config.uprobe_multi {
-            true => Some(UprobeLinks::new(
-                UprobeProgram::load(EBPF_OBJECT, &ebpf, "go_park_probe", false)?,
+        let entry_only = |program, what, find, names| -> Result<_, ProbeError> {
+            Ok(UprobeLinks::new(
+                UprobeProgram::load(
+                    EBPF_OBJECT,
+                    &ebpf,
+                    program,
+                    uprobe_mode(config.uprobe_multi, AttachMode::Multi)?,
+                    |_| false,
+                )?,
+                what,
+                find,
+                names,
+                config.filter_targets,
+                Arc::clone(&closer),
+            ))
+        };
+        let go_parks = match config.block {
+            true => Some(entry_only(
+                "go_park_probe",
                 "Go runtime",
                 crate::bpf::attach::go_park::find,
                 &profiler_common::go_fn::NAMES,
-                config.filter_targets,
-                Arc::clone(&closer),
-            )),
+            )?),
             false => None,
         };
-        let cond_parks = match config.block && config.uprobe_multi {
-            true => Some(UprobeLinks::new(
-                UprobeProgram::load(EBPF_OBJECT, &ebpf, "cond_wait_probe", false)?,
+        let cond_parks = match config.block {
+            true => Some(entry_only(
+                "cond_wait_probe",
                 "condition variable",
                 crate::bpf::attach::cond_park::find,
                 &profiler_common::cond_fn::NAMES,
-                config.filter_targets,
-                Arc::clone(&closer),
-            )),
+            )?),
             false => None,
         };
         // After the uprobe programs, which refer to the log ring.
@@ -768,7 +793,7 @@ impl Probes {
             .ebpf
             .programs()
             .filter_map(|(name, program)| {
-                // The heap probe is loaded by `uprobe_session`, not by aya.
+                // The heap probe is loaded by `uprobes`, not by aya.
                 let info = program.info().ok()?;
                 Some((name.to_string(), info.run_count(), info.run_time()))
             })
@@ -783,6 +808,16 @@ impl Probes {
             }
         }
         stats
+    }
+}
+
+/// `preferred` where the kernel has it, else a perf-event uprobe per probe.
+fn uprobe_mode(has_preferred: bool, preferred: AttachMode) -> Result<AttachMode, ProbeError> {
+    match has_preferred {
+        true => Ok(preferred),
+        false => Ok(AttachMode::PerfEvent(
+            UprobePmu::read().map_err(ProbeError::UprobePmu)?,
+        )),
     }
 }
 

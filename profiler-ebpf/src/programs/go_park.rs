@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey, MAX_STACK_DEPTH, WaitHead, WaitStack,
-    counter, go_fn, sampling::keep_block_event, wait_event, wait_flags,
+    counter, go_fn, probe_cookie, sampling::keep_block_event, wait_event, wait_flags,
 };
 
 use crate::{
@@ -57,7 +57,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: plain helpers; checked context loads of the user's pt_regs.
     let (function, now, r14, rax, sp, bp) = unsafe {
         (
-            bpf_get_attach_cookie(ctx.regs.cast()),
+            bpf_get_attach_cookie(ctx.regs.cast()) & probe_cookie::FUNCTION,
             bpf_ktime_get_ns(),
             (*regs).r14,
             (*regs).rax,

@@ -18,7 +18,7 @@ use aya_ebpf::{
 use profiler_common::{
     COMM_LEN, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree,
     HeapThread, LiveKey, SHORT_STACK_BYTES, STACK_COPY_BYTES, alloc_fn, counter, heap_event,
-    sampling::next_sample_distance,
+    probe_cookie, sampling::next_sample_distance,
 };
 
 use crate::{
@@ -58,16 +58,32 @@ static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
 /// nested and not counted again. free, and realloc of a sampled address,
 /// retire the address.
 ///
+/// On kernels without uprobe sessions the same program is attached as two
+/// perf-event uprobes per function, one at its entry and one at its
+/// return, told apart by the cookie (`probe_cookie`); every call then runs
+/// the return probe, and the pending state below decides, as in a session,
+/// which return is recorded.
+///
 /// Written without aya's `#[uprobe]` macro, which returns 0 whatever the
 /// function returns: in a session that would ask for every return.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "uprobe")]
 pub fn heap_probe(ctx: *mut core::ffi::c_void) -> u32 {
-    klog::run(ProbeContext::new(ctx), try_heap_probe)
+    klog::run(ProbeContext::new(ctx), |ctx| {
+        // SAFETY: plain helper on our own context.
+        let cookie = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) };
+        let result = try_heap_probe(ctx, cookie);
+        if cookie & (probe_cookie::AT_ENTRY | probe_cookie::AT_RETURN) != 0 {
+            // A perf-event uprobe: anything but 0 would also write a perf
+            // sample, which nobody reads.
+            return Ok(0);
+        }
+        result
+    })
 }
 
 #[inline(always)]
-fn try_heap_probe(ctx: ProbeContext) -> Result<u32, u32> {
+fn try_heap_probe(ctx: ProbeContext, cookie: u64) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -78,8 +94,7 @@ fn try_heap_probe(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: the context of a uprobe is the user's pt_regs; these are
     // checked context loads.
     let (sp, arg0, arg1, arg2) = unsafe { ((*regs).rsp, (*regs).rdi, (*regs).rsi, (*regs).rdx) };
-    // SAFETY: plain helper on our own context.
-    let function = unsafe { bpf_get_attach_cookie(ctx.regs.cast()) };
+    let function = cookie & probe_cookie::FUNCTION;
     if function == alloc_fn::FREE {
         retire(tgid, arg0);
         return Ok(1);
@@ -88,10 +103,17 @@ fn try_heap_probe(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: the map value stays valid for this program run; a thread
     // runs one program at a time.
     let state = unsafe { &mut *state };
-    // At a return the registers are the caller's, past the call; at an
-    // entry the instruction pointer is the probe's.
-    // SAFETY: plain helper on our own context; checked context load.
-    let is_return = unsafe { bpf_get_func_ip(ctx.regs.cast()) != (*regs).rip };
+    // A perf-event uprobe says which it is. In a session, at a return the
+    // registers are the caller's, past the call; at an entry the
+    // instruction pointer is the probe's.
+    let is_return = if cookie & probe_cookie::AT_RETURN != 0 {
+        true
+    } else if cookie & probe_cookie::AT_ENTRY != 0 {
+        false
+    } else {
+        // SAFETY: plain helper on our own context; checked context load.
+        unsafe { bpf_get_func_ip(ctx.regs.cast()) != (*regs).rip }
+    };
     if is_return {
         // Only the pending call's own return counts: `ret` popped its
         // return address. (A call tail-called by the pending one may

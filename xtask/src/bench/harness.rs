@@ -164,8 +164,18 @@ pub(crate) struct Daemon {
 
 impl Daemon {
     pub(crate) fn start(bin: &Path, args: &[String]) -> Result<Daemon> {
+        Self::start_with_env(bin, args, &[])
+    }
+
+    /// [`Self::start`] with environment variables set for the daemon.
+    pub(crate) fn start_with_env(
+        bin: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<Daemon> {
         let mut child = Command::new(bin)
             .args(args)
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;

@@ -12,7 +12,10 @@
 //!   malloc and free, to tell what a profiler's return probes cost;
 //! - bpftrace's empty probes on both entries, where free's first
 //!   instruction is single-stepped (what placement saves);
-//! - profilerd --profiles heap at the default rate.
+//! - profilerd --profiles heap at the default rate, on uprobe sessions
+//!   (Linux 6.13) and on the perf-event uprobes of older kernels (an entry
+//!   and a return probe on every allocation function), told to pretend
+//!   sessions are missing.
 //!
 //! Timed rounds run with kernel.bpf_stats_enabled off, as its clock reads
 //! add to every probe hit; one more round with it on gives the BPF run
@@ -47,6 +50,8 @@ const LIVE_INTERVAL_S: u64 = 5;
 const DEFAULT_RATE: u64 = 524_288;
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const OUTPUT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Makes the daemon attach as on a kernel without uprobe sessions.
+const PRETEND: &str = "PROFILERD_PRETEND_MISSING";
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Setup {
@@ -57,6 +62,7 @@ enum Setup {
     BpftraceOffset,
     BpftraceEntry,
     Profilerd,
+    ProfilerdPerfEvent,
 }
 
 impl Setup {
@@ -81,6 +87,10 @@ impl Setup {
             }
             Setup::Profilerd => format!(
                 "profilerd --profiles heap (--heap-sample-bytes {DEFAULT_RATE}, the default)"
+            ),
+            Setup::ProfilerdPerfEvent => format!(
+                "profilerd --profiles heap on perf-event uprobes, as before Linux 6.13 \
+                 ({PRETEND}=uprobe_session)"
             ),
         }
     }
@@ -195,7 +205,11 @@ pub fn measure(bin: &Path, work: &Path) -> Result<String> {
     if bpftrace_free.is_some() {
         setups.push(Setup::BpftraceOffset);
     }
-    setups.extend([Setup::BpftraceEntry, Setup::Profilerd]);
+    setups.extend([
+        Setup::BpftraceEntry,
+        Setup::Profilerd,
+        Setup::ProfilerdPerfEvent,
+    ]);
     let bpftrace_free = bpftrace_free.unwrap_or_default();
     let mut figures: Vec<Figures> = setups.iter().map(|_| Figures::default()).collect();
     let started = Instant::now();
@@ -319,9 +333,13 @@ fn run_pairs(
             wait_probes(pid, libc, &at, Some((&mut bpftrace, &errors)))?;
             Attached::Bpftrace(bpftrace)
         }
-        Setup::Profilerd => {
+        Setup::Profilerd | Setup::ProfilerdPerfEvent => {
             let out = work.join("heap-profiles");
-            let mut daemon = Daemon::start(
+            let env: &[(&str, &str)] = match setup {
+                Setup::ProfilerdPerfEvent => &[(PRETEND, "uprobe_session")],
+                _ => &[],
+            };
+            let mut daemon = Daemon::start_with_env(
                 bin,
                 &[
                     "--profiles".into(),
@@ -331,6 +349,7 @@ fn run_pairs(
                     "--output-dir".into(),
                     out.to_string_lossy().into_owned(),
                 ],
+                env,
             )?;
             if let Some(reason) = daemon.wait_ready()? {
                 return Ok(Outcome::Refused(reason));

@@ -2,7 +2,7 @@
 //! and friends (glibc's libc.so.6, jemalloc, tcmalloc, mimalloc, or an
 //! allocator linked into the executable) and where in them to put each
 //! probe; and the links a command makes for itself before its exec. The
-//! links themselves are kept by `uprobe_session::UprobeLinks`.
+//! links themselves are kept by `uprobes::UprobeLinks`.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -12,13 +12,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::alloc_fn;
 
 use crate::bpf::attach::placement;
-use crate::bpf::uprobe_session::{ProbePoints, UprobeLinks, create_link};
+use crate::bpf::uprobes::{ProbePoints, UprobeLinks, UprobeProgram};
 
 /// Finds the allocator entry points that `path` defines. None when it does
 /// not define both malloc and free (most files).
@@ -168,8 +169,7 @@ pub fn resolve_program(name: &std::ffi::OsStr) -> Option<PathBuf> {
 /// allocator file with its own pid and passes each descriptor back over a
 /// socket (SCM_RIGHTS).
 pub struct PreExecLinks {
-    program_fd: RawFd,
-    attach_type: u32,
+    program: Arc<UprobeProgram>,
     files: Vec<(PathBuf, CString, ProbePoints)>,
     parent: UnixDatagram,
     child: UnixDatagram,
@@ -179,16 +179,24 @@ impl PreExecLinks {
     pub fn prepare(links: &UprobeLinks, program: &Path) -> std::io::Result<Self> {
         let (parent, child) = UnixDatagram::pair()?;
         parent.set_nonblocking(true)?;
-        let files = files_before_exec(program)
+        let files: Vec<_> = files_before_exec(program)
             .into_iter()
             .filter_map(|(path, probes)| {
                 let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
                 Some((path, c_path, probes))
             })
             .collect();
+        let program = links.program();
+        for (path, _, probes) in &files {
+            tracing::info!(
+                "probes: allocator in {} ({} entry points, {}; made by the command before its exec)",
+                path.display(),
+                probes.offsets.len(),
+                program.mode().describe()
+            );
+        }
         Ok(PreExecLinks {
-            program_fd: links.program().fd(),
-            attach_type: links.program().attach_type(),
+            program,
             files,
             parent,
             child,
@@ -196,34 +204,33 @@ impl PreExecLinks {
     }
 
     /// Runs in the forked child before exec: allocates nothing, calls only
-    /// getpid, bpf, sendmsg and close. A failure leaves the command
-    /// unprobed but running; the daemon notices the missing links.
+    /// getpid, perf_event_open, bpf, sendmsg and close. A failure leaves
+    /// the command unprobed but running; the daemon notices the missing
+    /// links.
     pub fn in_child(&self) {
         // SAFETY: plain system call.
         let pid = unsafe { libc::getpid() } as u32;
         for (index, (_, path, probes)) in self.files.iter().enumerate() {
-            let Ok(fd) = create_link(
-                self.program_fd,
-                self.attach_type,
-                path,
-                &probes.offsets,
-                &probes.cookies,
-                pid,
-            ) else {
-                continue;
-            };
-            send_fd(self.child.as_raw_fd(), index as u8, fd);
-            // SAFETY: our own new descriptor; the daemon now holds a copy.
-            unsafe { libc::close(fd) };
+            let _ = self.program.attach_each(path, probes, pid, |fd| {
+                send_fd(self.child.as_raw_fd(), index as u8, fd.as_raw_fd());
+                // Dropping ours closes it; the daemon now holds a copy.
+                true
+            });
         }
     }
 
     /// In the daemon after the spawn: adopts the links the child sent.
     pub fn collect(self, pid: u32, links: &mut UprobeLinks) {
-        let mut adopted = 0;
+        let mut received: Vec<Vec<OwnedFd>> = self.files.iter().map(|_| Vec::new()).collect();
         while let Some((index, fd)) = recv_fd(self.parent.as_raw_fd()) {
-            if let Some((path, _, _)) = self.files.get(index as usize) {
-                links.adopt(path, pid, fd);
+            if let Some(fds) = received.get_mut(index as usize) {
+                fds.push(fd);
+            }
+        }
+        let mut adopted = 0;
+        for ((path, _, _), fds) in self.files.iter().zip(received) {
+            if !fds.is_empty() {
+                links.adopt(path, pid, fds);
                 adopted += 1;
             }
         }

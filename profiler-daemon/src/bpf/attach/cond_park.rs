@@ -6,7 +6,7 @@
 //! where the futex word alone is a word inside it that changes between
 //! waits. (musl's waiters wait on a word of their own stack frame, which
 //! the kernel cannot tie to the condition: their waits keep only `lock`.)
-//! The links are kept by `uprobe_session::UprobeLinks`; the probe is
+//! The links are kept by `uprobes::UprobeLinks`; the probe is
 //! `cond_wait_probe`.
 
 use std::fs;
@@ -17,7 +17,7 @@ use profiler_common::cond_fn;
 
 use crate::bpf::attach::allocators::code_at;
 use crate::bpf::attach::placement;
-use crate::bpf::uprobe_session::ProbePoints;
+use crate::bpf::uprobes::ProbePoints;
 
 /// The probe points of `path`: None unless it defines pthread_cond_wait.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {

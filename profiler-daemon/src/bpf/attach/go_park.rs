@@ -2,7 +2,7 @@
 //! shared library) runtime.gopark and runtime.ready begin, so that parked
 //! goroutines (channels, select, sync) show in the block profile as Go's
 //! own block profile shows them. The links are kept by
-//! `uprobe_session::UprobeLinks`; the probe is `go_park_probe`.
+//! `uprobes::UprobeLinks`; the probe is `go_park_probe`.
 
 use std::fs;
 use std::path::Path;
@@ -11,7 +11,7 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 use profiler_common::go_fn;
 
 use crate::bpf::attach::placement;
-use crate::bpf::uprobe_session::ProbePoints;
+use crate::bpf::uprobes::ProbePoints;
 
 /// The probe points of `path`: None unless it defines both Go functions.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {

@@ -98,12 +98,16 @@ pub(super) fn report(
          | empty uprobes / no profiler | {} |\n\
          | uretprobe on malloc added / entry probes only | {} |\n\
          | uretprobes on malloc and free added / entry probes only | {} |\n\
-         | bpftrace, free probed at free+0 / empty uprobes at free+{free_n} | {} |\n",
+         | bpftrace, free probed at free+0 / empty uprobes at free+{free_n} | {} |\n\
+         | profilerd on perf-event uprobes (before 6.13) / on uprobe sessions | {} |\n\
+         | profilerd on perf-event uprobes / empty uprobes with a uretprobe on malloc | {} |\n",
         pair(Setup::Profilerd, Setup::Empty),
         pair(Setup::Empty, Setup::Bare),
         pair(Setup::EmptyRetMalloc, Setup::Empty),
         pair(Setup::EmptyRetBoth, Setup::Empty),
         pair(Setup::BpftraceEntry, Setup::Empty),
+        pair(Setup::ProfilerdPerfEvent, Setup::Profilerd),
+        pair(Setup::ProfilerdPerfEvent, Setup::EmptyRetMalloc),
     );
     // The floor with as many program runs per pair as profilerd makes tells
     // its probes' placement and number from its programs' own cost.

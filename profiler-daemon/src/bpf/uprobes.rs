@@ -1,10 +1,16 @@
-//! Uprobe sessions: one program that runs at a function's entry and, only
-//! when the entry asks for it (returns 0), at the function's return
-//! (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13+). The heap probes use them so
-//! that an unsampled allocation pays no return probe.
+//! User-space probe programs and their links, in the best form this
+//! kernel offers ([`AttachMode`]):
+//! - uprobe sessions: one program that runs at a function's entry and,
+//!   only when the entry asks for it (returns 0), at the function's return
+//!   (`BPF_TRACE_UPROBE_SESSION`, Linux 6.13+). The heap probes use them so
+//!   that an unsampled allocation pays no return probe;
+//! - uprobe_multi links (6.6+): entry probes of many functions in one link;
+//! - perf-event uprobes (`perf_uprobe`): one probe per function and
+//!   direction, on older kernels; a program that needs returns then gets a
+//!   return probe on every call.
 //!
-//! aya 0.14 neither loads a program with this expected attach type nor
-//! creates uprobe_multi links, so this module does both with the raw `bpf`
+//! aya 0.14 neither loads a program with a uprobe_multi/session attach type nor
+//! creates those links, so this module does both with the raw `bpf`
 //! system call: it relocates the program's instructions with aya-obj against
 //! the maps aya has already created, and loads them itself.
 
@@ -28,6 +34,8 @@ use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_ty
 use thiserror::Error;
 
 use crate::bpf::link_closer::LinkCloser;
+use crate::bpf::perf_uprobe::UprobePmu;
+use profiler_common::probe_cookie;
 
 /// Files whose probe points are remembered (found or not).
 const MAX_FILES: usize = 4096;
@@ -62,23 +70,53 @@ pub enum SessionError {
         #[source]
         source: aya_obj::relocation::EbpfRelocationError,
     },
-    #[error(
-        "loading eBPF program {name} as a uprobe session failed (needs Linux 6.13 or later): {source}\n{log}"
-    )]
+    #[error("loading eBPF program {name} as {mode} failed: {source}\n{log}")]
     Load {
         name: &'static str,
+        mode: &'static str,
         #[source]
         source: io::Error,
         log: String,
     },
 }
 
-/// A loaded uprobe_multi program: a session (entry, and return when the
-/// entry asks) or entry only.
+/// How a program's probes are attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// One uprobe session link per file: entries, and the returns the
+    /// entries ask for (Linux 6.13).
+    Session,
+    /// One uprobe_multi link per file, entries only (Linux 6.6).
+    Multi,
+    /// A perf-event uprobe per probe point: entries with
+    /// `probe_cookie::AT_ENTRY` in the cookie and, for the functions
+    /// whose returns the program needs, returns with `AT_RETURN`.
+    PerfEvent(UprobePmu),
+}
+
+impl AttachMode {
+    /// What the probes are, in logs.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            AttachMode::Session => "a uprobe session per file",
+            AttachMode::Multi => "a uprobe_multi link per file",
+            AttachMode::PerfEvent(_) => "perf-event uprobes",
+        }
+    }
+}
+
+/// A loaded uprobe program and the way its probes attach.
 pub struct UprobeProgram {
     fd: OwnedFd,
-    attach_type: u32,
+    mode: AttachMode,
+    /// In [`AttachMode::PerfEvent`]: whether the function a cookie names
+    /// also gets a return probe (a session asks at run time instead).
+    wants_return: fn(u64) -> bool,
 }
+
+/// The descriptors that keep one file's probes attached: one link, or in
+/// [`AttachMode::PerfEvent`] one per probe.
+pub type Link = Vec<OwnedFd>;
 
 /// The probe points of one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,12 +141,14 @@ impl UprobeProgram {
         object: &[u8],
         ebpf: &Ebpf,
         name: &'static str,
-        session: bool,
+        mode: AttachMode,
+        wants_return: fn(u64) -> bool,
     ) -> Result<Self, SessionError> {
-        let attach_type = if session {
-            BPF_TRACE_UPROBE_SESSION
-        } else {
-            BPF_TRACE_UPROBE_MULTI
+        let attach_type = match mode {
+            AttachMode::Session => BPF_TRACE_UPROBE_SESSION,
+            AttachMode::Multi => BPF_TRACE_UPROBE_MULTI,
+            // A plain kprobe-type program, linked to perf events.
+            AttachMode::PerfEvent(_) => 0,
         };
         let mut obj = aya_obj::Object::parse(object).map_err(SessionError::Parse)?;
         let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
@@ -133,18 +173,31 @@ impl UprobeProgram {
             .functions
             .get(&program.function_key())
             .ok_or(SessionError::MissingProgram(name))?;
-        let fd = load_program(name, &function.instructions, &obj.license, attach_type)
-            .map_err(|(source, log)| SessionError::Load { name, source, log })?;
-        Ok(UprobeProgram { fd, attach_type })
+        let fd = load_program(name, &function.instructions, &obj.license, attach_type).map_err(
+            |(source, log)| SessionError::Load {
+                name,
+                mode: match mode {
+                    AttachMode::Session => "a uprobe session (Linux 6.13)",
+                    AttachMode::Multi => "a uprobe_multi program (Linux 6.6)",
+                    AttachMode::PerfEvent(_) => "a perf-event uprobe",
+                },
+                source,
+                log,
+            },
+        )?;
+        Ok(UprobeProgram {
+            fd,
+            mode,
+            wants_return,
+        })
     }
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
-    /// The link attach type (session or entry-only).
-    pub fn attach_type(&self) -> u32 {
-        self.attach_type
+    pub fn mode(&self) -> AttachMode {
+        self.mode
     }
 
     /// Run count and run time (kernel BPF stats; zero unless
@@ -169,16 +222,55 @@ impl UprobeProgram {
     /// the ELF file at `path`, each with its cookie, in process `pid` only
     /// (0: every process that maps the file, now or later). Detached when
     /// the returned link is dropped.
-    pub fn attach(
+    pub fn attach(&self, path: &CStr, probes: &ProbePoints, pid: u32) -> io::Result<Link> {
+        let mut link = Vec::new();
+        self.attach_each(path, probes, pid, |fd| {
+            link.push(fd);
+            true
+        })?;
+        Ok(link)
+    }
+
+    /// Attaches as [`Self::attach`] does and hands each descriptor made to
+    /// `take` (which returns false to stop). Allocates nothing itself and
+    /// calls only `syscall` and `close`, so it may run in a forked child
+    /// before exec. In [`AttachMode::PerfEvent`] a probe the kernel
+    /// refuses fails the whole file (its descriptors made so far are
+    /// handed over all the same, to be dropped with the rest).
+    pub fn attach_each(
         &self,
         path: &CStr,
-        offsets: &[u64],
-        cookies: &[u64],
+        probes: &ProbePoints,
         pid: u32,
-    ) -> io::Result<OwnedFd> {
-        let fd = create_link(self.fd(), self.attach_type, path, offsets, cookies, pid)?;
-        // SAFETY: a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        mut take: impl FnMut(OwnedFd) -> bool,
+    ) -> io::Result<()> {
+        let (offsets, cookies) = (&probes.offsets, &probes.cookies);
+        match self.mode {
+            AttachMode::Session | AttachMode::Multi => {
+                let attach_type = match self.mode {
+                    AttachMode::Session => BPF_TRACE_UPROBE_SESSION,
+                    _ => BPF_TRACE_UPROBE_MULTI,
+                };
+                let fd = create_link(self.fd(), attach_type, path, offsets, cookies, pid)?;
+                // SAFETY: a new descriptor that nothing else owns.
+                take(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+            AttachMode::PerfEvent(pmu) => {
+                for (&offset, &cookie) in offsets.iter().zip(cookies) {
+                    let entry = cookie | probe_cookie::AT_ENTRY;
+                    if !take(pmu.attach(self.fd(), path, offset, false, entry, pid)?) {
+                        return Ok(());
+                    }
+                    if (self.wants_return)(cookie) {
+                        let ret = cookie | probe_cookie::AT_RETURN;
+                        if !take(pmu.attach(self.fd(), path, offset, true, ret, pid)?) {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -200,7 +292,7 @@ pub struct AttachStats {
 /// file for every process (system-wide), or one per file and target
 /// process, so that other processes pay nothing.
 pub struct UprobeLinks {
-    program: UprobeProgram,
+    program: Arc<UprobeProgram>,
     /// What the probes are for, in logs ("allocator", "Go runtime").
     what: &'static str,
     /// Finds the probe points of a file (None: nothing to probe there).
@@ -210,7 +302,7 @@ pub struct UprobeLinks {
     /// Links per target process (true) or per file for every process.
     per_process: bool,
     files: HashMap<FileId, Option<Arc<ProbePoints>>>,
-    links: HashMap<(FileId, u32), OwnedFd>,
+    links: HashMap<(FileId, u32), Link>,
     /// Where dropped links go to be closed (see `link_closer`).
     closer: Arc<LinkCloser>,
     stats: AttachStats,
@@ -227,7 +319,7 @@ impl UprobeLinks {
         closer: Arc<LinkCloser>,
     ) -> Self {
         UprobeLinks {
-            program,
+            program: Arc::new(program),
             what,
             find,
             names,
@@ -240,8 +332,8 @@ impl UprobeLinks {
         }
     }
 
-    pub fn program(&self) -> &UprobeProgram {
-        &self.program
+    pub fn program(&self) -> Arc<UprobeProgram> {
+        Arc::clone(&self.program)
     }
 
     pub fn stats(&self) -> AttachStats {
@@ -317,10 +409,11 @@ impl UprobeLinks {
         };
         if let Some(p) = &found {
             tracing::info!(
-                "probes: {} in {} ({} entry points{})",
+                "probes: {} in {} ({} entry points, {}{})",
                 self.what,
                 shown.display(),
                 p.offsets.len(),
+                self.program.mode().describe(),
                 if p.single_stepped.is_empty() {
                     String::new()
                 } else {
@@ -346,13 +439,10 @@ impl UprobeLinks {
         let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
             return;
         };
-        match self
-            .program
-            .attach(&c_path, &probes.offsets, &probes.cookies, pid)
-        {
+        match self.program.attach(&c_path, probes, pid) {
             Ok(link) => {
                 if let Some(old) = self.links.insert((id, pid), link) {
-                    self.closer.close(old);
+                    self.closer.close_all(old);
                 }
             }
             // The process may have exited meanwhile (ESRCH, ENOENT).
@@ -360,12 +450,13 @@ impl UprobeLinks {
         }
     }
 
-    /// Takes a link that a child made for itself before exec.
-    pub fn adopt(&mut self, path: &Path, pid: u32, link: OwnedFd) {
+    /// Takes the descriptors that a child made for itself before exec, for
+    /// one file.
+    pub fn adopt(&mut self, path: &Path, pid: u32, link: Link) {
         if let Ok(meta) = fs::metadata(path)
             && let Some(old) = self.links.insert(((meta.dev(), meta.ino()), pid), link)
         {
-            self.closer.close(old);
+            self.closer.close_all(old);
         }
     }
 
@@ -385,7 +476,7 @@ impl UprobeLinks {
     pub fn forget_process(&mut self, pid: u32) {
         if pid != 0 {
             for (_, link) in self.links.extract_if(|&(_, owner), _| owner == pid) {
-                self.closer.close(link);
+                self.closer.close_all(link);
             }
         }
     }
@@ -394,7 +485,7 @@ impl UprobeLinks {
     /// [`LinkCloser::finish`]).
     pub fn detach_all(&mut self) {
         for (_, link) in self.links.drain() {
-            self.closer.close(link);
+            self.closer.close_all(link);
         }
     }
 }
