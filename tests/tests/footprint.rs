@@ -215,8 +215,32 @@ fn metrics_count_the_bpf_maps_memory() {
         let before = bpf_memlock(daemon.pid());
         let (status, _, body) = get(addr, "/metrics");
         assert_eq!(status, 200, "{body}");
-        let reported = parse_exposition(&body).value("profilerd_bpf_memory_bytes", &[]) as u64;
+        let metrics = parse_exposition(&body);
+        let reported = metrics.value("profilerd_bpf_memory_bytes", &[]) as u64;
         let after = bpf_memlock(daemon.pid());
+        // The same memory by map: the rings and maps named, adding up to
+        // the total of the same scrape.
+        let per_map: u64 = ["STACK_SAMPLES", "HEAP_EVENTS", "WAIT_EVENTS", "COUNTS_0"]
+            .iter()
+            .map(|map| {
+                let bytes = metrics.value("profilerd_bpf_map_bytes", &[("map", map)]);
+                assert!(
+                    bytes > 0.0,
+                    "--profiles {profiles}: no bytes for map {map}:\n{body}"
+                );
+                bytes as u64
+            })
+            .sum();
+        let all_maps: f64 = body
+            .lines()
+            .filter(|l| l.starts_with("profilerd_bpf_map_bytes{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(
+            all_maps as u64, reported,
+            "--profiles {profiles}: the maps' bytes add up to {all_maps}, the total says {reported}"
+        );
+        assert!(per_map <= reported);
         let outside = before.min(after)..=before.max(after);
         daemon.wait_success(EXIT_BOUND);
         eprintln!(

@@ -14,7 +14,7 @@ use profiler_tests::workloads::Workload;
 use profiler_tests::{pause, temp_dir};
 
 /// Every metric the daemon exports, with its type.
-const EXPECTED: [(&str, &str); 19] = [
+const EXPECTED: [(&str, &str); 20] = [
     ("profilerd_samples_total", "counter"),
     ("profilerd_files_written_total", "counter"),
     ("profilerd_written_bytes_total", "counter"),
@@ -34,6 +34,7 @@ const EXPECTED: [(&str, &str); 19] = [
     ("profilerd_push_samples_too_large_total", "counter"),
     ("profilerd_resident_memory_bytes", "gauge"),
     ("profilerd_bpf_memory_bytes", "gauge"),
+    ("profilerd_bpf_map_bytes", "gauge"),
 ];
 
 /// The address the daemon logged it serves on.

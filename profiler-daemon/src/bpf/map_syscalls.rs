@@ -4,14 +4,15 @@
 //!   three (next key, lookup, delete) per entry. The drain runs every
 //!   second, so this is most of its cost.
 //! - an element update that allocates nothing, for use between fork and
-//!   exec.
+//!   exec;
+//! - what each map of this process costs the kernel (`map_memory`).
 
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 
 use aya::Pod;
-use aya_obj::generated::{bpf_attr, bpf_cmd};
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_map_info};
 use thiserror::Error;
 
 /// Entries asked for per system call.
@@ -122,4 +123,73 @@ pub fn update_elem_raw<K, V>(map_fd: RawFd, key: &K, value: &V) -> io::Result<()
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The memory the kernel charges for each BPF map this process holds, by
+/// map name: the `memlock` of its descriptors in /proc/self/fdinfo, each
+/// map (by `map_id`) once, as a map may have several descriptors. Ring
+/// buffers count their data pages; hash maps allocated on use count what
+/// they hold. Maps of the same name (none today) add up.
+pub fn map_memory() -> Vec<(String, u64)> {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return Vec::new();
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut by_name: std::collections::BTreeMap<String, u64> = Default::default();
+    for entry in fds.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:")) else {
+            continue;
+        };
+        if !seen.insert(id) {
+            continue;
+        }
+        let name = entry
+            .file_name()
+            .to_str()
+            .and_then(|fd| fd.parse::<RawFd>().ok())
+            .and_then(map_name)
+            .unwrap_or_else(|| format!("id {id}"));
+        *by_name.entry(name).or_default() += bytes;
+    }
+    by_name.into_iter().collect()
+}
+
+/// A map's name (`BPF_OBJ_GET_INFO_BY_FD`), as the kernel keeps it (at
+/// most 15 bytes).
+fn map_name(fd: RawFd) -> Option<String> {
+    // SAFETY: plain data; all-zero is valid.
+    let mut info: bpf_map_info = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    attr.info.bpf_fd = fd as u32;
+    attr.info.info_len = size_of::<bpf_map_info>() as u32;
+    attr.info.info = &mut info as *mut bpf_map_info as u64;
+    // SAFETY: `attr` and `info` outlive the call; a descriptor that is not
+    // a map (or has closed meanwhile) only makes the call fail.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &mut attr as *mut bpf_attr,
+            size_of::<bpf_attr>() as libc::c_uint,
+        )
+    };
+    if ret < 0 {
+        return None;
+    }
+    let bytes: Vec<u8> = info
+        .name
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Some(String::from_utf8_lossy(&bytes).into_owned())
 }

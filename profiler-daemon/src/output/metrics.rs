@@ -130,6 +130,7 @@ pub struct Metrics {
     otlp: SinkMetrics,
     resident: IntGauge,
     bpf_memory: IntGauge,
+    bpf_map_bytes: IntGaugeVec,
     unavailable: IntGaugeVec,
 }
 
@@ -325,6 +326,17 @@ impl Metrics {
                 "profilerd_bpf_memory_bytes",
                 "Memory the kernel charges for the daemon's BPF maps and rings (memlock), each map counted once.",
             )?,
+            bpf_map_bytes: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "profilerd_bpf_map_bytes",
+                        "Memory the kernel charges for each of the daemon's BPF maps and rings (memlock), by map name.",
+                    ),
+                    &["map"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
             unavailable: {
                 let g = IntGaugeVec::new(
                     Opts::new(
@@ -418,8 +430,16 @@ impl Metrics {
         if let Some(rss) = resident_bytes() {
             self.resident.set(rss as i64);
         }
+        let maps = crate::bpf::map_syscalls::map_memory();
+        let total: u64 = maps.iter().map(|(_, bytes)| bytes).sum();
         self.bpf_memory
-            .set(i64::try_from(bpf_map_bytes()).unwrap_or(i64::MAX));
+            .set(i64::try_from(total).unwrap_or(i64::MAX));
+        self.bpf_map_bytes.reset();
+        for (name, bytes) in &maps {
+            self.bpf_map_bytes
+                .with_label_values(&[name.as_str()])
+                .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         Ok(String::from_utf8_lossy(&out).into_owned())
@@ -441,34 +461,6 @@ fn resident_bytes() -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     Some(pages * u64::try_from(page).ok()?)
-}
-
-/// The memory the kernel charges for the BPF maps this process holds: the
-/// `memlock` of each map descriptor in /proc/self/fdinfo, each map (by
-/// `map_id`) once, as a map may have several descriptors. Ring buffers
-/// count their data pages; hash maps allocated on use count their bound.
-fn bpf_map_bytes() -> u64 {
-    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return 0;
-    };
-    let mut seen = std::collections::HashSet::new();
-    let mut total = 0u64;
-    for fd in fds.flatten() {
-        let Ok(text) = std::fs::read_to_string(fd.path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        if let (Some(id), Some(bytes)) = (field("map_id:"), field("memlock:"))
-            && seen.insert(id)
-        {
-            total += bytes;
-        }
-    }
-    total
 }
 
 /// Binds `addr` now (so that a bad address or a port in use fails the

@@ -361,6 +361,9 @@ impl Session {
         self.read_stack_samples(rings.stack_samples.get_mut());
         self.read_heap_events(rings.heap_events.get_mut());
         self.read_wait_events(rings.wait_events.get_mut());
+        // The kernel's counters, read after the drain, cover every sample
+        // the window's files hold.
+        self.observe();
         self.write_window();
         self.retention.as_mut().map(Retention::run);
         self.unwinder.release_unused();

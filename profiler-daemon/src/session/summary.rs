@@ -184,12 +184,26 @@ pub(crate) fn log_summary(
         uprobe_links_closed_inline = probes.links_closed_inline(),
         symbol_cache_evictions = s.cache_evictions,
         unwind_evictions = u.evictions,
+        bpf_map_bytes = crate::bpf::map_syscalls::map_memory()
+            .iter()
+            .map(|(_, bytes)| bytes)
+            .sum::<u64>(),
+        peak_resident_bytes = peak_resident_bytes(),
         profiles_unavailable = %match crate::bpf::check::skipped_names() {
             "" => "none",
             names => names,
         },
         "summary"
     );
+}
+
+/// The daemon's peak resident set (VmHWM), in bytes; 0 if unknown.
+fn peak_resident_bytes() -> u64 {
+    procfs::process::Process::myself()
+        .and_then(|me| me.status())
+        .ok()
+        .and_then(|status| status.vmhwm)
+        .map_or(0, |kib| kib * 1024)
 }
 
 pub(crate) fn log_run_stats(probes: &Probes) {
