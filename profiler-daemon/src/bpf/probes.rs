@@ -253,9 +253,14 @@ impl Probes {
         // are mapped into the daemon (twice over for its data).
         let waits_on = futex_on || config.offcpu;
         let mut limits = config.limits;
+        if let Ok(cpus) = aya::util::online_cpus() {
+            limits.size_for_rate(config.cpu_frequency, cpus.len());
+        }
         let unused = unused_ring_bytes();
         if !config.cpu {
             limits.stack_samples_bytes = unused;
+            limits.counts_entries = UNUSED_MAP_ENTRIES;
+            limits.stacks_entries = UNUSED_MAP_ENTRIES;
         }
         if config.heap_sample_bytes.is_none() {
             limits.heap_events_bytes = unused;
@@ -265,6 +270,11 @@ impl Probes {
             limits.wait_events_bytes = unused;
         }
         let mut loader = EbpfLoader::new();
+        // The programs read kernel structures at offsets from tracefs, not
+        // by CO-RE relocation, so the kernel's BTF (5 MB, about 15 ms to
+        // read and parse) is not needed to load them; the off-CPU
+        // program's tp_btf attach reads it itself.
+        loader.btf(None);
         // FUTEX_CALLS is task-local storage, which aya creates but does not
         // wrap; only the kernel reads and writes it.
         loader.allow_unsupported_maps();

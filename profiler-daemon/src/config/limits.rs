@@ -12,8 +12,8 @@
 //! heap_events_bytes = 16777216    # ring of sampled allocations and frees
 //! wait_events_bytes = 16777216    # ring of block, mutex and off-CPU events
 //! heap_live_entries = 2097152     # sampled allocations tracked as live
-//! counts_entries = 16384          # distinct CPU sample keys per window
-//! stacks_entries = 16384          # distinct kernel-walked stacks per window
+//! counts_entries = 16384          # distinct CPU sample keys per drain (default: from the rate)
+//! stacks_entries = 16384          # distinct kernel-walked stacks per drain (default: from the rate)
 //! walk_memo_entries = 4096        # remembered stack walks per generation (0: none)
 //! ```
 
@@ -54,7 +54,15 @@ pub struct MapLimits {
     /// the kernel's `WALK_HINTS` holds at most as many as the memo's
     /// current table, and its bound stays.
     pub walk_memo_entries: u32,
+    /// `counts_entries` and `stacks_entries` were not set: they follow the
+    /// sampling rate and the CPU count ([`MapLimits::size_for_rate`]).
+    pub sample_maps_derived: bool,
 }
+
+/// Bounds of the derived sizes of the sample maps: the smallest (a quiet
+/// node's 99 Hz on a few CPUs still gets room for bursts) and the largest
+/// (what a fixed default held before; more is for `[limits]`).
+const DERIVED_SAMPLE_MAP_ENTRIES: (u32, u32) = (1024, COUNTS_ENTRIES);
 
 impl Default for MapLimits {
     fn default() -> Self {
@@ -66,11 +74,33 @@ impl Default for MapLimits {
             counts_entries: COUNTS_ENTRIES,
             stacks_entries: STACKS_ENTRIES,
             walk_memo_entries: DEFAULT_MAX_WALKS as u32,
+            sample_maps_derived: true,
         }
     }
 }
 
 impl MapLimits {
+    /// Sizes the sample maps for `frequency` samples per second on each of
+    /// `cpus` CPUs, unless they were set: the kernel fills one of each
+    /// pair per drain (every second), with at most one new key and stack
+    /// per sample, so twice a second's samples leaves room for a drain
+    /// that comes late. Their elements are allocated when they are created
+    /// (per CPU for the counts: 8 ms each at 16384 entries on 2 CPUs), so
+    /// this is start-up time and memory as well. A full map is counted
+    /// (`count_map_full`, `kernel_stacks_lost`).
+    pub fn size_for_rate(&mut self, frequency: u64, cpus: usize) {
+        if !self.sample_maps_derived {
+            return;
+        }
+        let per_drain = frequency.saturating_mul(cpus as u64).saturating_mul(2);
+        let (low, high) = DERIVED_SAMPLE_MAP_ENTRIES;
+        let entries = u32::try_from(per_drain.next_power_of_two())
+            .unwrap_or(high)
+            .clamp(low, high);
+        self.counts_entries = entries;
+        self.stacks_entries = entries;
+    }
+
     /// (map name in the eBPF object, size) for every map these limits size.
     pub fn map_sizes(&self) -> [(&'static str, u32); 8] {
         [
@@ -124,6 +154,7 @@ impl LimitsTable {
                 .unwrap_or(d.counts_entries),
             stacks_entries: entries("stacks_entries", self.stacks_entries)?
                 .unwrap_or(d.stacks_entries),
+            sample_maps_derived: self.counts_entries.is_none() && self.stacks_entries.is_none(),
             walk_memo_entries: match self.walk_memo_entries {
                 Some(0) => 0,
                 other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
@@ -230,5 +261,23 @@ mod tests {
     fn unknown_keys_are_refused() {
         let err = table("ring_bytes = 4096").expect_err("unknown key");
         assert!(err.to_string().contains("ring_bytes"), "{err}");
+    }
+
+    #[test]
+    fn sample_maps_follow_the_rate_unless_set() {
+        let mut limits = MapLimits::default();
+        limits.size_for_rate(99, 2);
+        assert_eq!((limits.counts_entries, limits.stacks_entries), (1024, 1024));
+        limits.size_for_rate(999, 16);
+        assert_eq!(limits.counts_entries, 32768_u32.min(COUNTS_ENTRIES));
+        limits.size_for_rate(99, 1024);
+        assert_eq!(limits.counts_entries, COUNTS_ENTRIES);
+        let mut set = MapLimits {
+            counts_entries: 8,
+            sample_maps_derived: false,
+            ..MapLimits::default()
+        };
+        set.size_for_rate(99, 2);
+        assert_eq!(set.counts_entries, 8);
     }
 }

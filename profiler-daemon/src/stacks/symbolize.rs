@@ -44,8 +44,6 @@ const LAYOUT_ENTRIES: usize = 512;
 pub enum SymbolizeError {
     #[error("cannot read /proc/kallsyms: {0}")]
     Kallsyms(#[source] std::io::Error),
-    #[error("loading kernel symbols from /proc/kallsyms: {0}")]
-    Kernel(#[source] blazesym::Error),
 }
 
 /// Counters of the symbolizer; frames are counted once each.
@@ -152,6 +150,8 @@ pub struct Symbolizer {
     kernel_source: Source<'static>,
     kernel_mapping: Arc<Mapping>,
     kallsyms_loaded: Instant,
+    /// Whether kallsyms was read yet (at the first kernel frame).
+    kallsyms_checked: bool,
     cache: LineCache,
     /// Section layouts and PLT stubs per opened file (`None`: unreadable).
     layouts: Generations<u64, Option<ObjectLayout>>,
@@ -164,7 +164,8 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    /// Loads kallsyms now; reads the kernel build ID from /sys/kernel/notes.
+    /// Checks that kallsyms can be opened (it is read at the first kernel
+    /// frame); reads the kernel build ID from /sys/kernel/notes.
     pub fn new() -> Result<Self, SymbolizeError> {
         Self::with_cache_entries(DEFAULT_CACHE_ENTRIES)
     }
@@ -178,16 +179,10 @@ impl Symbolizer {
             debug_syms: false,
             ..Kernel::default()
         });
+        // kallsyms is parsed at the first kernel frame, not here: it takes
+        // about 50 ms of kernel time to list, which a start need not wait
+        // for.
         let kernel = kernel_symbolizer();
-        // Parse kallsyms now rather than on the first sample; a probe address
-        // also tells whether kallsyms hides its addresses.
-        match kernel.symbolize_single(&kernel_source, Input::AbsAddr(u64::MAX)) {
-            Ok(Symbolized::Unknown(Reason::MissingSyms)) => warn!(
-                "{KALLSYMS} lists no addresses (kernel.kptr_restrict?); kernel frames stay unsymbolized"
-            ),
-            Ok(_) => {}
-            Err(err) => return Err(SymbolizeError::Kernel(err)),
-        }
         let kernel_mapping = Arc::new(Mapping {
             start: 0,
             limit: u64::MAX,
@@ -209,6 +204,7 @@ impl Symbolizer {
             kernel_source,
             kernel_mapping,
             kallsyms_loaded: Instant::now(),
+            kallsyms_checked: false,
             cache: LineCache::new(entries),
             layouts: Generations::new(LAYOUT_ENTRIES),
             loaded: HashMap::new(),
@@ -469,6 +465,20 @@ impl Symbolizer {
         let mut resolved = HashMap::new();
         if addrs.is_empty() {
             return resolved;
+        }
+        if !self.kallsyms_checked {
+            self.kallsyms_checked = true;
+            self.kallsyms_loaded = Instant::now();
+            // A probe address parses kallsyms and tells whether it hides
+            // its addresses.
+            let probe = self
+                .kernel
+                .symbolize_single(&self.kernel_source, Input::AbsAddr(u64::MAX));
+            if let Ok(Symbolized::Unknown(Reason::MissingSyms)) = probe {
+                warn!(
+                    "{KALLSYMS} lists no addresses (kernel.kptr_restrict?); kernel frames stay unsymbolized"
+                );
+            }
         }
         let result = self
             .kernel

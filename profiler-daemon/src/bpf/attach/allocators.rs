@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::fs;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -24,7 +23,7 @@ use crate::bpf::uprobes::{ProbePoints, UprobeLinks, UprobeProgram};
 /// Finds the allocator entry points that `path` defines. None when it does
 /// not define both malloc and free (most files).
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
-    let data = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = super::map_file(path)?;
     find_in(&data).map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -9,7 +9,6 @@
 //! The links are kept by `uprobes::UprobeLinks`; the probe is
 //! `cond_wait_probe`.
 
-use std::fs;
 use std::path::Path;
 
 use object::{Object, ObjectSymbol, SymbolKind};
@@ -21,7 +20,7 @@ use crate::bpf::uprobes::ProbePoints;
 
 /// The probe points of `path`: None unless it defines pthread_cond_wait.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
-    let data = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = super::map_file(path)?;
     find_in(&data).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -83,7 +82,7 @@ mod tests {
     /// them in libc.so.6 since 2.34, in libpthread before).
     #[test]
     fn the_c_library_has_condition_waits() {
-        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let libc = maps
             .lines()
             .filter_map(|l| l.split_whitespace().nth(5))

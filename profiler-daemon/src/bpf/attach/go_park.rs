@@ -4,7 +4,6 @@
 //! own block profile shows them. The links are kept by
 //! `uprobes::UprobeLinks`; the probe is `go_park_probe`.
 
-use std::fs;
 use std::path::Path;
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
@@ -15,7 +14,7 @@ use crate::bpf::uprobes::ProbePoints;
 
 /// The probe points of `path`: None unless it defines both Go functions.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
-    let data = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = super::map_file(path)?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     // Cheap first: most files are not Go.
     if file.section_by_name(".gopclntab").is_none()
