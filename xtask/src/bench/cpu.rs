@@ -12,8 +12,9 @@ use anyhow::{Context, Result, bail};
 use super::BenchArgs;
 use super::harness::{Reaped, bpftrace_figures, parse_bpf_line, status_field, task_cpu_ns};
 
-pub fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<String> {
-    // Two busy CPUs: a loop in two frame-pointer functions, no syscalls.
+/// Builds the CPU burner (a loop in two frame-pointer functions, no
+/// system calls) into `work`.
+pub(super) fn build_burner(work: &Path) -> Result<std::path::PathBuf> {
     let burner = work.join("burn");
     let source = work.join("burn.c");
     fs::write(&source, BURNER)?;
@@ -26,6 +27,12 @@ pub fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Res
     if !built.success() {
         bail!("building the CPU burner failed");
     }
+    Ok(burner)
+}
+
+pub fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<String> {
+    // Two busy CPUs.
+    let burner = build_burner(work)?;
     let burners: Vec<Reaped> = (0..2)
         .map(|_| Command::new(&burner).spawn().map(Reaped))
         .collect::<std::io::Result<_>>()?;
@@ -185,14 +192,17 @@ pub fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Res
 }
 
 /// Waits for a child and returns its user+sys CPU time in ns.
-fn wait_rusage(pid: u32) -> Result<u64> {
+pub(super) fn wait_rusage(pid: u32) -> Result<u64> {
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid out-parameter.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointers; pid is our own child.
     let ret = unsafe { libc::wait4(pid as i32, &mut status, 0, &mut usage) };
     if ret < 0 {
-        bail!("wait4 on perf failed: {}", std::io::Error::last_os_error());
+        bail!(
+            "wait4 on a child failed: {}",
+            std::io::Error::last_os_error()
+        );
     }
     let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
     Ok(tv(usage.ru_utime) + tv(usage.ru_stime))

@@ -10,7 +10,10 @@
 //! from the kernel's BPF statistics (ours and bpftrace's), and the CPU time
 //! of perf record and bpftrace.
 //!
-//! `cargo xtask bench --heap` measures the heap profile instead (heap.rs),
+//! `cargo xtask bench --footprint` measures what the daemon costs a node
+//! (start-up, threads, CPU, memory) on a quiet and a busy node
+//! (footprint.rs); `cargo xtask bench --heap` measures the heap profile
+//! instead (heap.rs),
 //! `cargo xtask bench --waits` the block, mutex and off-CPU profiles
 //! (waits.rs), with `--baseline BIN` side by side with another build of
 //! the daemon.
@@ -21,6 +24,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 pub mod cpu;
+pub mod footprint;
 pub mod harness;
 pub mod heap;
 pub mod waits;
@@ -48,6 +52,12 @@ pub struct BenchArgs {
     /// target/bench-waits.md).
     #[arg(long, conflicts_with_all = ["seconds", "interval", "unwind", "heap"])]
     waits: bool,
+    /// Measure the daemon's footprint instead: start-up, threads, CPU and
+    /// memory for `--profiles cpu` and all five, on a quiet node and under
+    /// a busy load this benchmark starts, beside perf record (`--seconds`
+    /// per run; writes target/bench-footprint.md).
+    #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits"])]
+    footprint: bool,
     /// With --waits: also run every profilerd setup with this daemon binary
     /// (an earlier build), in the same rounds, and compare the two.
     #[arg(long, value_name = "BIN", requires = "waits")]
@@ -80,6 +90,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         (
             heap::measure(&bin, &work),
             root.join("target/bench-heap.md"),
+        )
+    } else if args.footprint {
+        (
+            footprint::measure(&bin, &work, args.seconds),
+            root.join("target/bench-footprint.md"),
         )
     } else if args.waits {
         (
