@@ -8,9 +8,9 @@
 //!
 //! ```toml
 //! [limits]
-//! stack_samples_bytes = 8388608   # ring of user stack copies (power of two, >= 4096)
-//! heap_events_bytes = 16777216    # ring of sampled allocations and frees
-//! wait_events_bytes = 16777216    # ring of block, mutex and off-CPU events
+//! stack_samples_bytes = 8388608   # ring of user stack copies (power of two, >= 4096; default: from the rate)
+//! heap_events_bytes = 16777216    # ring of sampled allocations and frees (default: 4 MiB per CPU)
+//! wait_events_bytes = 16777216    # ring of block, mutex and off-CPU events (default: 8 MiB per CPU)
 //! heap_live_entries = 2097152     # sampled allocations tracked as live
 //! counts_entries = 16384          # distinct CPU sample keys per drain (default: from the rate)
 //! stacks_entries = 16384          # distinct kernel-walked stacks per drain (default: from the rate)
@@ -54,10 +54,39 @@ pub struct MapLimits {
     /// the kernel's `WALK_HINTS` holds at most as many as the memo's
     /// current table, and its bound stays.
     pub walk_memo_entries: u32,
-    /// `counts_entries` and `stacks_entries` were not set: they follow the
-    /// sampling rate and the CPU count ([`MapLimits::size_for_rate`]).
-    pub sample_maps_derived: bool,
+    /// Which sizes were not set, and so follow the sampling rate and the
+    /// CPU count ([`MapLimits::size_for_rate`]).
+    pub derived: Derived,
 }
+
+/// The sizes left to [`MapLimits::size_for_rate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Derived {
+    /// `counts_entries` and `stacks_entries`.
+    pub sample_maps: bool,
+    pub stack_samples: bool,
+    pub heap_events: bool,
+    pub wait_events: bool,
+}
+
+impl Derived {
+    const ALL: Derived = Derived {
+        sample_maps: true,
+        stack_samples: true,
+        heap_events: true,
+        wait_events: true,
+    };
+}
+
+/// Derived ring sizes, per online CPU (heap and wait events) and their
+/// bounds. Each ring wakes the daemon when a quarter full and is read
+/// every second anyway; the room per CPU is what a CPU's events fill in
+/// well over a second at the rates measured (docs/BENCHMARKS.md,
+/// "Footprint"): a sampled allocation is a 4 KiB or 16 KiB record, a kept
+/// wait up to 8 KiB.
+const HEAP_EVENTS_PER_CPU: u64 = 4 << 20;
+const WAIT_EVENTS_PER_CPU: u64 = 8 << 20;
+const DERIVED_RING_BYTES: (u64, u64) = (1 << 20, 64 << 20);
 
 /// Bounds of the derived sizes of the sample maps: the smallest (a quiet
 /// node's 99 Hz on a few CPUs still gets room for bursts) and the largest
@@ -74,31 +103,56 @@ impl Default for MapLimits {
             counts_entries: COUNTS_ENTRIES,
             stacks_entries: STACKS_ENTRIES,
             walk_memo_entries: DEFAULT_MAX_WALKS as u32,
-            sample_maps_derived: true,
+            derived: Derived::ALL,
         }
     }
 }
 
 impl MapLimits {
-    /// Sizes the sample maps for `frequency` samples per second on each of
-    /// `cpus` CPUs, unless they were set: the kernel fills one of each
-    /// pair per drain (every second), with at most one new key and stack
-    /// per sample, so twice a second's samples leaves room for a drain
-    /// that comes late. Their elements are allocated when they are created
-    /// (per CPU for the counts: 8 ms each at 16384 entries on 2 CPUs), so
-    /// this is start-up time and memory as well. A full map is counted
-    /// (`count_map_full`, `kernel_stacks_lost`).
+    /// Sizes what was not set for `frequency` samples per second on each
+    /// of `cpus` CPUs:
+    /// - the sample maps: the kernel fills one of each pair per drain
+    ///   (every second), with at most one new key and stack per sample, so
+    ///   twice a second's samples leaves room for a drain that comes late.
+    ///   Their elements are allocated when they are created (per CPU for
+    ///   the counts: 8 ms each at 16384 entries on 2 CPUs), so this is
+    ///   start-up time and memory as well;
+    /// - the stack-sample ring: half a second of samples, each with a full
+    ///   stack copy (most are 4 KiB short records);
+    /// - the heap and wait event rings: a share per CPU.
+    ///
+    /// Whatever fills is counted (`count_map_full`, `kernel_stacks_lost`,
+    /// `stack_copies_dropped`, the events lost). Ring buffers are mapped
+    /// twice in the daemon (the kernel maps a ring's pages back to back),
+    /// so each byte here is two of resident memory.
     pub fn size_for_rate(&mut self, frequency: u64, cpus: usize) {
-        if !self.sample_maps_derived {
-            return;
+        let cpus = cpus.max(1) as u64;
+        if self.derived.sample_maps {
+            let per_drain = frequency.saturating_mul(cpus).saturating_mul(2);
+            let (low, high) = DERIVED_SAMPLE_MAP_ENTRIES;
+            let entries = u32::try_from(per_drain.next_power_of_two())
+                .unwrap_or(high)
+                .clamp(low, high);
+            self.counts_entries = entries;
+            self.stacks_entries = entries;
         }
-        let per_drain = frequency.saturating_mul(cpus as u64).saturating_mul(2);
-        let (low, high) = DERIVED_SAMPLE_MAP_ENTRIES;
-        let entries = u32::try_from(per_drain.next_power_of_two())
-            .unwrap_or(high)
-            .clamp(low, high);
-        self.counts_entries = entries;
-        self.stacks_entries = entries;
+        let ring = |bytes: u64| {
+            let (low, high) = DERIVED_RING_BYTES;
+            bytes.next_power_of_two().clamp(low, high) as u32
+        };
+        if self.derived.stack_samples {
+            let half_second = frequency
+                .saturating_mul(cpus)
+                .saturating_mul(profiler_common::STACK_COPY_BYTES as u64)
+                / 2;
+            self.stack_samples_bytes = ring(half_second);
+        }
+        if self.derived.heap_events {
+            self.heap_events_bytes = ring(HEAP_EVENTS_PER_CPU.saturating_mul(cpus));
+        }
+        if self.derived.wait_events {
+            self.wait_events_bytes = ring(WAIT_EVENTS_PER_CPU.saturating_mul(cpus));
+        }
     }
 
     /// (map name in the eBPF object, size) for every map these limits size.
@@ -154,7 +208,12 @@ impl LimitsTable {
                 .unwrap_or(d.counts_entries),
             stacks_entries: entries("stacks_entries", self.stacks_entries)?
                 .unwrap_or(d.stacks_entries),
-            sample_maps_derived: self.counts_entries.is_none() && self.stacks_entries.is_none(),
+            derived: Derived {
+                sample_maps: self.counts_entries.is_none() && self.stacks_entries.is_none(),
+                stack_samples: self.stack_samples_bytes.is_none(),
+                heap_events: self.heap_events_bytes.is_none(),
+                wait_events: self.wait_events_bytes.is_none(),
+            },
             walk_memo_entries: match self.walk_memo_entries {
                 Some(0) => 0,
                 other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
@@ -264,20 +323,26 @@ mod tests {
     }
 
     #[test]
-    fn sample_maps_follow_the_rate_unless_set() {
+    fn sizes_follow_the_rate_and_cpus_unless_set() {
         let mut limits = MapLimits::default();
         limits.size_for_rate(99, 2);
         assert_eq!((limits.counts_entries, limits.stacks_entries), (1024, 1024));
+        // 99 Hz x 2 CPUs x 16 KiB / 2 = 1.6 MB.
+        assert_eq!(limits.stack_samples_bytes, 2 << 20);
+        assert_eq!(limits.heap_events_bytes, 8 << 20);
+        assert_eq!(limits.wait_events_bytes, 16 << 20);
         limits.size_for_rate(999, 16);
         assert_eq!(limits.counts_entries, 32768_u32.min(COUNTS_ENTRIES));
+        assert_eq!(limits.stack_samples_bytes, 64 << 20);
         limits.size_for_rate(99, 1024);
         assert_eq!(limits.counts_entries, COUNTS_ENTRIES);
-        let mut set = MapLimits {
-            counts_entries: 8,
-            sample_maps_derived: false,
-            ..MapLimits::default()
-        };
+        assert_eq!(limits.wait_events_bytes, 64 << 20);
+        let table: LimitsTable =
+            toml::from_str("counts_entries = 8\nstack_samples_bytes = 4096").unwrap();
+        let mut set = table.validate().unwrap();
         set.size_for_rate(99, 2);
         assert_eq!(set.counts_entries, 8);
+        assert_eq!(set.stack_samples_bytes, 4096);
+        assert_eq!(set.heap_events_bytes, 8 << 20, "unset keys still follow");
     }
 }
