@@ -41,6 +41,8 @@ use profiler_common::probe_cookie;
 const MAX_FILES: usize = 4096;
 /// Links kept at once (files times target processes).
 const MAX_LINKS: usize = 8192;
+/// Distinct causes of attach failures logged, each once.
+const MAX_CAUSES_LOGGED: usize = 16;
 
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
 /// bindings of aya-obj 0.3).
@@ -306,7 +308,8 @@ pub struct UprobeLinks {
     /// Where dropped links go to be closed (see `link_closer`).
     closer: Arc<LinkCloser>,
     stats: AttachStats,
-    failure_logged: bool,
+    /// Causes of failures already logged (each once; bounded).
+    causes_logged: HashSet<String>,
 }
 
 impl UprobeLinks {
@@ -328,7 +331,7 @@ impl UprobeLinks {
             links: HashMap::new(),
             closer,
             stats: AttachStats::default(),
-            failure_logged: false,
+            causes_logged: HashSet::new(),
         }
     }
 
@@ -460,12 +463,16 @@ impl UprobeLinks {
         }
     }
 
+    /// Counts a failure to attach, and logs it the first time its cause
+    /// (`reason`) is seen: a process that exited meanwhile and a kernel
+    /// that refuses the probe are told apart.
     pub fn note_failure(&mut self, path: &Path, reason: &str) {
         self.stats.failures += 1;
-        if !self.failure_logged {
-            self.failure_logged = true;
+        if self.causes_logged.len() < MAX_CAUSES_LOGGED
+            && self.causes_logged.insert(reason.to_string())
+        {
             tracing::warn!(
-                "attaching {} probes to {} failed: {reason} (further failures are counted)",
+                "attaching {} probes to {} failed: {reason} (further failures of this cause are counted)",
                 self.what,
                 path.display()
             );
