@@ -52,6 +52,25 @@ pub fn require_root() {
     );
 }
 
+/// Whether the running kernel's version is at least `major.minor`, by its
+/// release string: what the tests expect of the daemon follows the first
+/// version of each kernel feature (the kernel matrix runs 6.1 and 6.12).
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .expect("reading /proc/sys/kernel/osrelease");
+    release_at_least(&release, major, minor)
+}
+
+/// [`kernel_at_least`] of a release string such as `6.1.0-50-cloud-amd64`.
+pub fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let have = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    have >= (major, minor)
+}
+
 /// A `profilerd` process with stdout and stderr captured, killed (with its
 /// process group, so also a command it started) when dropped.
 pub struct Daemon {
@@ -199,5 +218,20 @@ impl Daemon {
             self.stderr.text(),
             self.stdout.text()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::release_at_least;
+
+    #[test]
+    fn releases_compare_by_major_then_minor() {
+        assert!(release_at_least("6.1.0-50-cloud-amd64", 6, 1));
+        assert!(!release_at_least("6.1.0-50-cloud-amd64", 6, 6));
+        assert!(release_at_least("6.12.100+deb12-cloud-amd64", 6, 6));
+        assert!(!release_at_least("6.12.100+deb12-cloud-amd64", 6, 13));
+        assert!(release_at_least("6.18.0\n", 6, 13));
+        assert!(release_at_least("7.0", 6, 13));
     }
 }

@@ -47,6 +47,23 @@ use std::time::Duration;
 
 use profiles::ProfileFile;
 
+/// Names a CPU sampling rate (Hz) that replaces the tests' own where every
+/// sample costs far more than on hardware: under QEMU's emulation the
+/// kernel matrix sets 199, so that the sample handler and the timers it
+/// rides on do not crowd out the work being measured.
+pub const CPU_HZ_ENV: &str = "PROFILERD_TEST_CPU_HZ";
+
+/// The CPU sampling rate a test uses: `$PROFILERD_TEST_CPU_HZ`, else
+/// `default`.
+pub fn cpu_hz(default: u64) -> u64 {
+    match std::env::var(CPU_HZ_ENV) {
+        Ok(v) => v
+            .parse()
+            .unwrap_or_else(|_| panic!("{CPU_HZ_ENV}={v:?} is not a rate in Hz")),
+        Err(_) => default,
+    }
+}
+
 /// A fresh temporary directory for one test (removed when dropped).
 pub fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -7,6 +7,11 @@ use std::time::Duration;
 
 use crate::process::run_with_timeout;
 
+/// Names a pprof executable (the one `go tool pprof` runs, from
+/// `$(go env GOROOT)/pkg/tool/linux_amd64/pprof`) to run directly where no
+/// Go toolchain is installed (the kernel matrix's VMs).
+pub const PPROF_ENV: &str = "PROFILERD_TEST_PPROF";
+
 /// Bound on one `go tool pprof` run.
 const PPROF_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -28,15 +33,29 @@ pub fn go_binary() -> PathBuf {
         })
 }
 
-/// Runs `go tool pprof ARGS FILE` and returns its stdout; panics with its
-/// output unless it exits 0.
-pub fn go_pprof(args: &[&str], file: &Path) -> String {
-    let mut cmd = Command::new(go_binary());
-    cmd.arg("tool").arg("pprof").args(args).arg(file);
+/// `go tool pprof`, or the pprof of [`PPROF_ENV`], ready for its
+/// arguments.
+fn pprof_command() -> Command {
+    let mut cmd = match std::env::var_os(PPROF_ENV) {
+        Some(pprof) => Command::new(pprof),
+        None => {
+            let mut c = Command::new(go_binary());
+            c.arg("tool").arg("pprof");
+            c
+        }
+    };
     // pprof keeps state under $HOME; give it a place if the test has none.
     if std::env::var_os("HOME").is_none() {
         cmd.env("HOME", std::env::temp_dir());
     }
+    cmd
+}
+
+/// Runs `go tool pprof ARGS FILE` and returns its stdout; panics with its
+/// output unless it exits 0.
+pub fn go_pprof(args: &[&str], file: &Path) -> String {
+    let mut cmd = pprof_command();
+    cmd.args(args).arg(file);
     let what = format!("go tool pprof {} {}", args.join(" "), file.display());
     let out = run_with_timeout(cmd, &what, PPROF_TIMEOUT);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -82,15 +101,12 @@ pub fn check_readable(file: &Path, expect_samples: bool) -> String {
 /// `go tool pprof -top` of a file (for failure reports), limited to
 /// samples of `pid` if given. Never panics: errors come back as text.
 pub fn top(file: &Path, pid: Option<u32>) -> String {
-    let mut cmd = Command::new(go_binary());
-    cmd.args(["tool", "pprof", "-top", "-nodecount=25"]);
+    let mut cmd = pprof_command();
+    cmd.args(["-top", "-nodecount=25"]);
     if let Some(pid) = pid {
         cmd.arg(format!("-tagfocus=pid={pid}"));
     }
     cmd.arg(file);
-    if std::env::var_os("HOME").is_none() {
-        cmd.env("HOME", std::env::temp_dir());
-    }
     let out = run_with_timeout(cmd, "go tool pprof -top", PPROF_TIMEOUT);
     format!(
         "{}{}",
@@ -144,13 +160,10 @@ pub fn raw_period(raw: &str) -> (Option<String>, Option<i64>) {
 /// `go tool pprof -top -sample_index=INDEX` of a file (for failure
 /// reports). Never panics: errors come back as text.
 pub fn top_of_index(file: &Path, sample_index: &str) -> String {
-    let mut cmd = Command::new(go_binary());
-    cmd.args(["tool", "pprof", "-top", "-nodecount=25"])
+    let mut cmd = pprof_command();
+    cmd.args(["-top", "-nodecount=25"])
         .arg(format!("-sample_index={sample_index}"))
         .arg(file);
-    if std::env::var_os("HOME").is_none() {
-        cmd.env("HOME", std::env::temp_dir());
-    }
     let out = run_with_timeout(cmd, "go tool pprof -top", PPROF_TIMEOUT);
     format!(
         "{}{}",

@@ -1,6 +1,10 @@
 //! The workloads in `tests/workloads/`: compiled at test time into a
 //! temporary directory (gcc or rustc, with frame pointers unless said
 //! otherwise, bounded by a timeout) and run with their stdout captured.
+//!
+//! Where no compiler is at hand (the kernel matrix's VMs), the workloads
+//! are built beforehand by `prebuild-workloads DIR` and named by
+//! `$PROFILERD_TEST_WORKLOADS=DIR`: [`Workload::build`] then copies them.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -71,12 +75,51 @@ pub enum Workload {
     /// `procs|threads RATE SECONDS [--wait-stdin]`; `gcc -O2`, no frame
     /// pointers.
     Churn,
+    /// `chan_block.go`: goroutines blocked on a channel receive, built with
+    /// `go build` (GOPATH mode, offline, a private cache).
+    ChanBlockGo,
 }
+
+/// Names a directory of workloads built beforehand by `prebuild-workloads`;
+/// when set, [`Workload::build`] copies from it instead of compiling.
+pub const PREBUILT_ENV: &str = "PROFILERD_TEST_WORKLOADS";
 
 /// The library that [`Workload::HeapSitesJemalloc`] links against.
 pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
+    /// Every workload, for building them all beforehand.
+    pub const ALL: [Workload; 13] = [
+        Workload::CpuRatioC,
+        Workload::CpuRatioRust,
+        Workload::Syscalls,
+        Workload::ShortLived,
+        Workload::HeapSites,
+        Workload::HeapSitesJemalloc,
+        Workload::BlockSites,
+        Workload::WaitSites,
+        Workload::MutexHold,
+        Workload::CondWait,
+        Workload::Mixed,
+        Workload::Churn,
+        Workload::ChanBlockGo,
+    ];
+
+    /// The file name of the workload built beforehand (see
+    /// [`PREBUILT_ENV`]): its source's stem, with the variant.
+    pub fn prebuilt_name(self) -> String {
+        let stem = self
+            .source()
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match self {
+            Workload::CpuRatioRust => format!("{stem}_rs"),
+            Workload::HeapSitesJemalloc => format!("{stem}_jemalloc"),
+            _ => stem,
+        }
+    }
+
     fn source(self) -> PathBuf {
         let file = match self {
             Workload::CpuRatioC => "cpu_ratio.c",
@@ -90,6 +133,7 @@ impl Workload {
             Workload::CondWait => "cond_wait.c",
             Workload::Mixed => "mixed.c",
             Workload::Churn => "churn.c",
+            Workload::ChanBlockGo => "chan_block.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -100,9 +144,31 @@ impl Workload {
     /// executable's name becomes the process's `comm` (see [`comm_of`]).
     pub fn build(self, dir: &Path, exe_name: &str) -> PathBuf {
         let out = dir.join(exe_name);
+        if let Some(prebuilt) = std::env::var_os(PREBUILT_ENV) {
+            let from = Path::new(&prebuilt).join(self.prebuilt_name());
+            std::fs::copy(&from, &out).unwrap_or_else(|e| {
+                panic!(
+                    "copying the prebuilt {} to {}: {e}",
+                    from.display(),
+                    out.display()
+                )
+            });
+            return out;
+        }
         let src = self.source();
         let mut libs: &[&str] = &[];
         let mut cmd = match self {
+            Workload::ChanBlockGo => {
+                // A single file outside any module, offline, with a private
+                // cache.
+                let mut c = Command::new(crate::pprof_tool::go_binary());
+                c.arg("build")
+                    .env("GO111MODULE", "off")
+                    .env("GOFLAGS", "")
+                    .env("GOCACHE", dir.join("gocache"))
+                    .env("GOPATH", dir.join("gopath"));
+                c
+            }
             Workload::CpuRatioRust => {
                 let mut c = Command::new("rustc");
                 c.args([
@@ -323,9 +389,9 @@ pub fn field(report: &BTreeMap<String, u64>, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("the workload's report has no {key}: {report:?}"))
 }
 
-/// One `site NAME wait_ns W waits N total_ns T min_ns A max_ns Z` line of
-/// the wait workloads (block_sites, wait_sites): what a site did, as the
-/// program measured it.
+/// One `site NAME wait_ns W waits N total_ns T min_ns A max_ns Z
+/// [oncpu_ns C]` line of the wait workloads (block_sites, wait_sites): what
+/// a site did, as the program measured it.
 #[derive(Clone, Debug)]
 pub struct SiteLine {
     pub name: String,
@@ -334,6 +400,17 @@ pub struct SiteLine {
     pub total_ns: u64,
     pub min_ns: u64,
     pub max_ns: u64,
+    /// CPU time the waiting threads used during the waits (wait_sites
+    /// only; 0 where not measured): `total_ns - oncpu_ns` was spent off
+    /// CPU.
+    pub oncpu_ns: u64,
+}
+
+impl SiteLine {
+    /// The waits' time off CPU as the program measured it.
+    pub fn offcpu_ns(&self) -> u64 {
+        self.total_ns.saturating_sub(self.oncpu_ns)
+    }
 }
 
 /// The `site ...` lines of a wait workload's stdout, which must name
@@ -359,6 +436,11 @@ pub fn parse_site_lines(stdout: &str, names: &[&str]) -> Vec<SiteLine> {
                 total_ns: num("total_ns"),
                 min_ns: num("min_ns"),
                 max_ns: num("max_ns"),
+                oncpu_ns: if words.contains(&"oncpu_ns") {
+                    num("oncpu_ns")
+                } else {
+                    0
+                },
             }
         })
         .collect();

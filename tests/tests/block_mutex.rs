@@ -274,7 +274,7 @@ fn profile_workload(
     workload_args: &[&str],
     args: Vec<String>,
 ) -> (u32, String, Daemon) {
-    profile_workload_on(Probes::Links, exe, workload_args, args)
+    profile_workload_on(Probes::Best, exe, workload_args, args)
 }
 
 /// How the Go park and condition-variable probes attach: one uprobe_multi
@@ -282,7 +282,10 @@ fn profile_workload(
 /// older kernels, chosen by pretending uprobe_multi is missing.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Probes {
-    Links,
+    /// What the kernel offers: uprobe_multi links from Linux 6.6, else
+    /// perf-event uprobes.
+    Best,
+    /// Perf-event uprobes whatever the kernel offers.
     PerfEvent,
 }
 
@@ -290,8 +293,10 @@ impl Probes {
     /// The daemon's log said it attached probes of `what` this way.
     fn assert_used(self, daemon: &Daemon, what: &str) {
         let kind = match self {
-            Probes::Links => "a uprobe_multi link per file",
-            Probes::PerfEvent => "perf-event uprobes",
+            Probes::Best if profiler_tests::daemon::kernel_at_least(6, 6) => {
+                "a uprobe_multi link per file"
+            }
+            Probes::Best | Probes::PerfEvent => "perf-event uprobes",
         };
         let prefix = format!("probes: {what} in");
         let lines = daemon.stderr_lines();
@@ -761,7 +766,7 @@ const SIGNALER: &str = "signaler";
 /// time to the signaler's wake-ups, also labelled with the condition.
 #[test]
 fn condition_waits_name_their_condition() {
-    condition_waits_name_their_condition_on(Probes::Links);
+    condition_waits_name_their_condition_on(Probes::Best);
 }
 
 /// The same with a perf-event uprobe per function, as before Linux 6.6.
@@ -916,7 +921,7 @@ fn condition_waits_name_their_condition_on(probes: Probes) {
 /// runtime.gopark and runtime.ready; no futex is involved).
 #[test]
 fn go_goroutines_blocked_on_a_channel() {
-    go_goroutines_blocked_on_a_channel_on(Probes::Links);
+    go_goroutines_blocked_on_a_channel_on(Probes::Best);
 }
 
 /// The same with a perf-event uprobe per park point, as before Linux 6.6.
@@ -928,17 +933,7 @@ fn go_goroutines_blocked_on_a_channel_on_perf_event_uprobes() {
 fn go_goroutines_blocked_on_a_channel_on(probes: Probes) {
     require_root();
     let tmp = temp_dir();
-    let go = profiler_tests::pprof_tool::go_binary();
-    let mut cmd = std::process::Command::new(go);
-    // A single file outside any module, offline, with a private cache.
-    cmd.arg("build")
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOCACHE", tmp.path().join("gocache"))
-        .env("GOPATH", tmp.path().join("gopath"))
-        .current_dir(tmp.path());
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/chan_block.go");
-    let exe = profiler_tests::workloads::compile(cmd, &src, &tmp.path().join("chan_block"));
+    let exe = Workload::ChanBlockGo.build(tmp.path(), "chan_block");
     let out = tmp.path().join("out");
     let (pid, stdout, daemon) =
         profile_workload_on(probes, &exe, &[], wait_args("10us", 100, "60s", &out));

@@ -15,7 +15,13 @@ use profiler_tests::{check_cpu_files, pprof_tops, temp_dir};
 
 /// Sampling rate of the accuracy tests: high enough that the sampling error
 /// of a few seconds of CPU is well inside the tolerances below.
-const HZ: u64 = 499;
+/// The sampling rate, unless the environment lowers it (see
+/// [`profiler_tests::cpu_hz`]).
+const DEFAULT_HZ: u64 = 499;
+
+fn hz() -> u64 {
+    profiler_tests::cpu_hz(DEFAULT_HZ)
+}
 /// |profiled share of burn_a among burn_a+burn_b - measured share| bound.
 const RATIO_TOLERANCE: f64 = 0.05;
 /// |profiled total CPU / measured total CPU - 1| bound.
@@ -164,7 +170,7 @@ fn profile_whole_life(
         "--interval",
         "2s",
         "--cpu-frequency",
-        &HZ.to_string(),
+        &hz().to_string(),
     ]);
     daemon.wait_ready();
     workload.release();
@@ -185,7 +191,7 @@ fn profile_whole_life(
         files.len(),
         diag(&samples, &files, Some(pid), &daemon)
     );
-    check_cpu_files(&files, HZ);
+    check_cpu_files(&files, hz());
     (files, samples, report, pid, daemon)
 }
 
@@ -380,7 +386,7 @@ fn kernel_frames_of_system_calls() {
         "--interval",
         "60s",
         "--cpu-frequency",
-        &HZ.to_string(),
+        &hz().to_string(),
     ]);
     daemon.wait_ready();
     workload.release();
@@ -390,7 +396,7 @@ fn kernel_frames_of_system_calls() {
 
     let files = read_profiles(&out, "cpu");
     assert_only_profiles(&out, "cpu");
-    check_cpu_files(&files, HZ);
+    check_cpu_files(&files, hz());
     let samples = of_pid(&flatten_all(&files), pid);
     let d = || diag(&samples, &files, Some(pid), &daemon);
     assert!(
@@ -478,7 +484,7 @@ fn command_and_its_descendants() {
         "--interval".as_ref(),
         "60s".as_ref(),
         "--cpu-frequency".as_ref(),
-        HZ.to_string().as_ref(),
+        hz().to_string().as_ref(),
         "--".as_ref(),
         exe.as_os_str(),
         "3".as_ref(),
@@ -501,7 +507,7 @@ fn command_and_its_descendants() {
         "one window (--interval 60s): expected one file, got {}",
         files.len()
     );
-    check_cpu_files(&files, HZ);
+    check_cpu_files(&files, hz());
     let samples = flatten_all(&files);
     let d = || diag(&samples, &files, None, &daemon);
 

@@ -358,7 +358,10 @@ fn heap_args(rate: u64, interval: &str, out: &Path) -> Vec<String> {
 /// function), chosen here by pretending sessions are missing.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Probes {
-    Sessions,
+    /// What the kernel offers: uprobe sessions from Linux 6.13, else
+    /// perf-event uprobes.
+    Best,
+    /// Perf-event uprobes whatever the kernel offers.
     PerfEvent,
 }
 
@@ -378,8 +381,10 @@ impl Probes {
     /// The daemon's log names the kind of probe it attached.
     fn assert_used(self, daemon: &Daemon) {
         let kind = match self {
-            Probes::Sessions => "a uprobe session per file",
-            Probes::PerfEvent => "perf-event uprobes",
+            Probes::Best if profiler_tests::daemon::kernel_at_least(6, 13) => {
+                "a uprobe session per file"
+            }
+            Probes::Best | Probes::PerfEvent => "perf-event uprobes",
         };
         let lines = daemon.stderr_lines();
         let allocator: Vec<&String> = lines
@@ -397,7 +402,7 @@ impl Probes {
 /// Starts `profilerd --profiles heap ... --pid P...` and waits until it is
 /// ready.
 fn heap_daemon_for(pids: &[u32], rate: u64, interval: &str, out: &Path) -> Daemon {
-    heap_daemon_with(Probes::Sessions, pids, rate, interval, out)
+    heap_daemon_with(Probes::Best, pids, rate, interval, out)
 }
 
 fn heap_daemon_with(probes: Probes, pids: &[u32], rate: u64, interval: &str, out: &Path) -> Daemon {
@@ -657,7 +662,7 @@ fn assert_labels(run: &HeapRun, exe: &Path) {
 /// the windows must match the truth per site.
 #[test]
 fn alloc_per_site_under_command() {
-    alloc_per_site_under_command_with(Probes::Sessions);
+    alloc_per_site_under_command_with(Probes::Best);
 }
 
 /// The same, with the probes of kernels before 6.13 (made by the command
@@ -805,7 +810,7 @@ fn inuse_of_a_live_leak_under_pid() {
 /// live leak exactly its objects, and freed sites nothing in use.
 #[test]
 fn rate_one_records_every_allocation() {
-    rate_one_records_every_allocation_with(Probes::Sessions);
+    rate_one_records_every_allocation_with(Probes::Best);
 }
 
 /// The same on the probes of kernels before 6.13: the return probe of
@@ -988,7 +993,7 @@ fn jemalloc_alloc_per_site() {
 /// without being named.
 #[test]
 fn system_wide_covers_a_process_started_later() {
-    system_wide_covers_a_process_started_later_with(Probes::Sessions);
+    system_wide_covers_a_process_started_later_with(Probes::Best);
 }
 
 /// The same with perf-event uprobes of no process (every process that

@@ -10,7 +10,9 @@
  *
  * Every wait is a FUTEX_WAIT on a word nobody changes, with a relative
  * timeout of the site's length, timed by the program (CLOCK_MONOTONIC
- * around the system call) and tallied per site and thread.
+ * around the system call) and tallied per site and thread, with the CPU
+ * time the thread used meanwhile (CLOCK_THREAD_CPUTIME_ID around the same
+ * span): the wait's time off CPU is the difference.
  *
  * usage: wait_sites [--wait-stdin] [--rounds N] [--threads T] [--phase-ms P]
  *                   [--depth D]
@@ -29,7 +31,7 @@
  *                 the profiler treats apart can be had
  *
  * Output on stdout, line buffered, after the work:
- *   site NAME wait_ns W waits N total_ns T min_ns A max_ns Z
+ *   site NAME wait_ns W waits N total_ns T min_ns A max_ns Z oncpu_ns C
  *     one line per site, over all threads
  *   work pid=P start_ns=S end_ns=E   (CLOCK_REALTIME around the work)
  */
@@ -51,7 +53,7 @@
 #define MAX_THREADS 16
 
 struct tally {
-    uint64_t waits, total_ns, min_ns, max_ns;
+    uint64_t waits, total_ns, min_ns, max_ns, oncpu_ns;
 };
 
 struct worker {
@@ -72,8 +74,9 @@ static uint64_t clock_ns(clockid_t clock)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-static void tally(struct tally *t, uint64_t took)
+static void tally(struct tally *t, uint64_t took, uint64_t oncpu)
 {
+    t->oncpu_ns += oncpu;
     if (t->waits == 0 || took < t->min_ns)
         t->min_ns = took;
     if (took > t->max_ns)
@@ -95,31 +98,34 @@ static void check(long r, uint64_t ns)
 NOINLINE void wait_a(struct tally *t)
 {
     struct timespec timeout = {.tv_sec = 0, .tv_nsec = 1 * MS};
+    uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     uint64_t start = clock_ns(CLOCK_MONOTONIC);
     long r = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &timeout, NULL, 0);
     uint64_t took = clock_ns(CLOCK_MONOTONIC) - start;
     check(r, 1 * MS);
-    tally(t, took);
+    tally(t, took, clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu);
 }
 
 NOINLINE void wait_b(struct tally *t)
 {
     struct timespec timeout = {.tv_sec = 0, .tv_nsec = 2 * MS};
+    uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     uint64_t start = clock_ns(CLOCK_MONOTONIC);
     long r = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &timeout, NULL, 0);
     uint64_t took = clock_ns(CLOCK_MONOTONIC) - start;
     check(r, 2 * MS);
-    tally(t, took);
+    tally(t, took, clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu);
 }
 
 NOINLINE void wait_c(struct tally *t)
 {
     struct timespec timeout = {.tv_sec = 0, .tv_nsec = 3 * MS};
+    uint64_t cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     uint64_t start = clock_ns(CLOCK_MONOTONIC);
     long r = syscall(SYS_futex, &word, FUTEX_WAIT_PRIVATE, 0, &timeout, NULL, 0);
     uint64_t took = clock_ns(CLOCK_MONOTONIC) - start;
     check(r, 3 * MS);
-    tally(t, took);
+    tally(t, took, clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu);
 }
 
 static const struct {
@@ -241,11 +247,14 @@ int main(int argc, char **argv)
                 all.max_ns = x->max_ns;
             all.waits += x->waits;
             all.total_ns += x->total_ns;
+            all.oncpu_ns += x->oncpu_ns;
         }
-        printf("site %s wait_ns %llu waits %llu total_ns %llu min_ns %llu max_ns %llu\n",
+        printf("site %s wait_ns %llu waits %llu total_ns %llu min_ns %llu max_ns %llu "
+               "oncpu_ns %llu\n",
                sites[s].name, (unsigned long long)sites[s].wait_ns,
                (unsigned long long)all.waits, (unsigned long long)all.total_ns,
-               (unsigned long long)all.min_ns, (unsigned long long)all.max_ns);
+               (unsigned long long)all.min_ns, (unsigned long long)all.max_ns,
+               (unsigned long long)all.oncpu_ns);
     }
     printf("work pid=%d start_ns=%llu end_ns=%llu\n", (int)getpid(),
            (unsigned long long)start_ns, (unsigned long long)end_ns);

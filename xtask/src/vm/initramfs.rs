@@ -28,6 +28,9 @@ pub struct Contents<'a> {
     pub workloads: &'a [PathBuf],
     /// Extra files: path in the VM, contents (executable scripts).
     pub scripts: &'a [(String, String)],
+    /// Files copied in: path here, path in the VM; executables bring the
+    /// shared libraries they load, at the paths they have here.
+    pub files: &'a [(PathBuf, PathBuf)],
     /// The shell command line init runs.
     pub command: &'a str,
 }
@@ -52,8 +55,21 @@ pub fn build(contents: &Contents, markers: &Markers, scratch: &Path, out: &Path)
         write_executable(&tree.join(path.trim_start_matches('/')), text)?;
     }
     copy_into(&tree, contents.profilerd, Path::new("/bin/profilerd"))?;
-    for lib in shared_libraries(contents.profilerd)? {
-        copy_into(&tree, &lib, &lib)?;
+    let mut libraries = std::collections::BTreeSet::new();
+    libraries.extend(shared_libraries(contents.profilerd)?);
+    for (src, dest) in contents.files {
+        copy_into(&tree, src, dest)?;
+        if is_elf_executable(src) {
+            libraries.extend(shared_libraries(src)?);
+        }
+    }
+    for lib in &libraries {
+        copy_into(&tree, lib, lib)?;
+        // The libraries' separate debug files (libc6-dbg's), as the host has
+        // them: stacks through glibc name its local functions with them.
+        if let Some(debug) = debug_file(lib) {
+            copy_into(&tree, &debug, &debug)?;
+        }
     }
     for exe in contents.workloads {
         let name = exe
@@ -125,6 +141,18 @@ pub fn is_static(exe: &Path) -> bool {
     crate::output(Command::new("ldd").arg(exe)).is_none()
 }
 
+/// Whether `path` is an ELF file with an execute bit (sources and data are
+/// copied as they are).
+fn is_elf_executable(path: &Path) -> bool {
+    let executable = fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    let mut magic = [0u8; 4];
+    executable
+        && fs::File::open(path)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+            .is_ok()
+        && magic == *b"\x7fELF"
+}
+
 /// The shared libraries `exe` loads, the dynamic loader included, as ldd
 /// finds them on this machine.
 fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
@@ -145,6 +173,28 @@ fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
         bail!("ldd names no libraries for {}:\n{out}", exe.display());
     }
     Ok(libs)
+}
+
+/// The separate debug file of `object` under /usr/lib/debug/.build-id, if
+/// this machine has one (its build ID as `readelf -n` prints it).
+fn debug_file(object: &Path) -> Option<PathBuf> {
+    let notes = crate::output(Command::new("readelf").arg("-n").arg(object))?;
+    let id = build_id_of(&notes)?;
+    let path = PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &id[..2],
+        &id[2..]
+    ));
+    path.is_file().then_some(path)
+}
+
+/// The build ID in `readelf -n` output: the hex after `Build ID:`.
+fn build_id_of(notes: &str) -> Option<String> {
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID:"))?
+        .trim();
+    (id.len() > 2 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
 }
 
 /// The file paths in ldd's output (`name => /path (addr)` and `/path
@@ -315,6 +365,17 @@ mod tests {
         );
         assert!(ldd_paths("\tstatically linked\n").is_empty());
         assert!(ldd_paths("\tlibmissing.so => not found\n").is_empty());
+    }
+
+    #[test]
+    fn build_ids_are_read_from_readelf_notes() {
+        let notes = "Displaying notes found in: .note.gnu.build-id\n  Owner  Data size \tDescription\n  GNU  0x00000014\tNT_GNU_BUILD_ID (unique build ID bitstring)\n    Build ID: 93ac61ec5a8eb1396f9fbd350e3169a558528a40\n";
+        assert_eq!(
+            build_id_of(notes).as_deref(),
+            Some("93ac61ec5a8eb1396f9fbd350e3169a558528a40")
+        );
+        assert_eq!(build_id_of("no notes\n"), None);
+        assert_eq!(build_id_of("    Build ID: zz\n"), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod initramfs;
 mod kernel;
 mod qemu;
 mod smoke;
+mod suite;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,12 +36,22 @@ pub struct VmArgs {
     /// ready or degraded, was refused where it said unavailable).
     #[arg(long)]
     smoke: bool,
+    /// Run the end-to-end tests of the VM suite (a representative subset
+    /// of every test file) inside the VM: on --kernel, else on 6.1 and
+    /// 6.12 (exit 1 unless all pass; tables in target/vm/tests.md).
+    #[arg(long)]
+    tests: bool,
+    /// With --tests, only the tests whose `file::name` holds FILTER
+    /// (repeatable).
+    #[arg(long = "test", value_name = "FILTER", requires = "tests")]
+    filters: Vec<String>,
     /// How long each profile type runs in the smoke.
     #[arg(long, default_value_t = 3, value_name = "SECONDS")]
     seconds: u32,
-    /// Deadline for one boot, from starting QEMU to its power-off.
-    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
-    timeout: u64,
+    /// Deadline for one boot, from starting QEMU to its power-off (default
+    /// 300 s, 1500 s with --tests).
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<u64>,
     /// Also show the whole serial console (kernel messages) on stderr.
     #[arg(long)]
     console: bool,
@@ -56,6 +67,16 @@ pub struct VmArgs {
 
 /// Runs `cargo xtask vm`. A command's exit status becomes the task's.
 pub fn run(root: &Path, args: VmArgs) -> Result<()> {
+    if args.tests {
+        if args.smoke || !args.command.is_empty() {
+            bail!("--tests runs its own command; drop --smoke and the command");
+        }
+        let kernels = match args.kernel.as_deref() {
+            Some(name) => vec![kernel::by_name(name)?],
+            None => kernel::KERNELS.to_vec(),
+        };
+        return tests_all(root, &kernels, &args);
+    }
     if args.smoke {
         if !args.command.is_empty() {
             bail!(
@@ -83,8 +104,10 @@ pub fn run(root: &Path, args: VmArgs) -> Result<()> {
         root,
         &kernel,
         &fetched,
-        &console::shell_command(&args.command),
-        &[],
+        &Payload {
+            command: &console::shell_command(&args.command),
+            ..Payload::default()
+        },
         &args,
         true,
     )?;
@@ -114,17 +137,94 @@ fn all_targets() -> Vec<Target> {
     targets
 }
 
-/// The matrix for `cargo xtask test --kernels`: the smoke on every kernel.
+/// The matrix for `cargo xtask test`: the smoke on every kernel.
 pub fn matrix(root: &Path) -> Result<()> {
     let args = VmArgs {
         kernel: None,
         smoke: true,
+        tests: false,
+        filters: Vec::new(),
         seconds: 3,
-        timeout: 300,
+        timeout: None,
         console: false,
         command: Vec::new(),
     };
     smoke_all(root, &all_targets(), &args)
+}
+
+/// The VM suite on every kernel of the matrix, for `cargo xtask test`.
+pub fn tests_matrix(root: &Path) -> Result<()> {
+    let args = VmArgs {
+        kernel: None,
+        smoke: false,
+        tests: true,
+        filters: Vec::new(),
+        seconds: 3,
+        timeout: None,
+        console: false,
+        command: Vec::new(),
+    };
+    tests_all(root, kernel::KERNELS, &args)
+}
+
+/// Deadline of a boot that runs the VM suite: its tests take about 10 min
+/// under TCG.
+const TESTS_TIMEOUT_S: u64 = 1500;
+
+/// The VM suite on each kernel, a table each (also written to
+/// `target/vm/tests.md`); fails after the last if any test failed.
+fn tests_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
+    prepare()?;
+    let tests = suite::chosen(&args.filters)?;
+    let prepared = suite::prepare(root, &tests)?;
+    let mut failing = Vec::new();
+    let mut report = String::new();
+    for kernel in kernels {
+        let fetched = kernel.fetch(root)?;
+        let outcome = boot(
+            root,
+            kernel,
+            &fetched,
+            &Payload {
+                command: "sh /vm-tests.sh",
+                scripts: &[("/vm-tests.sh".to_string(), prepared.script.clone())],
+                files: &prepared.files,
+            },
+            args,
+            false,
+        )?;
+        let log = root.join(format!("target/vm/tests-{}.log", kernel.name));
+        fs::write(&log, &outcome.finished.output)
+            .with_context(|| format!("writing {}", log.display()))?;
+        let results = suite::parse(&outcome.finished.output);
+        let section = format!(
+            "Linux {} ({} {}): booted in {:.1} s, tests {:.1} s in all
+log: {}
+
+{}
+",
+            kernel.name,
+            kernel.package,
+            kernel.version,
+            outcome.boot.as_secs_f64(),
+            outcome.total.as_secs_f64(),
+            log.display(),
+            suite::table(&results)
+        );
+        print!("\n{section}");
+        report.push_str(&section);
+        let failed = suite::failures(&tests, &results);
+        if !failed.is_empty() {
+            failing.push(format!("{}: {}", kernel.name, failed.join(", ")));
+        }
+    }
+    let path = root.join("target/vm/tests.md");
+    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("tables in {}", path.display());
+    if !failing.is_empty() {
+        bail!("end-to-end tests in the VMs failed: {}", failing.join("; "));
+    }
+    Ok(())
 }
 
 /// The smoke on each target, a table each (also written to
@@ -143,8 +243,11 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
                     root,
                     kernel,
                     &fetched,
-                    "sh /smoke.sh",
-                    &[("/smoke.sh".to_string(), script.clone())],
+                    &Payload {
+                        command: "sh /smoke.sh",
+                        scripts: &[("/smoke.sh".to_string(), script.clone())],
+                        files: &[],
+                    },
                     args,
                     false,
                 )?;
@@ -270,17 +373,32 @@ fn setup() -> Result<()> {
     crate::apt_install(&packages)
 }
 
-/// Boots `kernel` with `command` (a shell command line) and `scripts` in the
-/// initramfs; the temporary files are gone when it returns.
+/// What a boot runs besides profilerd and the static workloads.
+#[derive(Default)]
+struct Payload<'a> {
+    /// The shell command line init runs.
+    command: &'a str,
+    /// Scripts: path in the VM, text.
+    scripts: &'a [(String, String)],
+    /// Files: path here, path in the VM (with their shared libraries).
+    files: &'a [(PathBuf, PathBuf)],
+}
+
+/// Boots `kernel` with `payload` in the initramfs; the temporary files are
+/// gone when it returns.
 fn boot(
     root: &Path,
     kernel: &Kernel,
     fetched: &kernel::Fetched,
-    command: &str,
-    scripts: &[(String, String)],
+    payload: &Payload,
     args: &VmArgs,
     echo_output: bool,
 ) -> Result<qemu::Outcome> {
+    let Payload {
+        command,
+        scripts,
+        files,
+    } = *payload;
     let workloads = initramfs::build_workloads(root)?;
     let vm_dir = root.join("target/vm");
     fs::create_dir_all(&vm_dir)?;
@@ -296,6 +414,7 @@ fn boot(
             profilerd: &profilerd,
             workloads: &workloads,
             scripts,
+            files,
             command,
         },
         &markers,
@@ -307,13 +426,18 @@ fn boot(
         "booting {label} under TCG (initramfs {:.1} MiB, timeout {} s)",
         size as f64 / (1 << 20) as f64,
         args.timeout
+            .unwrap_or(if args.tests { TESTS_TIMEOUT_S } else { 300 })
     );
     qemu::run(
         &qemu::Boot {
             label: &label,
             vmlinuz: &fetched.vmlinuz,
             initrd: &initrd,
-            timeout: Duration::from_secs(args.timeout),
+            timeout: Duration::from_secs(args.timeout.unwrap_or(if args.tests {
+                TESTS_TIMEOUT_S
+            } else {
+                300
+            })),
             echo_output,
             echo_console: args.console,
         },
