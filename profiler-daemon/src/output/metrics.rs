@@ -409,6 +409,12 @@ impl Metrics {
         self.unavailable.with_label_values(&[kind.name()]).set(1);
     }
 
+    /// The memory budget the caches draw on, known from the start.
+    pub fn cache_budget(&self, bytes: u64) {
+        self.cache_budget
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     /// Reads the push task's counters at each scrape from now on.
     pub fn watch_push(&self, stats: Arc<PushStats>) {
         self.push.watch(stats);
@@ -458,8 +464,7 @@ impl Metrics {
                 .set(i64::try_from(bytes).unwrap_or(i64::MAX));
             mirror(&self.cache_evictions.with_label_values(&[cache]), evictions);
         }
-        self.cache_budget
-            .set(i64::try_from(o.cache_budget_bytes).unwrap_or(i64::MAX));
+        self.cache_budget(o.cache_budget_bytes);
     }
 
     /// The exposition text, with the push counters and the resident memory

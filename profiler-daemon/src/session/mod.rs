@@ -191,6 +191,9 @@ impl Session {
         }
         let budget =
             MemoryBudget::new(usize::try_from(settings.limits.memory_bytes).unwrap_or(usize::MAX));
+        publisher
+            .metrics()
+            .cache_budget(settings.limits.memory_bytes);
         let symbolizer =
             Symbolizer::with_budget(budget.clone()).context("preparing the symbolizer")?;
         let mut procs = ProcessTable::new(MAX_PROCESSES);

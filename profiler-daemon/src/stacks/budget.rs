@@ -13,12 +13,15 @@
 //! and one within its floor is never starved by the others.
 //!
 //! The caches live in two owners, the symbolizer and the unwinder, each
-//! of which sheds its own caches after every insertion
+//! of which sheds its own caches after every stack
 //! ([`MemoryBudget::must_shed`]). Room one of them borrowed is given back
-//! at its next call or when the session settles the budget after each
-//! batch of records and each window ([`MemoryBudget::settle`]); in between
-//! the total can pass the budget by at most the floor of the cache that
-//! grew.
+//! when the session settles the budget after each batch of records, each
+//! tick and each window ([`MemoryBudget::settle`]). In between, the total
+//! can pass the budget by the floor of the cache that grew, and while a
+//! window is symbolized by the parsed files it needs (dropping one
+//! between two stacks of the window would parse it again for the next);
+//! the metrics and the summary's peak are read when the budget is
+//! settled.
 //!
 //! [`Lru`] is the byte-counted, least-recently-used map most caches use.
 

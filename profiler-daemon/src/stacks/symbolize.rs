@@ -266,7 +266,7 @@ impl Symbolizer {
         for (object, pending) in misses.into_values() {
             self.resolve_in_object(&object, &pending, &mut frames);
         }
-        self.enforce_budget();
+        self.shed(false);
         frames
     }
 
@@ -469,7 +469,7 @@ impl Symbolizer {
                 }
             }
         }
-        self.enforce_budget();
+        self.shed(false);
         frames
     }
 
@@ -576,14 +576,24 @@ impl Symbolizer {
 
     /// Gives back, least recently used first, what the budget asks of the
     /// symbolizer's caches: those over their floor while the budget is
-    /// full, the one furthest over first. Runs after every stack; the
-    /// session calls it too, so that room borrowed while the unwinder grew
-    /// is returned.
+    /// full, the one furthest over first. The session calls it after each
+    /// window is written and after each batch of records, so that room
+    /// borrowed while the unwinder grew is returned.
     pub fn enforce_budget(&mut self) {
+        self.shed(true);
+    }
+
+    /// [`Self::enforce_budget`]; after each stack without the parsed
+    /// files (`files` false): the stacks of a window come in no order of
+    /// object, and a file dropped between two of them would be parsed
+    /// again for the next (libc's debug file is some 20 MB of parsing).
+    /// The files a window needs stay until it is written.
+    fn shed(&mut self, files: bool) {
         loop {
             self.publish();
             let over = [Cache::Symbols, Cache::Layouts, Cache::SymbolFiles]
                 .into_iter()
+                .filter(|&cache| files || cache != Cache::SymbolFiles)
                 .filter(|&cache| self.budget.must_shed(cache))
                 .max_by_key(|&cache| self.budget.bytes(cache) - self.budget.floor(cache));
             let Some(cache) = over else {
@@ -1201,6 +1211,8 @@ mod tests {
         for round in 0..2 {
             let got = names(&mut small, &mut procs);
             assert_eq!(got, want, "round {round}: answers changed under eviction");
+            // The parsed files a window used go when it is written.
+            small.enforce_budget();
             assert!(
                 budget.total() <= budget.limit(),
                 "{} over {}",
