@@ -487,7 +487,7 @@ impl Symbolizer {
             }
             // A probe address parses kallsyms and tells whether it hides
             // its addresses; the heap's growth is what the parsed symbols
-            // hold (some 70 bytes per symbol).
+            // hold (some 64 bytes per symbol).
             let before = heap_in_use();
             let probe = self
                 .kernel
@@ -1334,5 +1334,10 @@ mod tests {
             });
         }
         println!("{:?} {:?}", sym.stats(), procs.stats());
+        // kallsyms parsed, and nothing else: what the parsed files hold.
+        println!(
+            "kallsyms parsed: {} bytes",
+            sym.budget.bytes(Cache::SymbolFiles)
+        );
     }
 }
