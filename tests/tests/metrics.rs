@@ -14,7 +14,7 @@ use profiler_tests::workloads::Workload;
 use profiler_tests::{pause, temp_dir};
 
 /// Every metric the daemon exports, with its type.
-const EXPECTED: [(&str, &str); 20] = [
+const EXPECTED: [(&str, &str); 23] = [
     ("profilerd_samples_total", "counter"),
     ("profilerd_files_written_total", "counter"),
     ("profilerd_written_bytes_total", "counter"),
@@ -35,6 +35,9 @@ const EXPECTED: [(&str, &str); 20] = [
     ("profilerd_resident_memory_bytes", "gauge"),
     ("profilerd_bpf_memory_bytes", "gauge"),
     ("profilerd_bpf_map_bytes", "gauge"),
+    ("profilerd_cache_bytes", "gauge"),
+    ("profilerd_cache_evictions_total", "counter"),
+    ("profilerd_cache_budget_bytes", "gauge"),
 ];
 
 /// The address the daemon logged it serves on.
@@ -129,6 +132,17 @@ fn metrics_match_the_written_profiles() {
     let rss = second.value("profilerd_resident_memory_bytes", &[]);
     assert!(rss > 1e6 && rss < 4e9, "resident memory {rss}");
     assert!(second.value("profilerd_processes", &[]) >= 1.0);
+    // The caches hold the burner's symbols and tables, within the default
+    // budget.
+    let budget = second.value("profilerd_cache_budget_bytes", &[]);
+    assert_eq!(budget, (64u64 << 20) as f64);
+    let held: f64 = second
+        .samples
+        .iter()
+        .filter(|s| s.name == "profilerd_cache_bytes")
+        .map(|s| s.value)
+        .sum();
+    assert!(held > 0.0 && held <= budget, "cache bytes {held}");
     assert_eq!(
         second.value("profilerd_write_errors_total", &[("type", "cpu")]),
         0.0

@@ -15,12 +15,23 @@
 //! counts_entries = 16384          # distinct CPU sample keys per drain (default: from the rate)
 //! stacks_entries = 16384          # distinct kernel-walked stacks per drain (default: from the rate)
 //! walk_memo_entries = 4096        # remembered stack walks per generation (0: none)
+//! memory_bytes = 67108864         # the daemon's caches: symbols, unwind tables, walks
 //! ```
 
 use serde::Deserialize;
 
 /// Default bound of remembered walks per generation.
 pub const DEFAULT_MAX_WALKS: usize = 4096;
+/// Default budget of the daemon's user-space caches (stacks/budget.rs):
+/// 64 MiB. The shipped unit and DaemonSet cap the daemon at 256 MiB; all
+/// five profile types hold about 130 MiB at ready (BPF maps, rings mapped
+/// twice, the binary), and the rest (process table, profiles being built,
+/// files mapped for symbols) needs the remaining tens of MiB on a busy
+/// node (docs/design/015-memory-budget.md).
+pub const DEFAULT_MEMORY_BYTES: u64 = 64 << 20;
+/// Bounds of `memory_bytes`: below 1 MiB a node's libc and executable
+/// alone do not fit; above 1 TiB is a typo.
+pub const MEMORY_BYTES_RANGE: (u64, u64) = (1 << 20, 1 << 40);
 
 use profiler_common::{
     COUNTS_ENTRIES, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, STACK_SAMPLES_BYTES, STACKS_ENTRIES,
@@ -54,6 +65,10 @@ pub struct MapLimits {
     /// the kernel's `WALK_HINTS` holds at most as many as the memo's
     /// current table, and its bound stays.
     pub walk_memo_entries: u32,
+    /// Bytes the daemon's caches may hold in all (symbols, object
+    /// layouts, parsed symbol files, unwind tables, process unwinders,
+    /// the walk memo). Not a kernel map either.
+    pub memory_bytes: u64,
     /// Which sizes were not set, and so follow the sampling rate and the
     /// CPU count ([`MapLimits::size_for_rate`]).
     pub derived: Derived,
@@ -103,6 +118,7 @@ impl Default for MapLimits {
             counts_entries: COUNTS_ENTRIES,
             stacks_entries: STACKS_ENTRIES,
             walk_memo_entries: DEFAULT_MAX_WALKS as u32,
+            memory_bytes: DEFAULT_MEMORY_BYTES,
             derived: Derived::ALL,
         }
     }
@@ -181,6 +197,7 @@ pub struct LimitsTable {
     counts_entries: Option<i64>,
     stacks_entries: Option<i64>,
     walk_memo_entries: Option<i64>,
+    memory_bytes: Option<i64>,
 }
 
 /// A `[limits]` value out of range: the key, the value and what is expected.
@@ -218,6 +235,7 @@ impl LimitsTable {
                 Some(0) => 0,
                 other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
             },
+            memory_bytes: memory("memory_bytes", self.memory_bytes)?.unwrap_or(d.memory_bytes),
         })
     }
 }
@@ -249,6 +267,20 @@ fn entries(key: &'static str, value: Option<i64>) -> Result<Option<u32>, LimitEr
             key,
             value: v,
             expected: format!("expected a number of entries from 1 to {MAX_ENTRIES}"),
+        }),
+    }
+}
+
+/// A memory budget in bytes, within [`MEMORY_BYTES_RANGE`].
+fn memory(key: &'static str, value: Option<i64>) -> Result<Option<u64>, LimitError> {
+    let Some(v) = value else { return Ok(None) };
+    let (low, high) = MEMORY_BYTES_RANGE;
+    match u64::try_from(v) {
+        Ok(n) if (low..=high).contains(&n) => Ok(Some(n)),
+        _ => Err(LimitError {
+            key,
+            value: v,
+            expected: format!("expected a number of bytes from {low} to {high}"),
         }),
     }
 }
@@ -289,6 +321,15 @@ mod tests {
             Ok(3)
         );
         assert!(memo("walk_memo_entries = -1").is_err());
+        assert_eq!(
+            memo("memory_bytes = 4194304").map(|l| l.memory_bytes),
+            Ok(4 << 20)
+        );
+        assert_eq!(limits.memory_bytes, DEFAULT_MEMORY_BYTES);
+        for bad in [0, 4096, -1, 1 << 41] {
+            let err = memo(&format!("memory_bytes = {bad}")).expect_err("out of range");
+            assert_eq!((err.key, err.value), ("memory_bytes", bad));
+        }
         let sizes = limits.map_sizes();
         assert!(sizes.contains(&("COUNTS_1", 1)), "{sizes:?}");
     }

@@ -97,6 +97,11 @@ pub struct Observed {
     pub processes: u64,
     pub process_snapshots: u64,
     pub process_snapshot_failures: u64,
+    /// Each cache drawing on the memory budget: its name, the bytes it
+    /// holds now and the entries it dropped so far.
+    pub caches: Vec<(&'static str, u64, u64)>,
+    /// `[limits] memory_bytes`.
+    pub cache_budget_bytes: u64,
 }
 
 /// Why the metrics could not be set up or served.
@@ -132,6 +137,9 @@ pub struct Metrics {
     bpf_memory: IntGauge,
     bpf_map_bytes: IntGaugeVec,
     unavailable: IntGaugeVec,
+    cache_bytes: IntGaugeVec,
+    cache_evictions: IntCounterVec,
+    cache_budget: IntGauge,
 }
 
 /// The metrics of one sink (the push, the OTLP export), named
@@ -348,6 +356,26 @@ impl Metrics {
                 registry.register(Box::new(g.clone()))?;
                 g
             },
+            cache_bytes: {
+                let g = IntGaugeVec::new(
+                    Opts::new(
+                        "profilerd_cache_bytes",
+                        "Bytes held by each cache of the memory budget ([limits] memory_bytes), by cache (an estimate per entry).",
+                    ),
+                    &["cache"],
+                )?;
+                registry.register(Box::new(g.clone()))?;
+                g
+            },
+            cache_evictions: counter_vec(
+                "profilerd_cache_evictions_total",
+                "Cache entries dropped to stay within the memory budget or an entry bound, by cache.",
+                &["cache"],
+            )?,
+            cache_budget: gauge(
+                "profilerd_cache_budget_bytes",
+                "The memory budget the caches draw on ([limits] memory_bytes).",
+            )?,
             registry,
         };
         // Every series exists from the start, so that rates work from the
@@ -369,12 +397,22 @@ impl Metrics {
         for (_, map, lost) in BPF_DROPS {
             metrics.bpf_dropped.with_label_values(&[map, lost]);
         }
+        for cache in crate::stacks::budget::Cache::ALL {
+            metrics.cache_bytes.with_label_values(&[cache.name()]);
+            metrics.cache_evictions.with_label_values(&[cache.name()]);
+        }
         Ok(metrics)
     }
 
     /// A profile type asked for at best effort is skipped on this kernel.
     pub fn profile_unavailable(&self, kind: ProfileKind) {
         self.unavailable.with_label_values(&[kind.name()]).set(1);
+    }
+
+    /// The memory budget the caches draw on, known from the start.
+    pub fn cache_budget(&self, bytes: u64) {
+        self.cache_budget
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Reads the push task's counters at each scrape from now on.
@@ -420,6 +458,13 @@ impl Metrics {
         mirror(&self.process_snapshots, o.process_snapshots);
         mirror(&self.process_snapshot_failures, o.process_snapshot_failures);
         self.processes.set(o.processes as i64);
+        for &(cache, bytes, evictions) in &o.caches {
+            self.cache_bytes
+                .with_label_values(&[cache])
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            mirror(&self.cache_evictions.with_label_values(&[cache]), evictions);
+        }
+        self.cache_budget(o.cache_budget_bytes);
     }
 
     /// The exposition text, with the push counters and the resident memory
@@ -562,6 +607,8 @@ mod tests {
         o.kernel[counter::SAMPLES as usize] = 42;
         o.kernel[counter::COUNTS_FULL as usize] = 2;
         o.processes = 5;
+        o.caches = vec![("symbols", 1000, 3), ("walk_memo", 20, 0)];
+        o.cache_budget_bytes = 4096;
         m.observe(&o);
         // A total going back (it never should) leaves the counter alone.
         o.kernel[counter::SAMPLES as usize] = 40;
@@ -580,6 +627,10 @@ mod tests {
             "profilerd_processes 5",
             "# TYPE profilerd_resident_memory_bytes gauge",
             "# TYPE profilerd_bpf_memory_bytes gauge",
+            "profilerd_cache_bytes{cache=\"symbols\"} 1000",
+            "profilerd_cache_bytes{cache=\"unwind_objects\"} 0",
+            "profilerd_cache_evictions_total{cache=\"symbols\"} 3",
+            "profilerd_cache_budget_bytes 4096",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -38,6 +38,7 @@ use crate::session::targets::{
     wait_child, watch_ring,
 };
 use crate::session::window::{Window, write_window};
+use crate::stacks::budget::MemoryBudget;
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -152,6 +153,8 @@ struct Session {
     procs: ProcessTable,
     unwinder: Unwinder,
     symbolizer: Symbolizer,
+    /// What the unwinder's and the symbolizer's caches may hold.
+    budget: MemoryBudget,
     heap: HeapTable,
     waits: Waits,
     window: Window,
@@ -186,12 +189,18 @@ impl Session {
         for (kind, _) in &skipped {
             publisher.metrics().profile_unavailable(*kind);
         }
-        let symbolizer = Symbolizer::new().context("preparing the symbolizer")?;
+        let budget =
+            MemoryBudget::new(usize::try_from(settings.limits.memory_bytes).unwrap_or(usize::MAX));
+        publisher
+            .metrics()
+            .cache_budget(settings.limits.memory_bytes);
+        let symbolizer =
+            Symbolizer::with_budget(budget.clone()).context("preparing the symbolizer")?;
         let mut procs = ProcessTable::new(MAX_PROCESSES);
 
         let command_mode = !settings.command.is_empty();
         let mut probes = Probes::load(&probe_config(&settings, &features, &settings.profiles))?;
-        let mut unwinder = Unwinder::new();
+        let mut unwinder = Unwinder::with_budget(budget.clone());
         let switches = settings.stack_switches;
         unwinder.set_stack_options(
             settings.limits.walk_memo_entries as usize,
@@ -247,6 +256,7 @@ impl Session {
             procs,
             unwinder,
             symbolizer,
+            budget,
             heap: HeapTable::default(),
             waits,
             window: Window::new(),
@@ -295,6 +305,7 @@ impl Session {
 
     fn read_wait_events(&mut self, ring: &mut RingBuf<MapData>) {
         read_wait_events(ring, &mut self.procs, &mut self.unwinder, &mut self.waits);
+        self.settle_budget();
     }
 
     fn read_heap_events(&mut self, ring: &mut RingBuf<MapData>) {
@@ -305,6 +316,7 @@ impl Session {
             &mut self.unwinder,
             &mut self.heap,
         );
+        self.settle_budget();
     }
 
     fn read_stack_samples(&mut self, ring: &mut RingBuf<MapData>) {
@@ -314,6 +326,16 @@ impl Session {
             &mut self.unwinder,
             &mut self.window.cpu,
         );
+        self.settle_budget();
+    }
+
+    /// Has each owner of caches give back room it borrowed from the
+    /// other: the unwinder grows as records are read, the symbolizer as a
+    /// window is written, each within its own caches (stacks/budget.rs).
+    fn settle_budget(&mut self) {
+        self.symbolizer.enforce_budget();
+        self.unwinder.enforce_budget();
+        self.budget.settle();
     }
 
     async fn drain_once(&mut self) {
@@ -367,6 +389,7 @@ impl Session {
         self.write_window();
         self.retention.as_mut().map(Retention::run);
         self.unwinder.release_unused();
+        self.settle_budget();
         self.reported.report(&self.probes);
     }
 
@@ -384,12 +407,14 @@ impl Session {
     }
 
     fn observe(&mut self) {
+        self.settle_budget();
         observe(
             &self.publisher.metrics,
             &mut self.probes,
             &self.unwinder,
             &self.symbolizer,
             &self.procs,
+            &self.budget,
         );
     }
 
@@ -407,6 +432,7 @@ impl Session {
         // The active buffer may hold samples written during the grace period.
         self.drain_once().await;
         self.write_window();
+        self.settle_budget();
         if let Some(r) = self.retention.as_mut() {
             r.run();
             r.log_totals();
@@ -422,6 +448,7 @@ impl Session {
             &self.procs,
             &self.heap,
             &self.waits,
+            &self.budget,
         );
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);

@@ -13,6 +13,7 @@ use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::heap::HeapTable;
 use crate::profiles::waits::Waits;
+use crate::stacks::budget::{Cache, MemoryBudget};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -108,6 +109,7 @@ pub(crate) fn log_summary(
     procs: &ProcessTable,
     heap: &HeapTable,
     waits: &Waits,
+    budget: &MemoryBudget,
 ) {
     if let Some(conds) = probes.cond_parks() {
         let a = conds.stats();
@@ -141,6 +143,13 @@ pub(crate) fn log_summary(
     let u = unwinder.stats();
     let s = symbolizer.stats();
     let p = procs.stats();
+    let b = budget.stats();
+    // name:bytes:evictions for each cache, one word for the log's readers.
+    let caches: Vec<String> = Cache::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, cache)| format!("{}:{}:{}", cache.name(), b.bytes[i], b.evictions[i]))
+        .collect();
     tracing::info!(target: "profilerd::session",
         samples = c[counter::SAMPLES as usize],
         stack_copies = c[counter::STACK_SAMPLES as usize],
@@ -184,6 +193,12 @@ pub(crate) fn log_summary(
         uprobe_links_closed_inline = probes.links_closed_inline(),
         symbol_cache_evictions = s.cache_evictions,
         unwind_evictions = u.evictions,
+        unwind_objects_too_large = u.objects_too_large,
+        cache_budget_bytes = b.limit,
+        cache_bytes = b.total_bytes(),
+        cache_peak_bytes = b.peak,
+        cache_evictions = b.total_evictions(),
+        caches = %caches.join(","),
         bpf_map_bytes = crate::bpf::map_syscalls::map_memory()
             .iter()
             .map(|(_, bytes)| bytes)
@@ -268,9 +283,17 @@ pub(crate) fn observe(
     unwinder: &Unwinder,
     symbolizer: &Symbolizer,
     procs: &ProcessTable,
+    budget: &MemoryBudget,
 ) {
     let p = procs.stats();
+    let b = budget.stats();
     metrics.observe(&Observed {
+        caches: Cache::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, cache)| (cache.name(), b.bytes[i], b.evictions[i]))
+            .collect(),
+        cache_budget_bytes: b.limit,
         kernel: probes.counters(),
         symbolization_failures: symbolizer.stats().failures,
         unwinds_truncated: unwinder.stats().truncated,

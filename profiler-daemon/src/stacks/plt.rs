@@ -180,6 +180,15 @@ impl ObjectLayout {
         }
     }
 
+    /// Heap bytes this layout holds: its sections and, once read, its
+    /// stubs with their names.
+    pub fn heap_bytes(&self) -> usize {
+        let stubs = self.stubs.as_deref().unwrap_or_default();
+        self.sections.capacity() * std::mem::size_of::<CodeSection>()
+            + size_of_val(stubs)
+            + stubs.iter().map(|s| s.name.len()).sum::<usize>()
+    }
+
     fn section_at_offset(&self, offset: u64) -> Option<&CodeSection> {
         let at = self.sections.partition_point(|s| s.offset <= offset);
         let s = self.sections.get(at.checked_sub(1)?)?;

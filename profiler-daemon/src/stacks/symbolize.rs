@@ -2,12 +2,17 @@
 //! through the snapshots of a [`ProcessTable`]: by file offset in the mapped
 //! ELF file (read through the handle kept in the snapshot, so it works after
 //! the process exited), with DWARF lines, inlined functions and demangled
-//! names. Kernel addresses are resolved through /proc/kallsyms. Results are
-//! cached per (object, offset) in a bounded cache.
+//! names. Kernel addresses are resolved through /proc/kallsyms.
+//!
+//! Three caches draw on the memory budget (budget.rs), each dropping its
+//! least recently used entries when the budget asks: results per (object,
+//! offset), shared by build ID; section layouts and PLT stubs per build
+//! ID; and the files blazesym has parsed (symbol tables, DWARF units, and
+//! kallsyms), each charged the growth of the heap its parsing caused.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::hash::Hash;
+use std::mem::size_of;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -22,14 +27,13 @@ use tracing::{debug, warn};
 use crate::model::frames::{Frame, Line, Mapping};
 use crate::procs::objects::{MappedObject, ObjectFile, hex};
 use crate::procs::process::ProcessTable;
+use crate::stacks::budget::{Cache, Lru, MemoryBudget, heap_in_use};
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
 const KALLSYMS: &str = "/proc/kallsyms";
 const KERNEL_NOTES: &str = "/sys/kernel/notes";
-/// Default number of cached (object, offset) results.
-pub const DEFAULT_CACHE_ENTRIES: usize = 1 << 16;
 /// Kernel addresses that kallsyms does not know (a module or BPF program
 /// loaded since) reload it, at most this often.
 const KALLSYMS_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
@@ -37,8 +41,6 @@ const KALLSYMS_RELOAD_INTERVAL: Duration = Duration::from_secs(60);
 const RELEASE_EVERY: u64 = 1024;
 /// Bound of the set of objects already warned about.
 const MAX_WARNED: usize = 4096;
-/// Objects whose section layout (and PLT stubs) are kept.
-const LAYOUT_ENTRIES: usize = 512;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
@@ -59,7 +61,7 @@ pub struct SymbolizeStats {
     pub unmapped: u64,
     /// Batch lookups that failed for a whole object (unreadable, not ELF).
     pub object_errors: u64,
-    /// Cached results dropped to keep the cache bounded.
+    /// Cached results dropped to stay within the memory budget.
     pub cache_evictions: u64,
     /// Cached results now.
     pub cached: usize,
@@ -93,53 +95,19 @@ type CacheKey = (ObjKey, u64);
 /// An object and the (frame index, file offset) pairs to look up in it.
 type Pending = (Arc<ObjectFile>, Vec<(usize, u64)>);
 
-/// Two generations: when the young one is full the old one is dropped, so
-/// entries used in the last generation survive (an approximate LRU).
-struct Generations<K, V> {
-    young: HashMap<K, V>,
-    old: HashMap<K, V>,
-    generation: usize,
-    evictions: u64,
+/// A source blazesym has parsed: kallsyms, or an object's file.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum FileKey {
+    Kernel,
+    Object(u64),
 }
 
-impl<K: Hash + Eq, V> Generations<K, V> {
-    fn new(entries: usize) -> Self {
-        Self {
-            young: HashMap::new(),
-            old: HashMap::new(),
-            generation: (entries / 2).max(1),
-            evictions: 0,
-        }
-    }
-
-    fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        if !self.young.contains_key(key) {
-            let (key, value) = self.old.remove_entry(key)?;
-            self.insert(key, value);
-        }
-        self.young.get_mut(key)
-    }
-
-    fn insert(&mut self, key: K, value: V) {
-        if self.young.len() >= self.generation {
-            self.evictions += self.old.len() as u64;
-            self.old = std::mem::take(&mut self.young);
-        }
-        self.young.insert(key, value);
-    }
-
-    fn len(&self) -> usize {
-        self.young.len() + self.old.len()
-    }
-}
-
-/// Cached lines per (object, offset).
-type LineCache = Generations<CacheKey, Arc<[Line]>>;
-
-impl LineCache {
-    fn get(&mut self, key: &CacheKey) -> Option<Arc<[Line]>> {
-        self.get_mut(key).map(|lines| Arc::clone(lines))
-    }
+/// A parsed file, and what its parsing added to the heap.
+struct ParsedFile {
+    /// The object whose file it is (none for kallsyms): when no process
+    /// snapshot holds it any more, its parsed state is released.
+    object: Option<(Weak<ObjectFile>, PathBuf)>,
+    heap: usize,
 }
 
 /// Symbolizes user and kernel stacks. Not `Send` (blazesym is not): create
@@ -152,11 +120,17 @@ pub struct Symbolizer {
     kallsyms_loaded: Instant,
     /// Whether kallsyms was read yet (at the first kernel frame).
     kallsyms_checked: bool,
-    cache: LineCache,
-    /// Section layouts and PLT stubs per opened file (`None`: unreadable).
-    layouts: Generations<u64, Option<ObjectLayout>>,
-    /// Files blazesym has opened, to release them once their object is gone.
-    loaded: HashMap<u64, (Weak<ObjectFile>, PathBuf)>,
+    /// Whether kallsyms has been parsed (and charged) since the kernel
+    /// symbolizer was made.
+    kernel_parsed: bool,
+    /// Lines per (object, offset).
+    cache: Lru<CacheKey, Arc<[Line]>>,
+    /// Section layouts and PLT stubs per object (`None`: unreadable).
+    layouts: Lru<ObjKey, Option<ObjectLayout>>,
+    /// Files blazesym has parsed, to release them once their object is
+    /// gone or when the budget asks.
+    files: Lru<FileKey, ParsedFile>,
+    budget: MemoryBudget,
     warned: HashSet<ObjKey>,
     empty: Arc<[Line]>,
     user_calls: u64,
@@ -164,14 +138,18 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    /// Checks that kallsyms can be opened (it is read at the first kernel
-    /// frame); reads the kernel build ID from /sys/kernel/notes.
+    /// [`Symbolizer::with_budget`] with a budget of its own, of the
+    /// default size.
+    #[cfg(test)]
     pub fn new() -> Result<Self, SymbolizeError> {
-        Self::with_cache_entries(DEFAULT_CACHE_ENTRIES)
+        let bytes = crate::config::limits::DEFAULT_MEMORY_BYTES as usize;
+        Self::with_budget(MemoryBudget::new(bytes))
     }
 
-    /// Like [`Symbolizer::new`] with a bound on cached results.
-    pub fn with_cache_entries(entries: usize) -> Result<Self, SymbolizeError> {
+    /// A symbolizer whose caches draw on `budget`. Checks that kallsyms
+    /// can be opened (it is read at the first kernel frame); reads the
+    /// kernel build ID from /sys/kernel/notes.
+    pub fn with_budget(budget: MemoryBudget) -> Result<Self, SymbolizeError> {
         File::open(KALLSYMS).map_err(SymbolizeError::Kallsyms)?;
         let kernel_source = Source::Kernel(Kernel {
             kallsyms: MaybeDefault::Some(PathBuf::from(KALLSYMS)),
@@ -205,9 +183,11 @@ impl Symbolizer {
             kernel_mapping,
             kallsyms_loaded: Instant::now(),
             kallsyms_checked: false,
-            cache: LineCache::new(entries),
-            layouts: Generations::new(LAYOUT_ENTRIES),
-            loaded: HashMap::new(),
+            kernel_parsed: false,
+            cache: Lru::new(),
+            layouts: Lru::new(),
+            files: Lru::new(),
+            budget,
             warned: HashSet::new(),
             empty: Arc::from(Vec::new()),
             user_calls: 0,
@@ -286,6 +266,7 @@ impl Symbolizer {
         for (object, pending) in misses.into_values() {
             self.resolve_in_object(&object, &pending, &mut frames);
         }
+        self.shed(false);
         frames
     }
 
@@ -295,12 +276,14 @@ impl Symbolizer {
         let shared = ObjKey::of(object);
         let own = ObjKey::Object(object.id());
         if let Some(lines) = self.cache.get(&(shared.clone(), offset)) {
-            return Some(lines);
+            return Some(Arc::clone(lines));
         }
         if shared == own {
             return None;
         }
-        self.cache.get(&(own, offset))
+        self.cache
+            .get(&(own, offset))
+            .map(|lines| Arc::clone(lines))
     }
 
     /// Looks up `pending` (frame index, file offset) in one object: offsets
@@ -316,7 +299,8 @@ impl Symbolizer {
         offsets.dedup();
         let path = object.elf_path();
         let mut results: Vec<Option<Arc<[Line]>>> = vec![None; offsets.len()];
-        let mut layout = layout_of(&mut self.layouts, object, &path);
+        let layout_key = ObjKey::of(object);
+        let mut layout = layout_of(&mut self.layouts, &layout_key, object, &path);
         let mut asked: Vec<(usize, u64)> = Vec::with_capacity(offsets.len());
         for (i, &offset) in offsets.iter().enumerate() {
             match layout
@@ -335,26 +319,35 @@ impl Symbolizer {
                 _ => asked.push((i, offset)),
             }
         }
+        // PLT stubs are read at the first lookup in a PLT section.
+        let layout_bytes = layout.as_deref().map_or(0, ObjectLayout::heap_bytes);
         let source = Source::Elf(Elf::new(path.clone()));
         let lookup: Vec<u64> = asked.iter().map(|&(_, offset)| offset).collect();
+        let mut parsed = 0;
         let result = if lookup.is_empty() {
             Ok(Vec::new())
         } else {
-            self.user
-                .symbolize(&source, Input::FileOffset(&lookup))
-                .map(|syms| {
-                    syms.iter()
-                        .map(|sym| {
-                            if covers(sym, layout.as_deref()) {
-                                lines_of(sym, &self.empty)
-                            } else {
-                                self.stats.uncovered += 1;
-                                Arc::clone(&self.empty)
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                })
+            // What blazesym keeps of the file (its symbol table index, the
+            // DWARF units it parsed) is what the heap grew by, less the
+            // answer it returns.
+            let before = heap_in_use();
+            let answer = self.user.symbolize(&source, Input::FileOffset(&lookup));
+            let grown = heap_in_use().saturating_sub(before);
+            parsed = grown.saturating_sub(answer.as_deref().map_or(0, answer_bytes));
+            answer.map(|syms| {
+                syms.iter()
+                    .map(|sym| {
+                        if covers(sym, layout.as_deref()) {
+                            lines_of(sym, &self.empty)
+                        } else {
+                            self.stats.uncovered += 1;
+                            Arc::clone(&self.empty)
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
         };
+        self.layouts.recharge(&layout_key, layout_bytes);
         match result {
             Ok(found) => {
                 for (&(i, _), lines) in asked.iter().zip(found) {
@@ -376,9 +369,24 @@ impl Symbolizer {
                 }
             }
         }
-        self.loaded
-            .entry(object.id())
-            .or_insert_with(|| (Arc::downgrade(object), path));
+        if !lookup.is_empty() {
+            let key = FileKey::Object(object.id());
+            let heap = match self.files.get(&key) {
+                Some(file) => {
+                    file.heap += parsed;
+                    file.heap
+                }
+                None => {
+                    let file = ParsedFile {
+                        object: Some((Arc::downgrade(object), path)),
+                        heap: parsed,
+                    };
+                    self.files.insert(key.clone(), file, parsed);
+                    parsed
+                }
+            };
+            self.files.recharge(&key, heap);
+        }
         let results: Vec<Arc<[Line]>> = results
             .into_iter()
             .map(|lines| lines.unwrap_or_else(|| Arc::clone(&self.empty)))
@@ -393,7 +401,8 @@ impl Symbolizer {
             } else {
                 key.clone()
             };
-            self.cache.insert((cache_key, offset), Arc::clone(lines));
+            self.cache
+                .insert((cache_key, offset), Arc::clone(lines), lines_bytes(lines));
         }
         for &(idx, offset) in pending {
             let lines = offsets
@@ -425,13 +434,16 @@ impl Symbolizer {
             match self.cache.get(&(ObjKey::Kernel, address)) {
                 Some(lines) => {
                     self.stats.cache_hits += 1;
-                    frame.lines = lines;
+                    frame.lines = Arc::clone(lines);
                 }
                 None => pending.push(address),
             }
         }
         pending.sort_unstable();
         pending.dedup();
+        if !pending.is_empty() {
+            self.files.get(&FileKey::Kernel);
+        }
         let mut resolved = self.resolve_kernel(&pending);
         // Only kernel-half addresses are worth a reload; others are junk.
         let unknown: Vec<u64> = pending
@@ -445,6 +457,7 @@ impl Symbolizer {
                 "unknown kernel addresses, reloading kallsyms"
             );
             self.kernel = kernel_symbolizer();
+            self.kernel_parsed = false;
             self.kallsyms_loaded = Instant::now();
             resolved.extend(self.resolve_kernel(&unknown));
         }
@@ -456,6 +469,7 @@ impl Symbolizer {
                 }
             }
         }
+        self.shed(false);
         frames
     }
 
@@ -466,19 +480,31 @@ impl Symbolizer {
         if addrs.is_empty() {
             return resolved;
         }
-        if !self.kallsyms_checked {
-            self.kallsyms_checked = true;
-            self.kallsyms_loaded = Instant::now();
+        if !self.kernel_parsed {
+            self.kernel_parsed = true;
+            if !self.kallsyms_checked {
+                self.kallsyms_loaded = Instant::now();
+            }
             // A probe address parses kallsyms and tells whether it hides
-            // its addresses.
+            // its addresses; the heap's growth is what the parsed symbols
+            // hold (some 64 bytes per symbol).
+            let before = heap_in_use();
             let probe = self
                 .kernel
                 .symbolize_single(&self.kernel_source, Input::AbsAddr(u64::MAX));
-            if let Ok(Symbolized::Unknown(Reason::MissingSyms)) = probe {
+            let parsed = heap_in_use().saturating_sub(before);
+            let file = ParsedFile {
+                object: None,
+                heap: parsed,
+            };
+            self.files.insert(FileKey::Kernel, file, parsed);
+            let hidden = matches!(probe, Ok(Symbolized::Unknown(Reason::MissingSyms)));
+            if hidden && !self.kallsyms_checked {
                 warn!(
                     "{KALLSYMS} lists no addresses (kernel.kptr_restrict?); kernel frames stay unsymbolized"
                 );
             }
+            self.kallsyms_checked = true;
         }
         let result = self
             .kernel
@@ -492,8 +518,9 @@ impl Symbolizer {
             Ok(results) => {
                 for (&addr, lines) in addrs.iter().zip(results) {
                     if !lines.is_empty() {
+                        let bytes = lines_bytes(&lines);
                         self.cache
-                            .insert((ObjKey::Kernel, addr), Arc::clone(&lines));
+                            .insert((ObjKey::Kernel, addr), Arc::clone(&lines), bytes);
                         resolved.insert(addr, lines);
                     }
                 }
@@ -520,28 +547,128 @@ impl Symbolizer {
     /// 1024 user stacks; call it after [`ProcessTable::prune`]
     /// to release promptly.
     pub fn release_unused(&mut self) {
-        let dead: Vec<u64> = self
-            .loaded
-            .iter()
-            .filter(|(_, (object, _))| object.strong_count() == 0)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in dead {
-            if let Some((_, path)) = self.loaded.remove(&id)
-                && let Err(err) = self.user.evict(&evict::Evict::Elf(evict::Elf::new(path)))
-            {
-                debug!(%err, "releasing a symbol source failed");
+        let mut dead = Vec::new();
+        self.files.retain(|_, file| match &file.object {
+            Some((object, path)) if object.strong_count() == 0 => {
+                dead.push(path.clone());
+                false
             }
+            _ => true,
+        });
+        for path in dead {
+            self.release_file(path);
+        }
+        self.publish();
+    }
+
+    fn release_file(&mut self, path: PathBuf) {
+        if let Err(err) = self.user.evict(&evict::Evict::Elf(evict::Elf::new(path))) {
+            debug!(%err, "releasing a symbol source failed");
+        }
+    }
+
+    /// Publishes the caches' bytes to the budget.
+    fn publish(&self) {
+        self.budget.set(Cache::Symbols, self.cache.bytes());
+        self.budget.set(Cache::Layouts, self.layouts.bytes());
+        self.budget.set(Cache::SymbolFiles, self.files.bytes());
+    }
+
+    /// Gives back, least recently used first, what the budget asks of the
+    /// symbolizer's caches: those over their floor while the budget is
+    /// full, the one furthest over first. The session calls it after each
+    /// window is written and after each batch of records, so that room
+    /// borrowed while the unwinder grew is returned.
+    pub fn enforce_budget(&mut self) {
+        self.shed(true);
+    }
+
+    /// [`Self::enforce_budget`]; after each stack without the parsed
+    /// files (`files` false): the stacks of a window come in no order of
+    /// object, and a file dropped between two of them would be parsed
+    /// again for the next (libc's debug file is some 20 MB of parsing).
+    /// The files a window needs stay until it is written.
+    fn shed(&mut self, files: bool) {
+        loop {
+            self.publish();
+            let over = [Cache::Symbols, Cache::Layouts, Cache::SymbolFiles]
+                .into_iter()
+                .filter(|&cache| files || cache != Cache::SymbolFiles)
+                .filter(|&cache| self.budget.must_shed(cache))
+                .max_by_key(|&cache| self.budget.bytes(cache) - self.budget.floor(cache));
+            let Some(cache) = over else {
+                return;
+            };
+            let dropped = match cache {
+                Cache::Symbols => {
+                    let dropped = self.cache.pop_lru().is_some();
+                    self.stats.cache_evictions += u64::from(dropped);
+                    dropped
+                }
+                Cache::Layouts => self.layouts.pop_lru().is_some(),
+                _ => match self.files.pop_lru() {
+                    Some((FileKey::Kernel, _)) => {
+                        // Parsed again at the next kernel frame.
+                        self.kernel = kernel_symbolizer();
+                        self.kernel_parsed = false;
+                        true
+                    }
+                    Some((FileKey::Object(_), file)) => {
+                        if let Some((_, path)) = file.object {
+                            self.release_file(path);
+                        }
+                        true
+                    }
+                    None => false,
+                },
+            };
+            if !dropped {
+                return;
+            }
+            self.budget.evicted(cache, 1, true);
         }
     }
 
     pub fn stats(&self) -> SymbolizeStats {
         SymbolizeStats {
-            cache_evictions: self.cache.evictions,
             cached: self.cache.len(),
             ..self.stats
         }
     }
+}
+
+/// Heap bytes of cached lines: the shared empty answer holds none.
+fn lines_bytes(lines: &Arc<[Line]>) -> usize {
+    if lines.is_empty() {
+        return 0;
+    }
+    // The Arc's counts, the lines, and their strings.
+    2 * size_of::<usize>()
+        + size_of_val::<[Line]>(lines)
+        + lines
+            .iter()
+            .map(|l| l.function.capacity() + l.file.as_ref().map_or(0, String::capacity))
+            .sum::<usize>()
+}
+
+/// Heap bytes of blazesym's answer to a lookup (not kept by blazesym).
+fn answer_bytes(syms: &[Symbolized<'_>]) -> usize {
+    syms.iter()
+        .map(|sym| {
+            size_of::<Symbolized<'_>>()
+                + match sym {
+                    Symbolized::Sym(sym) => {
+                        sym.name.len()
+                            + sym
+                                .code_info
+                                .as_ref()
+                                .map_or(0, |_| size_of::<CodeInfo<'_>>())
+                            + sym.inlined.len() * size_of::<bz::InlinedFn<'_>>()
+                    }
+                    Symbolized::Unknown(_) => 0,
+                }
+        })
+        .sum()
 }
 
 /// Lookup addresses: the first as recorded, the others (return addresses)
@@ -591,19 +718,21 @@ fn kernel_symbolizer() -> bz::Symbolizer {
 /// the file's headers cannot be read: no PLT names then, and no section
 /// check of symbols without a size).
 fn layout_of<'a>(
-    layouts: &'a mut Generations<u64, Option<ObjectLayout>>,
+    layouts: &'a mut Lru<ObjKey, Option<ObjectLayout>>,
+    key: &ObjKey,
     object: &ObjectFile,
     path: &Path,
 ) -> Option<&'a mut ObjectLayout> {
-    if layouts.get_mut(&object.id()).is_none() {
+    if layouts.get(key).is_none() {
         let layout = ObjectLayout::read(path)
             .inspect_err(|err| {
                 debug!(%err, build_id = object.build_id().map(|id| &**id), "no section layout")
             })
             .ok();
-        layouts.insert(object.id(), layout);
+        let bytes = layout.as_ref().map_or(0, ObjectLayout::heap_bytes);
+        layouts.insert(key.clone(), layout, bytes);
     }
-    layouts.get_mut(&object.id())?.as_mut()
+    layouts.get(key)?.as_mut()
 }
 
 /// Whether the symbol blazesym found covers the address asked for: within
@@ -918,10 +1047,10 @@ mod tests {
             let frames = sym.user_stack(&mut procs, pid, &[getpid_addr()]);
             assert!(!frames[0].lines.is_empty());
             sym.release_unused();
-            assert_eq!(sym.loaded.len(), 1, "still mapped by a snapshot");
+            assert_eq!(sym.files.len(), 1, "still mapped by a snapshot");
         }
         sym.release_unused();
-        assert!(sym.loaded.is_empty());
+        assert!(sym.files.is_empty());
     }
 
     /// A child killed and reaped when the test ends, also when it fails.
@@ -1051,17 +1180,76 @@ mod tests {
         assert!(covers(&sym(text.address(), 8, None), Some(&layout)));
     }
 
+    /// A small budget: the caches stay within it, entries are dropped
+    /// least recently used first and counted, and every answer after
+    /// eviction and reload is the answer before.
     #[test]
-    fn cache_is_bounded() {
-        let mut cache = LineCache::new(4);
-        let lines: Arc<[Line]> = Arc::from(Vec::new());
-        for i in 0..10 {
-            cache.insert((ObjKey::Object(1), i), Arc::clone(&lines));
+    fn caches_stay_within_the_budget_and_answers_do_not_change() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        procs.ensure(pid);
+        let libc = procs.get(pid).unwrap().find(getpid_addr()).unwrap().clone();
+        let step = (libc.mapping.limit - libc.mapping.start) / 400;
+        let addrs: Vec<u64> = (0..400).map(|i| libc.mapping.start + step * i).collect();
+        let names = |sym: &mut Symbolizer, procs: &mut ProcessTable| -> Vec<Vec<Line>> {
+            addrs
+                .chunks(20)
+                .flat_map(|a| sym.user_stack(procs, pid, a))
+                .map(|frame| frame.lines.to_vec())
+                .collect()
+        };
+        let mut roomy = Symbolizer::with_budget(MemoryBudget::new(1 << 40)).unwrap();
+        let want = names(&mut roomy, &mut procs);
+        let stats = roomy.budget.stats();
+        assert_eq!(stats.total_evictions(), 0, "{stats:?}");
+        assert!(want.iter().filter(|lines| !lines.is_empty()).count() > 300);
+
+        // Half of what the results need (and less than the parsed file):
+        // both are dropped by use.
+        let budget = MemoryBudget::new(stats.bytes[0] as usize / 2);
+        let mut small = Symbolizer::with_budget(budget.clone()).unwrap();
+        for round in 0..2 {
+            let got = names(&mut small, &mut procs);
+            assert_eq!(got, want, "round {round}: answers changed under eviction");
+            // The parsed files a window used go when it is written.
+            small.enforce_budget();
+            assert!(
+                budget.total() <= budget.limit(),
+                "{} over {}",
+                budget.total(),
+                budget.limit()
+            );
         }
-        assert!(cache.len() <= 4);
-        assert_eq!(cache.evictions, 6);
-        assert!(cache.get(&(ObjKey::Object(1), 9)).is_some());
-        assert!(cache.get(&(ObjKey::Object(1), 0)).is_none());
+        let stats = budget.stats();
+        assert!(stats.evictions[0] > 0, "{stats:?}");
+        assert!(stats.evictions[2] > 0, "{stats:?}");
+        assert_eq!(small.stats().cache_evictions, stats.evictions[0]);
+        assert_eq!(stats.bytes[0] as usize, small.cache.bytes());
+        assert_eq!(stats.bytes[2] as usize, small.files.bytes());
+        // The most recently used result is still cached.
+        let last = addrs[addrs.len() - 1] - 1;
+        let hits = small.stats().cache_hits;
+        small.user_stack(&mut procs, pid, &[last]);
+        assert_eq!(small.stats().cache_hits, hits + 1);
+    }
+
+    /// Parsed files are charged and let go: evicting one frees blazesym's
+    /// state, and it is parsed again when needed.
+    #[test]
+    fn parsed_files_are_charged_and_evicted_by_use() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let frames = sym.user_stack(&mut procs, pid, &[getpid_addr()]);
+        assert!(!frames[0].lines.is_empty());
+        assert_eq!(sym.files.len(), 1);
+        let frames = sym.user_stack(&mut procs, pid, &[code_addr(symbolize_marker)]);
+        assert!(!frames[0].lines.is_empty());
+        assert_eq!(sym.files.len(), 2);
+        // libc was used first: it goes first.
+        let (key, _) = sym.files.pop_lru().unwrap();
+        let libc_id = procs.get(pid).unwrap().find(getpid_addr()).unwrap();
+        assert_eq!(key, FileKey::Object(libc_id.object.as_ref().unwrap().id()));
     }
 
     #[test]
@@ -1146,5 +1334,10 @@ mod tests {
             });
         }
         println!("{:?} {:?}", sym.stats(), procs.stats());
+        // kallsyms parsed, and nothing else: what the parsed files hold.
+        println!(
+            "kallsyms parsed: {} bytes",
+            sym.budget.bytes(Cache::SymbolFiles)
+        );
     }
 }

@@ -13,7 +13,9 @@
 //! Entries belong to one process unwinder (one mapping set); a rebuilt
 //! unwinder has a new id, so stale entries never match. The table is
 //! bounded and forgets in two generations: a full table becomes the
-//! previous one, and a walk found again there moves back.
+//! previous one, and a walk found again there moves back. Its bytes are
+//! counted for the memory budget (budget.rs), which may make it forget a
+//! generation early ([`WalkMemo::shed`]).
 //!
 //! Checking the words means reading the copy, whose cache lines the kernel
 //! wrote on another CPU: most of the daemon's cost per wait event. So each
@@ -61,6 +63,18 @@ struct Walk {
     hintable: bool,
 }
 
+impl Walk {
+    /// Bytes a remembered walk holds: its slot in the table (at the
+    /// table's 7/8 load, with a control byte), its reads and its frames
+    /// (shared with the stacks that use them, counted here all the same).
+    fn bytes(&self) -> usize {
+        (size_of::<(WalkStart, Walk)>() + 1) * 8 / 7
+            + size_of_val::<[Read]>(&self.reads)
+            + 2 * size_of::<usize>()
+            + size_of_val::<[u64]>(&self.frames)
+    }
+}
+
 /// A remembered walk's answer.
 #[derive(Clone, Debug)]
 pub struct Remembered {
@@ -87,6 +101,8 @@ pub struct MemoStats {
     /// beyond the hint's bound): only the instruction pointer is kept.
     /// The kernel never sends one; counted so that a test can say so.
     pub matched_but_forgotten: u64,
+    /// Walks forgotten when a generation was dropped at the entry bound.
+    pub forgotten: u64,
 }
 
 /// Bounded table of remembered walks, in two generations.
@@ -97,6 +113,9 @@ pub struct WalkMemo {
     retired: Vec<WalkHintKey>,
     max_walks: usize,
     next_id: u64,
+    /// Bytes of the walks in `current` and in `previous`.
+    current_bytes: usize,
+    previous_bytes: usize,
     stats: MemoStats,
 }
 
@@ -109,6 +128,8 @@ impl WalkMemo {
             retired: Vec::new(),
             max_walks,
             next_id: 0,
+            current_bytes: 0,
+            previous_bytes: 0,
             stats: MemoStats::default(),
         }
     }
@@ -126,7 +147,9 @@ impl WalkMemo {
         } else if self.previous.get(start).is_some_and(same) {
             // Back into the current table (and the kernel's hints).
             let walk = self.previous.remove(start)?;
+            self.previous_bytes -= walk.bytes();
             self.make_room();
+            self.current_bytes += walk.bytes();
             self.current.insert(*start, walk);
             self.current.get(start)
         } else {
@@ -186,8 +209,13 @@ impl WalkMemo {
             truncated,
             hintable: hint.is_some(),
         };
-        self.current.insert(start, walk);
-        self.previous.remove(&start);
+        self.current_bytes += walk.bytes();
+        if let Some(old) = self.current.insert(start, walk) {
+            self.current_bytes -= old.bytes();
+        }
+        if let Some(old) = self.previous.remove(&start) {
+            self.previous_bytes -= old.bytes();
+        }
         hint.map(|hint| (hint_key(tgid, &start), hint))
     }
 
@@ -203,7 +231,16 @@ impl WalkMemo {
         if self.current.len() < self.max_walks {
             return;
         }
+        self.stats.forgotten += self.previous.len() as u64;
+        self.rotate();
+    }
+
+    /// The current table becomes the previous one; the one before is
+    /// forgotten, and the hints of the walks leaving the current table
+    /// are retired.
+    fn rotate(&mut self) {
         self.previous = std::mem::take(&mut self.current);
+        self.previous_bytes = std::mem::replace(&mut self.current_bytes, 0);
         // Taken after every drain; the bound only guards a caller that
         // never takes them.
         if self.retired.len() > 2 * self.max_walks {
@@ -221,6 +258,28 @@ impl WalkMemo {
     /// Counters so far.
     pub fn stats(&self) -> MemoStats {
         self.stats
+    }
+
+    /// Bytes of the walks remembered now.
+    pub fn bytes(&self) -> usize {
+        self.current_bytes + self.previous_bytes
+    }
+
+    /// Gives memory back to the budget: forgets the previous generation,
+    /// or, when there is none, makes the current one the previous (its
+    /// hints retired; it is forgotten at the next call). Returns how many
+    /// walks were forgotten, `None` when there was nothing to give.
+    pub fn shed(&mut self) -> Option<usize> {
+        if !self.previous.is_empty() {
+            let forgotten = std::mem::take(&mut self.previous).len();
+            self.previous_bytes = 0;
+            return Some(forgotten);
+        }
+        if self.current.is_empty() {
+            return None;
+        }
+        self.rotate();
+        Some(0)
     }
 
     /// Walks remembered now, in both generations.

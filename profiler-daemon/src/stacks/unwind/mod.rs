@@ -7,7 +7,8 @@
 //! `.eh_frame_hdr` sections (or `.debug_frame` when an object has no
 //! `.eh_frame`) of the objects the process maps.
 //!
-//! Caching, in two levels, both bounded:
+//! Caching, in two levels, both counted in bytes against the memory budget
+//! (budget.rs) and dropped least recently used first:
 //! - per object (keyed by build ID, else by the opened file's identity): the
 //!   section bytes and load segments, read once and shared by all processes
 //!   through `Arc`s;
@@ -16,11 +17,11 @@
 //!   reaches an address in them, and framehop's rule cache.
 //!
 //! Walks themselves are remembered (walk_memo.rs): a thread that waits at
-//! the same place again is answered by checking the words its last walk read.
+//! the same place again is answered by checking the words its last walk
+//! read. The memo draws on the budget too.
 //!
 //! Only x86_64 ELF objects are unwound.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::mem::size_of;
@@ -39,24 +40,33 @@ use profiler_common::{WalkHint, WalkHintKey};
 use tracing::{debug, trace};
 
 use crate::bpf::probes::TopUpdate;
-use crate::config::limits::DEFAULT_MAX_WALKS;
+use crate::config::limits::{DEFAULT_MAX_WALKS, DEFAULT_MEMORY_BYTES};
 use crate::procs::objects::{MappedObject, ObjectFile};
 use crate::procs::process::PAGE_SIZE;
 use crate::procs::process::ProcessInfo;
+use crate::stacks::budget::{Cache, Lru, MemoryBudget};
 use crate::stacks::stack_tops::{StackTops, TopStats};
 use crate::stacks::walk_memo::{MemoStats, Read, WalkMemo, WalkStart, read_word};
 
 /// Most frames in one unwound stack, the limit of the kernel's stacks.
 pub const MAX_FRAMES: usize = profiler_common::MAX_STACK_DEPTH;
-/// Default bound of cached per-process unwinders.
+/// Bound of cached per-process unwinders, besides the memory budget.
 pub const DEFAULT_MAX_PROCESSES: usize = 512;
 /// Threads whose stack top is sent to the kernel per window (its table
 /// holds STACK_TOPS_ENTRIES).
 const DEFAULT_MAX_THREAD_TOPS: usize = 65_536;
-/// Default bound of cached objects (including failed ones).
+/// Bound of cached objects (including failed ones), besides the memory
+/// budget.
 pub const DEFAULT_MAX_OBJECTS: usize = 1024;
-/// Default bound of the section bytes held by the object cache.
-pub const DEFAULT_MAX_OBJECT_BYTES: usize = 256 << 20;
+/// framehop's rule cache of a process: 509 slots of 24 bytes.
+const RULE_CACHE_BYTES: usize = 509 * 24;
+/// framehop's DWARF evaluation context of a process (its stacks of rules
+/// grow with the deepest CFI program run; a few hundred bytes is typical).
+const UNWIND_CONTEXT_BYTES: usize = 1024;
+/// framehop's record of one module added to a process unwinder, besides
+/// its name (the mapping's path) and, for an object without
+/// `.eh_frame_hdr`, the index it builds.
+const MODULE_BYTES: usize = 256;
 mod tables;
 
 use tables::*;
@@ -70,13 +80,17 @@ pub struct UnwindStats {
     pub truncated: u64,
     /// Objects whose unwind information was read from their file.
     pub objects_loaded: u64,
-    /// Object loads that failed (not ELF, no unwind sections, I/O).
+    /// Object loads that failed (not ELF, no unwind sections, I/O, or
+    /// tables over half the memory budget).
     pub object_load_failures: u64,
-    /// Cached objects and process unwinders dropped to stay within bounds.
+    /// Of those, objects whose tables were over half the budget.
+    pub objects_too_large: u64,
+    /// Cached objects and process unwinders dropped to stay within the
+    /// memory budget or their entry bounds.
     pub evictions: u64,
     /// Objects in the cache now (including remembered failures).
     pub cached_objects: usize,
-    /// Section bytes held by the object cache now.
+    /// Bytes held by the object cache now (sections and bookkeeping).
     pub cached_bytes: usize,
     /// Process unwinders cached now.
     pub cached_processes: usize,
@@ -145,6 +159,8 @@ struct ProcessUnwinder {
     /// hand a rule of another process's module set to this one.
     cache: CacheX86_64,
     last_used: u64,
+    /// Heap bytes of the modules added to `unwinder`.
+    module_bytes: usize,
 }
 
 impl ProcessUnwinder {
@@ -159,7 +175,19 @@ impl ProcessUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             last_used: tick,
+            module_bytes: 0,
         }
+    }
+
+    /// Heap bytes it holds (an estimate: framehop's caches at their size,
+    /// its modules as added, the mapping lists).
+    fn heap_bytes(&self) -> usize {
+        size_of::<Self>()
+            + RULE_CACHE_BYTES
+            + UNWIND_CONTEXT_BYTES
+            + self.keys.capacity() * size_of::<MappingKey>()
+            + self.modules.capacity() * size_of::<ModuleState>()
+            + self.module_bytes
     }
 
     fn matches(&mut self, process: &ProcessInfo) -> bool {
@@ -186,8 +214,8 @@ impl ProcessUnwinder {
         addr: u64,
         process: &ProcessInfo,
         objects: &mut UnwindTableCache,
-        tick: u64,
         stats: &mut UnwindStats,
+        budget: &MemoryBudget,
     ) -> bool {
         let Some(idx) = self
             .keys
@@ -216,13 +244,23 @@ impl ProcessUnwinder {
             return false;
         };
         let mapping = &mapped.mapping;
-        let Some(info) = objects.get_or_load(object, &mapping.path, tick, stats) else {
+        let Some(info) = objects.get_or_load(object, &mapping.path, stats, budget) else {
             return false;
         };
         let Some(bias) = load_bias(&info.segments, mapping.start, mapping.file_offset) else {
             debug!(path = mapping.path, "no load segment covers the mapping");
             return false;
         };
+        // Without `.eh_frame_hdr` framehop indexes the FDEs itself: eight
+        // bytes per FDE, which take some 32 bytes or more of `.eh_frame`.
+        let has_hdr = info
+            .section(b".eh_frame_hdr")
+            .is_some_and(|s| s.data.is_some());
+        let index_bytes = match has_hdr {
+            true => 0,
+            false => info.bytes / 4,
+        };
+        self.module_bytes += MODULE_BYTES + mapping.path.len() + index_bytes;
         let module = Module::new(
             mapping.path.clone(),
             mapping.start..mapping.limit,
@@ -296,8 +334,9 @@ impl HintedFrames {
 
 /// Unwinds user stacks with DWARF CFI; see the module documentation.
 pub struct Unwinder {
-    processes: HashMap<u32, ProcessUnwinder>,
+    processes: Lru<u32, ProcessUnwinder>,
     max_processes: usize,
+    budget: MemoryBudget,
     objects: UnwindTableCache,
     memo: WalkMemo,
     /// Where threads' stacks end, for the kernel's copies.
@@ -310,6 +349,8 @@ pub struct Unwinder {
     hinted: HintedFrames,
     /// Id of the last process unwinder made.
     next_id: u64,
+    /// The memo's forgotten walks already counted as evictions.
+    memo_forgotten: u64,
     /// Logical clock for LRU order and "used since the last release".
     tick: u64,
     last_release: u64,
@@ -323,33 +364,35 @@ impl Default for Unwinder {
 }
 
 impl Unwinder {
-    /// An unwinder with the default bounds.
+    /// An unwinder with the default bounds and budget.
     pub fn new() -> Self {
-        Self::with_limits(
-            DEFAULT_MAX_PROCESSES,
-            DEFAULT_MAX_OBJECTS,
-            DEFAULT_MAX_OBJECT_BYTES,
-        )
+        Self::with_budget(MemoryBudget::new(DEFAULT_MEMORY_BYTES as usize))
+    }
+
+    /// An unwinder whose caches draw on `budget`.
+    pub fn with_budget(budget: MemoryBudget) -> Self {
+        Self::with_limits(DEFAULT_MAX_PROCESSES, DEFAULT_MAX_OBJECTS, budget)
     }
 
     /// An unwinder caching at most `max_processes` process unwinders and
-    /// `max_objects` objects holding at most `max_object_bytes` of sections.
-    pub fn with_limits(max_processes: usize, max_objects: usize, max_object_bytes: usize) -> Self {
+    /// `max_objects` objects, within `budget`.
+    pub fn with_limits(max_processes: usize, max_objects: usize, budget: MemoryBudget) -> Self {
         Self {
-            processes: HashMap::new(),
+            processes: Lru::new(),
             max_processes: max_processes.max(1),
             objects: UnwindTableCache {
-                entries: HashMap::new(),
-                bytes: 0,
+                entries: Lru::new(),
                 max_entries: max_objects.max(1),
-                max_bytes: max_object_bytes,
+                max_object_bytes: budget.limit() / 2,
             },
+            budget,
             memo: WalkMemo::new(DEFAULT_MAX_WALKS),
             tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
             give_hints: true,
             learn_tops: true,
             hinted: HintedFrames::default(),
             next_id: 0,
+            memo_forgotten: 0,
             tick: 0,
             last_release: 0,
             stats: UnwindStats::default(),
@@ -414,6 +457,21 @@ impl Unwinder {
         bp: u64,
         stack: &[u8],
     ) -> (UnwoundStack, Option<(WalkHintKey, WalkHint)>) {
+        let walked = self.walk(process, tid, ip, sp, bp, stack);
+        self.enforce_budget();
+        walked
+    }
+
+    /// [`Self::unwind_hinted`] before the budget is enforced.
+    fn walk(
+        &mut self,
+        process: &ProcessInfo,
+        tid: u32,
+        ip: u64,
+        sp: u64,
+        bp: u64,
+        stack: &[u8],
+    ) -> (UnwoundStack, Option<(WalkHintKey, WalkHint)>) {
         self.tick += 1;
         self.stats.unwinds += 1;
         let tick = self.tick;
@@ -428,9 +486,17 @@ impl Unwinder {
             give_hints,
             learn_tops,
             hinted,
+            budget,
             ..
         } = self;
-        let entry = process_unwinder(processes, *max_processes, process, tick, stats, next_id);
+        let entry = process_unwinder(
+            processes,
+            *max_processes,
+            process,
+            (tick, next_id),
+            stats,
+            budget,
+        );
         let start = WalkStart {
             unwinder: entry.id,
             ip,
@@ -467,7 +533,7 @@ impl Unwinder {
             // framehop would fall back to the frame pointer for an address
             // outside its modules; without CFI that guess is often wrong,
             // so the walk stops there.
-            if !entry.ensure_module(lookup, process, objects, tick, stats) {
+            if !entry.ensure_module(lookup, process, objects, stats, budget) {
                 trace!(tgid = process.tgid, addr = lookup, "no unwind information");
                 break true;
             }
@@ -496,6 +562,9 @@ impl Unwinder {
         if truncated {
             stats.truncated += 1;
         }
+        // Modules added in the walk.
+        let bytes = entry.heap_bytes();
+        processes.recharge(&process.tgid, bytes);
         let copy_end = sp.saturating_add(stack.len() as u64);
         match (truncated, reads.last()) {
             // A complete walk: nothing at or above its highest read is
@@ -524,6 +593,7 @@ impl Unwinder {
     /// stack tops learned from walks. Off, the answers must be the same.
     pub fn set_stack_options(&mut self, memo_walks: usize, give_hints: bool, learn_tops: bool) {
         self.memo = WalkMemo::new(memo_walks);
+        self.memo_forgotten = 0;
         // The new memo numbers its walks afresh.
         self.hinted = HintedFrames::default();
         self.give_hints = give_hints;
@@ -551,13 +621,68 @@ impl Unwinder {
         self.processes.retain(|_, e| e.last_used > since);
         self.objects.release_unused();
         self.last_release = self.tick;
+        self.publish();
+    }
+
+    /// Publishes the caches' bytes to the budget, and the walks the memo
+    /// forgot at its entry bound as evictions.
+    fn publish(&mut self) {
+        self.budget
+            .set(Cache::UnwindObjects, self.objects.entries.bytes());
+        self.budget.set(Cache::Unwinders, self.processes.bytes());
+        self.budget.set(Cache::WalkMemo, self.memo.bytes());
+        let forgotten = self.memo.stats().forgotten;
+        self.budget
+            .evicted(Cache::WalkMemo, forgotten - self.memo_forgotten, false);
+        self.memo_forgotten = forgotten;
+    }
+
+    /// Gives back, least recently used first, what the budget asks of the
+    /// unwinder's caches: those over their floor while the budget is
+    /// full, the one furthest over first. An object that a process
+    /// unwinder holds would stay in memory, so the least recently used
+    /// process unwinder goes before it. Runs after every walk; the
+    /// session calls it too, so that room borrowed while the symbolizer
+    /// grew is returned.
+    pub fn enforce_budget(&mut self) {
+        loop {
+            self.publish();
+            let over = [Cache::UnwindObjects, Cache::Unwinders, Cache::WalkMemo]
+                .into_iter()
+                .filter(|&cache| self.budget.must_shed(cache))
+                .max_by_key(|&cache| self.budget.bytes(cache) - self.budget.floor(cache));
+            let Some(mut cache) = over else {
+                return;
+            };
+            let dropped = match cache {
+                Cache::UnwindObjects if self.objects.evict_one().is_some() => true,
+                Cache::UnwindObjects | Cache::Unwinders => {
+                    cache = Cache::Unwinders;
+                    self.processes.pop_lru().is_some()
+                }
+                _ => match self.memo.shed() {
+                    Some(walks) => {
+                        self.budget.evicted(cache, walks as u64, true);
+                        true
+                    }
+                    None => false,
+                },
+            };
+            if !dropped {
+                return;
+            }
+            if cache != Cache::WalkMemo {
+                self.stats.evictions += 1;
+                self.budget.evicted(cache, 1, true);
+            }
+        }
     }
 
     /// Counters, and the cache sizes now.
     pub fn stats(&self) -> UnwindStats {
         UnwindStats {
             cached_objects: self.objects.entries.len(),
-            cached_bytes: self.objects.bytes,
+            cached_bytes: self.objects.entries.bytes(),
             cached_processes: self.processes.len(),
             memo: self.memo.stats(),
             tops: self.tops.stats(),
@@ -568,32 +693,27 @@ impl Unwinder {
 
 /// The cached unwinder of `process`, rebuilt if its mappings changed.
 fn process_unwinder<'a>(
-    processes: &'a mut HashMap<u32, ProcessUnwinder>,
+    processes: &'a mut Lru<u32, ProcessUnwinder>,
     max_processes: usize,
     process: &ProcessInfo,
-    tick: u64,
+    (tick, next_id): (u64, &mut u64),
     stats: &mut UnwindStats,
-    next_id: &mut u64,
+    budget: &MemoryBudget,
 ) -> &'a mut ProcessUnwinder {
     let tgid = process.tgid;
-    let fresh = processes.get_mut(&tgid).is_some_and(|e| e.matches(process));
+    let fresh = processes.get(&tgid).is_some_and(|e| e.matches(process));
     if !fresh {
-        if !processes.contains_key(&tgid) && processes.len() >= max_processes {
-            let victim = processes
-                .iter()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(&tgid, _)| tgid);
-            if let Some(victim) = victim {
-                processes.remove(&victim);
-                stats.evictions += 1;
-            }
+        processes.remove(&tgid);
+        while processes.len() >= max_processes && processes.pop_lru().is_some() {
+            stats.evictions += 1;
+            budget.evicted(Cache::Unwinders, 1, false);
         }
-        *next_id += 1;
-        processes.insert(tgid, ProcessUnwinder::new(process, *next_id, tick));
     }
-    let entry = processes.entry(tgid).or_insert_with(|| {
+    let entry = processes.get_or_insert_with(tgid, || {
         *next_id += 1;
-        ProcessUnwinder::new(process, *next_id, tick)
+        let made = ProcessUnwinder::new(process, *next_id, tick);
+        let bytes = made.heap_bytes();
+        (made, bytes)
     });
     entry.last_used = tick;
     entry
@@ -988,13 +1108,96 @@ mod tests {
     fn bounded_object_cache_evicts() {
         let sample = thread_sample();
         let (table, pid) = own_table();
-        let mut unwinder = Unwinder::with_limits(4, 1, usize::MAX);
+        let mut unwinder =
+            Unwinder::with_limits(4, 1, MemoryBudget::new(DEFAULT_MEMORY_BYTES as usize));
         let info = table.get(pid).unwrap();
         let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
         assert!(!unwound.truncated);
         let stats = unwinder.stats();
         assert_eq!(stats.cached_objects, 1);
         assert!(stats.evictions >= 1, "{stats:?}");
+    }
+
+    /// Under a budget the symbolizer has filled, the unwinder gives back
+    /// down to its floors after every walk: objects no process unwinder
+    /// holds first, then the least recently used process unwinder and
+    /// what it held. The walks stay the same, their objects read again.
+    #[test]
+    fn a_full_budget_evicts_by_use_and_walks_do_not_change() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let info = table.get(pid).unwrap();
+        let mut roomy = Unwinder::new();
+        let want = roomy.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(!want.truncated);
+        let largest = roomy
+            .objects
+            .entries
+            .values()
+            .map(ObjectEntry::heap_bytes)
+            .max()
+            .unwrap();
+
+        // Room for the largest object, not for all of them with the rest.
+        let budget = MemoryBudget::new(2 * largest + 1);
+        let mut unwinder = Unwinder::with_budget(budget.clone());
+        budget.set(Cache::Symbols, budget.limit());
+        for round in 0..3 {
+            let got = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+            assert_eq!(got, want, "round {round}");
+            for cache in [Cache::UnwindObjects, Cache::Unwinders, Cache::WalkMemo] {
+                assert!(
+                    budget.bytes(cache) <= budget.floor(cache),
+                    "round {round}: {cache:?} holds {} over its floor {}",
+                    budget.bytes(cache),
+                    budget.floor(cache)
+                );
+            }
+        }
+        let stats = budget.stats();
+        assert!(stats.evictions[3] > 0, "objects evicted: {stats:?}");
+        assert!(
+            stats.evictions[4] > 0,
+            "process unwinders evicted: {stats:?}"
+        );
+        assert!(
+            unwinder.stats().objects_loaded > roomy.stats().objects_loaded,
+            "objects read again"
+        );
+        assert_eq!(
+            stats.bytes[3] as usize,
+            unwinder.stats().cached_bytes,
+            "published bytes"
+        );
+
+        // The symbolizer gives its room back: nothing more is evicted.
+        budget.set(Cache::Symbols, 0);
+        unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let before = budget.stats().total_evictions();
+        let again = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert_eq!(again, want);
+        assert_eq!(budget.stats().total_evictions(), before);
+        assert!(budget.total() <= budget.limit());
+    }
+
+    /// An object whose tables are over half the budget is not loaded.
+    #[test]
+    fn objects_over_half_the_budget_are_refused() {
+        let sample = thread_sample();
+        let (table, pid) = own_table();
+        let info = table.get(pid).unwrap();
+        let mut roomy = Unwinder::new();
+        roomy.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        let largest = roomy
+            .objects
+            .entries
+            .values()
+            .map(ObjectEntry::heap_bytes)
+            .max()
+            .unwrap();
+        let mut unwinder = Unwinder::with_budget(MemoryBudget::new(largest));
+        unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &sample.stack);
+        assert!(unwinder.stats().objects_too_large >= 1);
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! Unwind tables per object: the `.eh_frame`, `.eh_frame_hdr` or
 //! `.debug_frame` bytes and load segments of each mapped file, read once
 //! with bounds on what a corrupt header can make us read, and kept in a
-//! cache bounded in entries and bytes, shared by every process that maps
-//! the file.
+//! cache that draws on the memory budget (budget.rs), shared by build ID
+//! by every process that maps the file.
 
 use super::*;
 
@@ -165,6 +165,16 @@ impl ObjectUnwindInfo {
 
     pub(super) fn section(&self, name: &[u8]) -> Option<&Section> {
         self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// Heap bytes it holds: the section bytes, its segment and section
+    /// lists, and itself behind its `Arc`.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.bytes
+            + self.segments.capacity() * size_of::<LoadSegment>()
+            + self.sections.capacity() * size_of::<Section>()
+            + size_of::<ObjectUnwindInfo>()
+            + 2 * size_of::<usize>()
     }
 }
 
@@ -360,19 +370,25 @@ impl ObjectKey {
     }
 }
 
-#[derive(Debug)]
 pub(super) struct ObjectEntry {
     /// `None` remembers a load that failed for good.
     pub(super) info: Option<Arc<ObjectUnwindInfo>>,
     /// The opened files this entry serves; when all are gone, no process
     /// snapshot maps the object any more.
     pub(super) users: Vec<Weak<ObjectFile>>,
-    pub(super) last_used: u64,
 }
 
 impl ObjectEntry {
-    pub(super) fn bytes(&self) -> usize {
-        self.info.as_ref().map_or(0, |i| i.bytes)
+    /// Heap bytes of the entry: its unwind information (none for a
+    /// failure) and the list of its users at its bound.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.info.as_ref().map_or(0, |i| i.heap_bytes()) + MAX_USERS * size_of::<Weak<()>>()
+    }
+
+    /// Whether a cached process unwinder holds it: dropping it from the
+    /// cache would free nothing.
+    pub(super) fn held(&self) -> bool {
+        self.info.as_ref().is_some_and(|i| Arc::strong_count(i) > 1)
     }
 
     pub(super) fn add_user(&mut self, object: &Arc<ObjectFile>) {
@@ -389,13 +405,14 @@ impl ObjectEntry {
     }
 }
 
-/// Bounded cache of per-object unwind information.
-#[derive(Debug)]
+/// Per-object unwind information, counted in bytes, least recently used
+/// first out; bounded in entries too.
 pub(super) struct UnwindTableCache {
-    pub(super) entries: HashMap<ObjectKey, ObjectEntry>,
-    pub(super) bytes: usize,
+    pub(super) entries: Lru<ObjectKey, ObjectEntry>,
     pub(super) max_entries: usize,
-    pub(super) max_bytes: usize,
+    /// An object whose tables are larger is not loaded (half the
+    /// budget): holding it would push out every other object.
+    pub(super) max_object_bytes: usize,
 }
 
 impl UnwindTableCache {
@@ -404,16 +421,25 @@ impl UnwindTableCache {
         &mut self,
         object: &Arc<ObjectFile>,
         path: &str,
-        tick: u64,
         stats: &mut UnwindStats,
+        budget: &MemoryBudget,
     ) -> Option<Arc<ObjectUnwindInfo>> {
         let key = ObjectKey::of(object);
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.last_used = tick;
+        if let Some(entry) = self.entries.get(&key) {
             entry.add_user(object);
             return entry.info.clone();
         }
         let info = match ObjectUnwindInfo::load(&object.elf_path()) {
+            Ok(info) if info.heap_bytes() > self.max_object_bytes => {
+                stats.object_load_failures += 1;
+                stats.objects_too_large += 1;
+                debug!(
+                    path,
+                    bytes = info.bytes,
+                    "unwind tables larger than half the memory budget; walks stop in this object"
+                );
+                None
+            }
             Ok(info) => {
                 stats.objects_loaded += 1;
                 Some(Arc::new(info))
@@ -432,49 +458,34 @@ impl UnwindTableCache {
         let entry = ObjectEntry {
             info: info.clone(),
             users: vec![Arc::downgrade(object)],
-            last_used: tick,
         };
-        let bytes = entry.bytes();
-        if bytes <= self.max_bytes {
-            while !self.entries.is_empty()
-                && (self.entries.len() >= self.max_entries || self.bytes + bytes > self.max_bytes)
-            {
-                self.evict_one();
-                stats.evictions += 1;
-            }
-            self.bytes += bytes;
-            self.entries.insert(key, entry);
+        // At the entry bound a held object goes too, if it must: it stays
+        // with its process unwinders and is read again after them.
+        while self.entries.len() >= self.max_entries
+            && (self.evict_one().is_some() || self.entries.pop_lru().is_some())
+        {
+            stats.evictions += 1;
+            budget.evicted(Cache::UnwindObjects, 1, false);
         }
+        let bytes = entry.heap_bytes();
+        self.entries.insert(key, entry, bytes);
         info
     }
 
-    /// Drops the least recently used entry, preferring those that no cached
-    /// process unwinder holds (dropping those frees their memory now).
-    pub(super) fn evict_one(&mut self) {
-        let victim = self
-            .entries
-            .iter()
-            .min_by_key(|(_, e)| {
-                let held = e.info.as_ref().is_some_and(|i| Arc::strong_count(i) > 1);
-                (held, e.last_used)
-            })
-            .map(|(key, _)| key.clone());
-        if let Some(entry) = victim.and_then(|key| self.entries.remove(&key)) {
-            self.bytes -= entry.bytes();
-        }
+    /// Drops the least recently used entry that no cached process
+    /// unwinder holds (dropping it frees its memory now); `None` if every
+    /// entry is held.
+    pub(super) fn evict_one(&mut self) -> Option<ObjectEntry> {
+        self.entries
+            .pop_lru_where(|_, entry| !entry.held())
+            .map(|(_, entry)| entry)
     }
 
     /// Drops entries whose files no process snapshot holds any more.
     pub(super) fn release_unused(&mut self) {
-        let mut freed = 0;
         self.entries.retain(|_, entry| {
             entry.users.retain(|u| u.strong_count() > 0);
-            let keep = !entry.users.is_empty();
-            if !keep {
-                freed += entry.bytes();
-            }
-            keep
+            !entry.users.is_empty()
         });
-        self.bytes -= freed;
     }
 }
