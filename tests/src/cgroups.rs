@@ -40,6 +40,12 @@ pub fn v1_systemd_mount() -> Option<PathBuf> {
     })
 }
 
+/// Where the v1 memory controller is mounted, if the host has one (hybrid
+/// and legacy hosts, where cgroup2 carries no controllers).
+pub fn v1_memory_mount() -> Option<PathBuf> {
+    find_mount("cgroup", |opts| opts.split(',').any(|o| o == "memory"))
+}
+
 /// A random lower-case UUID, from the kernel.
 pub fn random_uuid() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/uuid")

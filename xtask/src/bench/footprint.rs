@@ -14,7 +14,7 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,45 +24,6 @@ use super::harness::{Daemon, Reaped, status_field, task_cpu_ns};
 
 /// The profile sets measured.
 const SETS: [&str; 2] = ["cpu", "cpu,heap,block,mutex,offcpu"];
-/// Programs of the busy load, each run with these arguments when present
-/// on the machine: large binaries and libraries (compilers, language
-/// runtimes, emulators, debuggers), most of them busy for a moment.
-const BUSY: &[(&str, &[&str])] = &[
-    (
-        "python3",
-        &["-c", "import json; json.dumps(list(range(200000)))"],
-    ),
-    ("perl", &["-e", "my $s = 0; $s += $_ for 1..500000"]),
-    (
-        "node",
-        &["-e", "let s = 0; for (let i = 0; i < 3e6; i++) s += i"],
-    ),
-    ("java", &["-version"]),
-    ("go", &["version"]),
-    ("rustc", &["--version", "--verbose"]),
-    ("cargo", &["--version"]),
-    ("qemu-system-x86_64", &["--version"]),
-    ("bpftrace", &["--version"]),
-    ("perf", &["version"]),
-    ("gdb", &["--version"]),
-    (
-        "sqlite3",
-        &[
-            ":memory:",
-            "select count(*) from generate_series(1, 300000);",
-        ],
-    ),
-    ("git", &["--version"]),
-    ("openssl", &["speed", "-seconds", "1", "sha256"]),
-    ("objdump", &["-d", "/usr/bin/make"]),
-    ("readelf", &["-a", "/usr/bin/perl"]),
-    ("xz", &["-9", "-c", "/usr/bin/perl"]),
-    ("zstd", &["-19", "-c", "/usr/bin/perl"]),
-    ("bzip2", &["-c", "/usr/bin/make"]),
-    ("tar", &["-cf", "-", "/usr/include/linux"]),
-    ("busybox", &["sha256sum", "/usr/bin/perl"]),
-];
-
 /// One run's figures.
 struct Figures {
     load: &'static str,
@@ -238,44 +199,23 @@ fn bpf_memlock(pid: u32) -> Result<u64> {
     Ok(total)
 }
 
-/// The busy node's load: a shell loop that runs every program of [`BUSY`]
-/// found on the machine, two at a time, over and over; stopped (its whole
-/// process group) when dropped.
+/// The busy node's load: `tests/workloads/busy_node.sh` (shared with the
+/// memory-limit test), which runs large programs found on the machine two
+/// at a time, over and over; stopped (its whole process group) when
+/// dropped.
 struct BusyLoad {
     shell: Reaped,
 }
 
 impl BusyLoad {
     fn start(work: &Path) -> Result<BusyLoad> {
-        let mut script = String::from("while :; do\n");
-        let mut programs = 0;
-        for (name, args) in BUSY {
-            let Some(path) = which(name) else {
-                continue;
-            };
-            programs += 1;
-            let quoted: Vec<String> = args.iter().map(|a| shell_quote(a)).collect();
-            script.push_str(&format!(
-                "  timeout 5 {} {} </dev/null >/dev/null 2>&1 &\n",
-                shell_quote(&path.to_string_lossy()),
-                quoted.join(" ")
-            ));
-            if programs % 2 == 0 {
-                script.push_str("  wait\n");
-            }
-        }
-        script.push_str("  wait\ndone\n");
-        let path = work.join("busy.sh");
-        fs::write(&path, &script)?;
-        eprintln!(
-            "footprint: busy load of {programs} programs ({})",
-            path.display()
-        );
+        let script = crate::root().join("tests/workloads/busy_node.sh");
+        eprintln!("footprint: busy load {}", script.display());
         let mut cmd = Command::new("sh");
-        cmd.arg(&path)
+        cmd.arg(&script)
             .current_dir(work)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::inherit());
         // Its own process group, so that the whole loop can be stopped.
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         Ok(BusyLoad {
@@ -291,22 +231,11 @@ impl Drop for BusyLoad {
     }
 }
 
-fn which(name: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 fn report(runs: &[Figures], seconds: u64) -> String {
     let mut out = format!(
         "# Footprint\n\nCommand: `cargo xtask bench --footprint` ({seconds} s per run). \
          System-wide, default settings (99 Hz), 10 s windows, two CPUs kept busy; \
-         the busy node also runs the load of `xtask/src/bench/footprint.rs`.\n\n\
+         the busy node also runs `tests/workloads/busy_node.sh`.\n\n\
          | node | --profiles | start → ready | CPU to ready | threads at ready | CPU after the first window | perf record -F 99 -a -g | profilerd / perf | peak RSS (VmHWM) | of which ring mappings | BPF maps (memlock) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n"
     );

@@ -6,6 +6,7 @@
 //! the smoke each have their own module.
 
 mod console;
+mod costs;
 mod initramfs;
 mod kernel;
 mod qemu;
@@ -41,6 +42,11 @@ pub struct VmArgs {
     /// 6.12 (exit 1 unless all pass; tables in target/vm/tests.md).
     #[arg(long)]
     tests: bool,
+    /// Time malloc+free pairs and futex and condition-variable round trips
+    /// bare and under each profile type's mechanism, inside the VM (on
+    /// --kernel, else on 6.1 and 6.12); tables in target/vm/costs.md.
+    #[arg(long)]
+    costs: bool,
     /// With --tests, only the tests whose `file::name` holds FILTER
     /// (repeatable).
     #[arg(long = "test", value_name = "FILTER", requires = "tests")]
@@ -67,6 +73,16 @@ pub struct VmArgs {
 
 /// Runs `cargo xtask vm`. A command's exit status becomes the task's.
 pub fn run(root: &Path, args: VmArgs) -> Result<()> {
+    if args.costs {
+        if args.smoke || args.tests || !args.command.is_empty() {
+            bail!("--costs runs its own command; drop --smoke, --tests and the command");
+        }
+        let kernels = match args.kernel.as_deref() {
+            Some(name) => vec![kernel::by_name(name)?],
+            None => kernel::KERNELS.to_vec(),
+        };
+        return costs_all(root, &kernels, &args);
+    }
     if args.tests {
         if args.smoke || !args.command.is_empty() {
             bail!("--tests runs its own command; drop --smoke and the command");
@@ -142,6 +158,7 @@ pub fn matrix(root: &Path) -> Result<()> {
     let args = VmArgs {
         kernel: None,
         smoke: true,
+        costs: false,
         tests: false,
         filters: Vec::new(),
         seconds: 3,
@@ -157,6 +174,7 @@ pub fn tests_matrix(root: &Path) -> Result<()> {
     let args = VmArgs {
         kernel: None,
         smoke: false,
+        costs: false,
         tests: true,
         filters: Vec::new(),
         seconds: 3,
@@ -223,6 +241,54 @@ log: {}
     eprintln!("tables in {}", path.display());
     if !failing.is_empty() {
         bail!("end-to-end tests in the VMs failed: {}", failing.join("; "));
+    }
+    Ok(())
+}
+
+/// The cost comparison on each kernel, a table each (also written to
+/// `target/vm/costs.md`); fails if a setup reported nothing.
+fn costs_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
+    prepare()?;
+    let (files, script) = costs::prepare(root)?;
+    let mut report = String::new();
+    let mut failing = Vec::new();
+    for kernel in kernels {
+        let fetched = kernel.fetch(root)?;
+        let outcome = boot(
+            root,
+            kernel,
+            &fetched,
+            &Payload {
+                command: "sh /vm-costs.sh",
+                scripts: &[("/vm-costs.sh".to_string(), script.clone())],
+                files: &files,
+            },
+            args,
+            false,
+        )?;
+        let log = root.join(format!("target/vm/costs-{}.log", kernel.name));
+        fs::write(&log, &outcome.finished.output)
+            .with_context(|| format!("writing {}", log.display()))?;
+        let measured = costs::parse(&outcome.finished.output);
+        let section = format!(
+            "Linux {} ({} {}), QEMU TCG, kernel.bpf_stats_enabled=1\nlog: {}\n\n{}\n",
+            kernel.name,
+            kernel.package,
+            kernel.version,
+            log.display(),
+            costs::table(&measured)
+        );
+        print!("\n{section}");
+        report.push_str(&section);
+        let missing = costs::missing(&measured);
+        if !missing.is_empty() {
+            failing.push(format!("{}: {}", kernel.name, missing.join(", ")));
+        }
+    }
+    let path = costs::write_report(root, &report)?;
+    eprintln!("tables in {}", path.display());
+    if !failing.is_empty() {
+        bail!("setups without figures: {}", failing.join("; "));
     }
     Ok(())
 }
@@ -422,22 +488,22 @@ fn boot(
         &initrd,
     )?;
     let label = format!("Linux {}", kernel.name);
+    let timeout = Duration::from_secs(args.timeout.unwrap_or(if args.tests || args.costs {
+        TESTS_TIMEOUT_S
+    } else {
+        300
+    }));
     eprintln!(
         "booting {label} under TCG (initramfs {:.1} MiB, timeout {} s)",
         size as f64 / (1 << 20) as f64,
-        args.timeout
-            .unwrap_or(if args.tests { TESTS_TIMEOUT_S } else { 300 })
+        timeout.as_secs()
     );
     qemu::run(
         &qemu::Boot {
             label: &label,
             vmlinuz: &fetched.vmlinuz,
             initrd: &initrd,
-            timeout: Duration::from_secs(args.timeout.unwrap_or(if args.tests {
-                TESTS_TIMEOUT_S
-            } else {
-                300
-            })),
+            timeout,
             echo_output,
             echo_console: args.console,
         },
