@@ -3,6 +3,7 @@
 //! with a hard bound.
 
 use std::ffi::OsStr;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -204,6 +205,16 @@ impl Daemon {
                     self.describe()
                 )
             })
+    }
+
+    /// The address the daemon logged it serves metrics on
+    /// (`serving metrics at http://ADDR/metrics`); panics without one.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.stderr_lines()
+            .iter()
+            .find_map(|l| l.split("serving metrics at http://").nth(1))
+            .and_then(|rest| rest.trim().trim_end_matches("/metrics").parse().ok())
+            .unwrap_or_else(|| panic!("no 'serving metrics' address\n{}", self.describe()))
     }
 
     pub fn stdout_text(&self) -> String {

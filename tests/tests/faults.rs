@@ -374,16 +374,6 @@ fn scrape(addr: SocketAddr) -> Exposition {
     parse_exposition(&body)
 }
 
-fn served_addr(daemon: &Daemon) -> SocketAddr {
-    let line = lines_with(daemon, "serving metrics at http://")
-        .pop()
-        .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
-    let rest = line.split("http://").nth(1).expect("an address");
-    rest.trim_end_matches("/metrics")
-        .parse()
-        .unwrap_or_else(|e| panic!("address in {line:?}: {e}"))
-}
-
 /// Maps and rings far too small for the load (`[limits]`): the drops are
 /// counted in /metrics and in the exit summary, each kind is logged once
 /// over several windows, and every window's profiles are still written and
@@ -421,7 +411,7 @@ fn tiny_maps_count_drops_and_profiles_are_still_written() {
         "4",
     ]);
     daemon.wait_ready();
-    let addr = served_addr(&daemon);
+    let addr = daemon.metrics_addr();
     let dropped = |m: &Exposition, map: &str, lost: &str| {
         m.value(
             "profilerd_bpf_dropped_total",

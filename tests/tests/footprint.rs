@@ -199,16 +199,7 @@ fn metrics_count_the_bpf_maps_memory() {
             out.to_str().expect("UTF-8 path"),
         ]);
         daemon.wait_ready();
-        let line = daemon
-            .stderr_lines()
-            .into_iter()
-            .find(|l| l.contains("serving metrics at http://"))
-            .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.trim_end_matches("/metrics").parse().ok())
-            .expect("the served address");
+        let addr = daemon.metrics_addr();
         // Maps allocated on use (HEAP_LIVE, OFFCPU_PARKED) are charged as
         // they fill, so the kernel's figure is read on both sides of the
         // scrape: the gauge lies between the two (equal when nothing moved).

@@ -10,7 +10,6 @@
 //! features off (the same decisions then run as on that kernel; the
 //! kernel matrix runs them on real older kernels).
 
-use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -184,11 +183,7 @@ fn a_best_effort_type_is_skipped_and_reported() {
         "one warning for the skipped type\n{}",
         daemon.describe()
     );
-    let addr: SocketAddr = lines
-        .iter()
-        .find_map(|l| l.split("serving metrics at http://").nth(1))
-        .and_then(|rest| rest.trim_end_matches("/metrics").parse().ok())
-        .unwrap_or_else(|| panic!("no metrics address\n{}", daemon.describe()));
+    let addr = daemon.metrics_addr();
     let (status, _, body) = get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
     let metrics = parse_exposition(&body);

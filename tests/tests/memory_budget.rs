@@ -55,22 +55,6 @@ fn build_copies(dir: &Path, count: usize) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The address the daemon logged it serves metrics on.
-fn served_addr(daemon: &Daemon) -> SocketAddr {
-    let line = daemon
-        .stderr_lines()
-        .into_iter()
-        .find(|l| l.contains("serving metrics at http://"))
-        .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
-    let rest = line
-        .split("http://")
-        .nth(1)
-        .expect("an address after http://");
-    rest.trim_end_matches("/metrics")
-        .parse()
-        .expect("a socket address")
-}
-
 fn scrape(addr: SocketAddr) -> Option<Exposition> {
     let (status, _, body) = get(addr, "/metrics");
     (status == 200).then(|| parse_exposition(&body))
@@ -129,7 +113,7 @@ fn caches_stay_within_the_budget_and_profiles_stay_right() {
     let out = tmp.path().join("out");
     let mut daemon = start_over(tmp.path(), &copies, Some(BUDGET));
     daemon.wait_ready();
-    let addr = served_addr(&daemon);
+    let addr = daemon.metrics_addr();
 
     // Every scrape while the copies run (the daemon exits with them):
     // within the budget.
@@ -246,7 +230,7 @@ fn caches_stay_within_the_budget_and_profiles_stay_right() {
 fn held_by_caches(dir: &Path, exes: &[PathBuf]) -> Vec<f64> {
     let mut daemon = start_over(dir, exes, None);
     daemon.wait_ready();
-    let addr = served_addr(&daemon);
+    let addr = daemon.metrics_addr();
     // Past the first windows: every process sampled, its stacks symbolized.
     pause(Duration::from_secs(BURN_SECONDS - 2));
     let m = scrape(addr).expect("a scrape");

@@ -40,17 +40,6 @@ const EXPECTED: [(&str, &str); 23] = [
     ("profilerd_cache_budget_bytes", "gauge"),
 ];
 
-/// The address the daemon logged it serves on.
-fn served_addr(daemon: &Daemon) -> SocketAddr {
-    let line = daemon
-        .stderr_lines()
-        .into_iter()
-        .find(|l| l.contains("serving metrics at http://"))
-        .unwrap_or_else(|| panic!("no 'serving metrics' line\n{}", daemon.describe()));
-    let rest = line.split("http://").nth(1).unwrap();
-    rest.trim_end_matches("/metrics").parse().unwrap()
-}
-
 fn scrape(addr: SocketAddr) -> Exposition {
     let (status, headers, body) = get(addr, "/metrics");
     assert_eq!(status, 200, "{body}");
@@ -88,7 +77,7 @@ fn metrics_match_the_written_profiles() {
         "9",
     ]);
     daemon.wait_ready();
-    let addr = served_addr(&daemon);
+    let addr = daemon.metrics_addr();
 
     pause(Duration::from_secs(3));
     let first = scrape(addr);
