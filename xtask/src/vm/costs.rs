@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 /// Where the cost programs go in the VM.
 const BENCH_DIR: &str = "/bench";
@@ -249,13 +249,6 @@ pub fn missing(measured: &[Measured]) -> Vec<&'static str> {
                 .any(|m| m.name == *n && !m.per_op_ns.is_empty())
         })
         .collect()
-}
-
-/// Writes the tables to `target/vm/costs.md`.
-pub fn write_report(root: &Path, report: &str) -> Result<PathBuf> {
-    let path = root.join("target/vm/costs.md");
-    std::fs::write(&path, report).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
 }
 
 #[cfg(test)]

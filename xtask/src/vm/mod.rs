@@ -195,54 +195,34 @@ fn tests_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
     prepare()?;
     let tests = suite::chosen(&args.filters)?;
     let prepared = suite::prepare(root, &tests)?;
-    let mut failing = Vec::new();
-    let mut report = String::new();
-    for kernel in kernels {
-        let fetched = kernel.fetch(root)?;
-        let outcome = boot(
-            root,
-            kernel,
-            &fetched,
-            &Payload {
-                command: "sh /vm-tests.sh",
-                scripts: &[("/vm-tests.sh".to_string(), prepared.script.clone())],
-                files: &prepared.files,
-            },
-            args,
-            false,
-        )?;
-        let log = root.join(format!("target/vm/tests-{}.log", kernel.name));
-        fs::write(&log, &outcome.finished.output)
-            .with_context(|| format!("writing {}", log.display()))?;
-        let results = suite::parse(&outcome.finished.output);
-        let section = format!(
-            "Linux {} ({} {}): booted in {:.1} s, tests {:.1} s in all
-log: {}
-
-{}
-",
-            kernel.name,
-            kernel.package,
-            kernel.version,
-            outcome.boot.as_secs_f64(),
-            outcome.total.as_secs_f64(),
-            log.display(),
-            suite::table(&results)
-        );
-        print!("\n{section}");
-        report.push_str(&section);
-        let failed = suite::failures(&tests, &results);
-        if !failed.is_empty() {
-            failing.push(format!("{}: {}", kernel.name, failed.join(", ")));
-        }
-    }
-    let path = root.join("target/vm/tests.md");
-    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
-    eprintln!("tables in {}", path.display());
-    if !failing.is_empty() {
-        bail!("end-to-end tests in the VMs failed: {}", failing.join("; "));
-    }
-    Ok(())
+    let script = [("/vm-tests.sh".to_string(), prepared.script.clone())];
+    let payload = Payload {
+        command: "sh /vm-tests.sh",
+        scripts: &script,
+        files: &prepared.files,
+    };
+    on_each_kernel(
+        root,
+        kernels,
+        args,
+        "tests",
+        &payload,
+        |kernel, outcome, log| {
+            let results = suite::parse(&outcome.finished.output);
+            let section = format!(
+                "Linux {} ({} {}): booted in {:.1} s, tests {:.1} s in all\nlog: {}\n\n{}\n",
+                kernel.name,
+                kernel.package,
+                kernel.version,
+                outcome.boot.as_secs_f64(),
+                outcome.total.as_secs_f64(),
+                log.display(),
+                suite::table(&results)
+            );
+            (section, suite::failures(&tests, &results))
+        },
+    )
+    .context("end-to-end tests in the VMs failed")
 }
 
 /// The cost comparison on each kernel, a table each (also written to
@@ -250,45 +230,70 @@ log: {}
 fn costs_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
     prepare()?;
     let (files, script) = costs::prepare(root)?;
-    let mut report = String::new();
+    let script = [("/vm-costs.sh".to_string(), script)];
+    let payload = Payload {
+        command: "sh /vm-costs.sh",
+        scripts: &script,
+        files: &files,
+    };
+    on_each_kernel(
+        root,
+        kernels,
+        args,
+        "costs",
+        &payload,
+        |kernel, outcome, log| {
+            let measured = costs::parse(&outcome.finished.output);
+            let section = format!(
+                "Linux {} ({} {}), QEMU TCG, kernel.bpf_stats_enabled=1\nlog: {}\n\n{}\n",
+                kernel.name,
+                kernel.package,
+                kernel.version,
+                log.display(),
+                costs::table(&measured)
+            );
+            let missing = costs::missing(&measured)
+                .into_iter()
+                .map(String::from)
+                .collect();
+            (section, missing)
+        },
+    )
+    .context("setups without figures")
+}
+
+/// Boots each kernel with `payload`, keeps its output in
+/// `target/vm/WHAT-KERNEL.log` and asks `judge` for the report's section of
+/// it and what failed; prints the sections, writes them all to
+/// `target/vm/WHAT.md`, and fails after the last kernel if anything failed.
+fn on_each_kernel(
+    root: &Path,
+    kernels: &[Kernel],
+    args: &VmArgs,
+    what: &str,
+    payload: &Payload,
+    judge: impl Fn(&Kernel, &qemu::Outcome, &Path) -> (String, Vec<String>),
+) -> Result<()> {
     let mut failing = Vec::new();
+    let mut report = String::new();
     for kernel in kernels {
         let fetched = kernel.fetch(root)?;
-        let outcome = boot(
-            root,
-            kernel,
-            &fetched,
-            &Payload {
-                command: "sh /vm-costs.sh",
-                scripts: &[("/vm-costs.sh".to_string(), script.clone())],
-                files: &files,
-            },
-            args,
-            false,
-        )?;
-        let log = root.join(format!("target/vm/costs-{}.log", kernel.name));
+        let outcome = boot(root, kernel, &fetched, payload, args, false)?;
+        let log = root.join(format!("target/vm/{what}-{}.log", kernel.name));
         fs::write(&log, &outcome.finished.output)
             .with_context(|| format!("writing {}", log.display()))?;
-        let measured = costs::parse(&outcome.finished.output);
-        let section = format!(
-            "Linux {} ({} {}), QEMU TCG, kernel.bpf_stats_enabled=1\nlog: {}\n\n{}\n",
-            kernel.name,
-            kernel.package,
-            kernel.version,
-            log.display(),
-            costs::table(&measured)
-        );
+        let (section, failed) = judge(kernel, &outcome, &log);
         print!("\n{section}");
         report.push_str(&section);
-        let missing = costs::missing(&measured);
-        if !missing.is_empty() {
-            failing.push(format!("{}: {}", kernel.name, missing.join(", ")));
+        if !failed.is_empty() {
+            failing.push(format!("{}: {}", kernel.name, failed.join(", ")));
         }
     }
-    let path = costs::write_report(root, &report)?;
+    let path = root.join(format!("target/vm/{what}.md"));
+    fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("tables in {}", path.display());
     if !failing.is_empty() {
-        bail!("setups without figures: {}", failing.join("; "));
+        bail!("{}", failing.join("; "));
     }
     Ok(())
 }
