@@ -48,6 +48,12 @@ static long hold_us = 2000;
  * lock, which does the same). */
 static volatile uint64_t unlocks;
 
+/* Locks the waiter has taken and released: the holder waits for the count
+ * to move before its next hold, so that every hold wakes the waiter once.
+ * (A fixed pause let a slow-to-run waiter, on a loaded machine, find the
+ * mutex held again when it woke and wait twice for one lock.) */
+static uint64_t waiter_done;
+
 struct waiter_tally {
     uint64_t locks, lock_ns, blocked, blocked_ns;
 };
@@ -102,9 +108,14 @@ static void *holder(void *arg)
         uint64_t locked = clock_ns(CLOCK_MONOTONIC);
         usleep(hold_us);
         hold_ns_total += clock_ns(CLOCK_MONOTONIC) - locked;
+        uint64_t seen = __atomic_load_n(&waiter_done, __ATOMIC_ACQUIRE);
         holder_unlock();
-        /* Time for the woken waiter to take the mutex before the next hold. */
-        usleep(100);
+        /* The woken waiter takes and releases the mutex before the next
+         * hold; a second apart at most, should it never come. */
+        uint64_t unlocked = clock_ns(CLOCK_MONOTONIC);
+        while (__atomic_load_n(&waiter_done, __ATOMIC_ACQUIRE) == seen &&
+               clock_ns(CLOCK_MONOTONIC) - unlocked < 1000000000ULL)
+            usleep(20);
     }
     stop = 1;
     return NULL;
@@ -119,6 +130,7 @@ static void *waiter(void *arg)
         int blocked;
         uint64_t took = waiter_lock(&blocked);
         check(pthread_mutex_unlock(&mu), "pthread_mutex_unlock");
+        __atomic_add_fetch(&waiter_done, 1, __ATOMIC_RELEASE);
         t->locks++;
         t->lock_ns += took;
         if (blocked) {
