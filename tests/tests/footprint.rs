@@ -1,7 +1,7 @@
 //! What profilerd holds for the profile types that are on, and no more:
 //! the ring buffer of a profile type that is off is one page, so that a
-//! cpu-only daemon does not map the heap and wait rings (16 MiB each,
-//! mapped twice over) it never reads.
+//! cpu-only daemon does not map the heap and wait rings it never reads,
+//! and a ring's pages are resident once.
 //!
 //! The rings are told apart by size: `[limits]` gives each a size no
 //! other map of the daemon has, and the daemon's descriptors
@@ -74,21 +74,52 @@ fn thread_names(pid: u32) -> Vec<String> {
         .collect()
 }
 
+/// Resident bytes of process `pid`'s BPF map mappings (the rings'
+/// consumer, producer and data pages; `anon_inode:bpf-map` or
+/// `bpf-ringbuf` in /proc/PID/smaps).
+fn ring_resident_bytes(pid: u32) -> u64 {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("reading smaps");
+    let mut total = 0;
+    let mut in_ring = false;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            in_ring = line.contains("bpf-map") || line.contains("bpf-ringbuf");
+        } else if in_ring && let Some(rest) = line.strip_prefix("Rss:") {
+            let kib: u64 = rest
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .expect("an Rss line in kB");
+            total += kib * 1024;
+        }
+    }
+    total
+}
+
+/// What a ready daemon holds.
+struct Held {
+    ring_sizes: Vec<u64>,
+    threads: Vec<String>,
+    ring_resident: u64,
+}
+
 /// Starts the daemon with `profiles` and the distinctive ring sizes, and
 /// returns the ring sizes it holds once ready.
 fn rings_with(profiles: &str) -> Vec<u64> {
-    held_with(profiles).0
+    held_with(profiles, "").ring_sizes
 }
 
-/// As [`rings_with`], with the names of the daemon's threads once ready.
-fn held_with(profiles: &str) -> (Vec<u64>, Vec<String>) {
+/// What the daemon holds once ready, with `profiles`, the distinctive
+/// ring sizes and config text `more` after them.
+fn held_with(profiles: &str, more: &str) -> Held {
     require_root();
     let tmp = temp_dir();
     let config = tmp.path().join("profilerd.toml");
     std::fs::write(
         &config,
         format!(
-            "[limits]\nstack_samples_bytes = {STACK_SAMPLES}\nheap_events_bytes = {HEAP_EVENTS}\nwait_events_bytes = {WAIT_EVENTS}\n"
+            "[limits]\nstack_samples_bytes = {STACK_SAMPLES}\nheap_events_bytes = {HEAP_EVENTS}\nwait_events_bytes = {WAIT_EVENTS}\n{more}"
         ),
     )
     .expect("writing the config");
@@ -104,10 +135,13 @@ fn held_with(profiles: &str) -> (Vec<u64>, Vec<String>) {
         out.to_str().expect("UTF-8 path"),
     ]);
     daemon.wait_ready();
-    let sizes = ring_sizes(daemon.pid());
-    let threads = thread_names(daemon.pid());
+    let held = Held {
+        ring_sizes: ring_sizes(daemon.pid()),
+        threads: thread_names(daemon.pid()),
+        ring_resident: ring_resident_bytes(daemon.pid()),
+    };
     daemon.wait_success(EXIT_BOUND);
-    (sizes, threads)
+    held
 }
 
 #[test]
@@ -143,6 +177,43 @@ fn rings_exist_only_for_the_profile_types_that_are_on() {
     }
 }
 
+/// A ring's data pages are resident once in the daemon, not twice (the
+/// kernel's layout repeats them so that a consumer may map both copies;
+/// `[debug] rings_mapped_once = false` does, to compare): with all five
+/// types on, the rings' mappings hold at most their sizes plus the
+/// position pages, and about twice as much with the switch off.
+#[test]
+fn ring_pages_are_resident_once() {
+    let all = "cpu,heap,block,mutex,offcpu";
+    let once = held_with(all, "");
+    let twice = held_with(all, "\n[debug]\nrings_mapped_once = false\n");
+    let data: u64 = once.ring_sizes.iter().sum();
+    let pages = 2 * 4096 * once.ring_sizes.len() as u64;
+    eprintln!(
+        "figure: rings of {data} bytes ({:?}): resident {} bytes mapped once, {} mapped twice",
+        once.ring_sizes, once.ring_resident, twice.ring_resident
+    );
+    let sorted = |held: &Held| {
+        let mut sizes = held.ring_sizes.clone();
+        sizes.sort_unstable();
+        sizes
+    };
+    assert_eq!(sorted(&once), sorted(&twice));
+    assert!(
+        once.ring_resident <= data + pages,
+        "mapped once, the rings' mappings hold {} bytes; their data is {data} bytes (+{pages} of position pages)",
+        once.ring_resident
+    );
+    // Not every ring is mapped (the kernel log's is read only when on),
+    // so the comparison is between the two runs.
+    assert!(
+        twice.ring_resident as f64 >= 1.8 * once.ring_resident as f64,
+        "mapped twice, the rings' mappings hold {} bytes, mapped once {}: twice should be about double",
+        twice.ring_resident,
+        once.ring_resident
+    );
+}
+
 /// Threads a ready daemon may run: the event loop and a few helpers. The
 /// pool that closes uprobe links starts only when a link is let go.
 const MAX_THREADS: usize = 8;
@@ -150,7 +221,7 @@ const MAX_THREADS: usize = 8;
 #[test]
 fn a_ready_daemon_runs_few_threads() {
     for profiles in ["cpu", "cpu,heap,block,mutex,offcpu"] {
-        let (_, threads) = held_with(profiles);
+        let threads = held_with(profiles, "").threads;
         eprintln!(
             "figure: --profiles {profiles}: {} threads: {threads:?}",
             threads.len()

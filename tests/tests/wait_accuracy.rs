@@ -36,9 +36,14 @@ const TRUNCATED: &str = "[truncated]";
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(60);
 const DAEMON_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Every stack optimization off: no memo (so no walk hints), no brief or
-/// short records, no stack tops.
-const ALL_OFF: &str = "[limits]\nwalk_memo_entries = 0\n\n[debug]\nwalk_hints = false\nbrief_records = false\nshort_records = false\nstack_tops = false\n";
+/// Every optimization on, with a wait ring small enough (4 MiB) that
+/// records wrap past its end many times in a run.
+const ALL_ON: &str = "[limits]\nwait_events_bytes = 4194304\n";
+
+/// Every optimization off: no memo (so no walk hints), no brief or short
+/// records, no stack tops, the rings' data pages mapped twice; the same
+/// small wait ring.
+const ALL_OFF: &str = "[limits]\nwait_events_bytes = 4194304\nwalk_memo_entries = 0\n\n[debug]\nwalk_hints = false\nbrief_records = false\nshort_records = false\nstack_tops = false\nrings_mapped_once = false\n";
 
 /// One profiled run of wait_sites.
 struct Setup {
@@ -266,6 +271,10 @@ impl Run {
                 ));
             }
         }
+        let lost = self.counter("wait_events_lost");
+        if lost != 0 {
+            failures.push(format!("{lost} wait records lost to a full ring"));
+        }
         let forgotten = self.counter("unwinds_matched_but_forgotten");
         if forgotten != 0 {
             failures.push(format!(
@@ -399,10 +408,11 @@ fn brief_records_of_every_length_keep_their_frames() {
     }
 }
 
-/// The same workload with every stack optimization on and off: each run
-/// within the bounds of the truth, and the two runs' per-site delays
-/// within sampling noise of each other. Off, no record is brief, short or
-/// cut at a learned top.
+/// The same workload with every optimization on and off: each run within
+/// the bounds of the truth, and the two runs' per-site delays within
+/// sampling noise of each other. Off, no record is brief, short or cut at
+/// a learned top, and none wrapped (both copies of the ring's pages are
+/// mapped); on, some did and were read whole.
 #[test]
 fn stack_optimizations_do_not_change_the_answer() {
     let setup = |config| Setup {
@@ -413,7 +423,7 @@ fn stack_optimizations_do_not_change_the_answer() {
         depth: 0,
         config,
     };
-    let on = profile(&setup(""));
+    let on = profile(&setup(ALL_ON));
     on.check("every stack optimization on");
     let off = profile(&setup(ALL_OFF));
     off.check("every stack optimization off");
@@ -423,13 +433,14 @@ fn stack_optimizations_do_not_change_the_answer() {
             "brief_records",
             "records_short_form",
             "stack_tops_sent",
+            "ring_records_wrapped",
         ]
         .map(|c| run.counter(c))
     };
     let (with, without) = (counters(&on), counters(&off));
     assert!(
-        with[0] > 0 && with[1] > 0 && without == [0; 4],
-        "matched, brief, short records and stack tops sent: {with:?} on, {without:?} off (expected some on, none off){}",
+        with[0] > 0 && with[1] > 0 && with[4] > 0 && without == [0; 5],
+        "matched, brief, short records, stack tops sent and ring records wrapped: {with:?} on, {without:?} off (expected some matched, brief and wrapped on, none of any off){}",
         off.diag()
     );
     // Both runs measured the same waits in their own run; compare their

@@ -15,5 +15,6 @@ pub mod log;
 pub(crate) mod map_syscalls;
 pub(crate) mod perf_uprobe;
 pub(crate) mod probes;
+pub(crate) mod ring;
 pub(crate) mod tracefs;
 pub(crate) mod uprobes;

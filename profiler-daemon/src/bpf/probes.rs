@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use aya::{Btf, BtfError};
@@ -25,6 +25,7 @@ use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::map_syscalls::{self, BatchError};
 use crate::bpf::perf_uprobe::UprobePmu;
+use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::{AttachMode, SessionError, UprobeLinks, UprobeProgram};
 use thiserror::Error;
 
@@ -72,6 +73,12 @@ pub enum ProbeError {
     Dup(std::io::Error),
     #[error("eBPF map {0} has an unexpected type")]
     MapType(&'static str),
+    #[error("eBPF ring buffer {name}: {source}")]
+    Ring {
+        name: &'static str,
+        #[source]
+        source: crate::bpf::ring::RingError,
+    },
     #[error("draining eBPF map {name}: {source}")]
     Drain {
         name: &'static str,
@@ -178,13 +185,13 @@ pub struct Probes {
     /// Hash maps StackHash -> Stack, drained in batches.
     stacks: [MapData; 2],
     possible_cpus: usize,
-    proc_events: Option<RingBuf<MapData>>,
-    stack_samples: Option<RingBuf<MapData>>,
+    proc_events: Option<Ring>,
+    stack_samples: Option<Ring>,
     fp_processes: HashMap<MapData, u32, u8>,
     active: u32,
     cpu_attached: bool,
-    heap_events: Option<RingBuf<MapData>>,
-    wait_events: Option<RingBuf<MapData>>,
+    heap_events: Option<Ring>,
+    wait_events: Option<Ring>,
     walk_hints: Option<HashMap<MapData, WalkHintKey, WalkHint>>,
     /// Where the kernel's copies of each thread's stack stop.
     stack_tops: HashMap<MapData, u32, u64>,
@@ -400,11 +407,12 @@ impl Probes {
         ];
         let possible_cpus =
             aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
-        let proc_events = typed_map(&mut ebpf, "PROC_EVENTS")?;
-        let stack_samples = typed_map(&mut ebpf, "STACK_SAMPLES")?;
+        let twice = !switches.rings_mapped_once;
+        let proc_events = ring(&mut ebpf, "PROC_EVENTS", twice)?;
+        let stack_samples = ring(&mut ebpf, "STACK_SAMPLES", twice)?;
         let fp_processes = typed_map(&mut ebpf, "FP_PROCESSES")?;
-        let heap_events = typed_map(&mut ebpf, "HEAP_EVENTS")?;
-        let wait_events = typed_map(&mut ebpf, "WAIT_EVENTS")?;
+        let heap_events = ring(&mut ebpf, "HEAP_EVENTS", twice)?;
+        let wait_events = ring(&mut ebpf, "WAIT_EVENTS", twice)?;
         let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
         let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
@@ -634,22 +642,22 @@ impl Probes {
     }
 
     /// The ring buffer of process events, taken once by the caller.
-    pub fn take_proc_events(&mut self) -> Option<RingBuf<MapData>> {
+    pub fn take_proc_events(&mut self) -> Option<Ring> {
         self.proc_events.take()
     }
 
     /// The ring buffer of samples with stack copies, taken once by the caller.
-    pub fn take_stack_samples(&mut self) -> Option<RingBuf<MapData>> {
+    pub fn take_stack_samples(&mut self) -> Option<Ring> {
         self.stack_samples.take()
     }
 
     /// The ring buffer of heap events, taken once by the caller.
-    pub fn take_heap_events(&mut self) -> Option<RingBuf<MapData>> {
+    pub fn take_heap_events(&mut self) -> Option<Ring> {
         self.heap_events.take()
     }
 
     /// The ring buffer of wait events, taken once by the caller.
-    pub fn take_wait_events(&mut self) -> Option<RingBuf<MapData>> {
+    pub fn take_wait_events(&mut self) -> Option<Ring> {
         self.wait_events.take()
     }
 
@@ -841,6 +849,20 @@ where
     T: TryFrom<Map, Error = aya::maps::MapError>,
 {
     T::try_from(take_map(ebpf, name)?).map_err(|source| ProbeError::Map { name, source })
+}
+
+/// Takes ring buffer `name` out of the object and maps it for reading,
+/// its data pages `twice` or once (bpf/ring.rs).
+fn ring(ebpf: &mut Ebpf, name: &'static str, twice: bool) -> Result<Ring, ProbeError> {
+    let data = match take_map(ebpf, name)? {
+        Map::RingBuf(data) => data,
+        _ => return Err(ProbeError::MapType(name)),
+    };
+    let size = data
+        .info()
+        .map_err(|source| ProbeError::Map { name, source })?
+        .max_entries() as usize;
+    Ring::new(data, size, twice).map_err(|source| ProbeError::Ring { name, source })
 }
 
 fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {

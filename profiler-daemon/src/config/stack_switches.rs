@@ -11,6 +11,7 @@
 //! brief_records = true   # a matched hint sends the walk's frames instead of a stack copy
 //! short_records = true   # a stack known to fit in 4 KiB goes in the short record form
 //! stack_tops = true      # copies stop at the thread's stack top learned from walks
+//! rings_mapped_once = true  # ring buffers' data pages mapped once, not twice (bpf/ring.rs)
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -29,6 +30,11 @@ pub struct StackSwitches {
     pub short_records: bool,
     /// Stack copies stop at each thread's known stack top.
     pub stack_tops: bool,
+    /// Ring buffers' data pages are mapped once (a record that wraps is
+    /// copied out) rather than twice: the same records for half the
+    /// rings' resident memory. Not a stack optimization, but switched
+    /// off here like one, to compare.
+    pub rings_mapped_once: bool,
 }
 
 impl Default for StackSwitches {
@@ -38,6 +44,7 @@ impl Default for StackSwitches {
             brief_records: true,
             short_records: true,
             stack_tops: true,
+            rings_mapped_once: true,
         }
     }
 }
@@ -50,6 +57,7 @@ pub struct DebugTable {
     brief_records: Option<bool>,
     short_records: Option<bool>,
     stack_tops: Option<bool>,
+    rings_mapped_once: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -62,6 +70,7 @@ impl DebugTable {
             brief_records: self.brief_records.unwrap_or(d.brief_records),
             short_records: self.short_records.unwrap_or(d.short_records),
             stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
+            rings_mapped_once: self.rings_mapped_once.unwrap_or(d.rings_mapped_once),
         }
     }
 

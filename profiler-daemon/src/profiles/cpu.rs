@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use aya::maps::{MapData, RingBuf};
+use crate::bpf::ring::Ring;
 use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
@@ -49,7 +49,7 @@ pub(crate) static SHORT_RECORDS: AtomicU64 = AtomicU64::new(0);
 /// Unwinds every sample that came with a copy of its user stack and adds it
 /// to the window.
 pub(crate) fn read_stack_samples(
-    ring: &mut RingBuf<MapData>,
+    ring: &mut Ring,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     cpu: &mut CpuWindow,

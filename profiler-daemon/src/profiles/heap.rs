@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use aya::maps::{MapData, RingBuf};
+use crate::bpf::ring::Ring;
 use foldhash::{HashMap, HashSet};
 use profiler_common::{HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, heap_event};
 
@@ -149,7 +149,7 @@ impl HeapTable {
 
 /// Adds the sampled allocations and frees that the heap probes reported.
 pub(crate) fn read_heap_events(
-    ring: &mut RingBuf<MapData>,
+    ring: &mut Ring,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     unwinder: &mut Unwinder,

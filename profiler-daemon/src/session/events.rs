@@ -1,7 +1,7 @@
 //! Process events from the kernel (new, fork, exec, exit, image anchors)
 //! applied to the process table, the probes and the heap's live table.
 
-use aya::maps::{MapData, RingBuf};
+use crate::bpf::ring::Ring;
 use profiler_common::{ImageAnchors, ProcEvent, proc_event};
 
 use crate::bpf::probes::Probes;
@@ -19,7 +19,7 @@ use crate::session::targets::is_process;
 /// start of the image it ran (aggregated CPU counts), and is given the
 /// image that ran then, whenever it is read.
 pub(crate) fn take_proc_events(
-    ring: &mut RingBuf<MapData>,
+    ring: &mut Ring,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     heap: &mut HeapTable,

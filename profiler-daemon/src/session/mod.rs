@@ -12,8 +12,8 @@ mod window;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::bpf::ring::Ring;
 use anyhow::{Context as _, Result};
-use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -139,10 +139,10 @@ pub async fn run(settings: Settings) -> Result<()> {
 
 /// The rings the session waits on.
 struct Rings {
-    events: AsyncFd<RingBuf<MapData>>,
-    stack_samples: AsyncFd<RingBuf<MapData>>,
-    heap_events: AsyncFd<RingBuf<MapData>>,
-    wait_events: AsyncFd<RingBuf<MapData>>,
+    events: AsyncFd<Ring>,
+    stack_samples: AsyncFd<Ring>,
+    heap_events: AsyncFd<Ring>,
+    wait_events: AsyncFd<Ring>,
     kernel_log: Option<AsyncFd<KernelLog>>,
 }
 
@@ -292,7 +292,7 @@ impl Session {
         self.window = Window::new();
     }
 
-    fn take_proc_events(&mut self, ring: &mut RingBuf<MapData>) {
+    fn take_proc_events(&mut self, ring: &mut Ring) {
         take_proc_events(
             ring,
             &mut self.procs,
@@ -303,12 +303,12 @@ impl Session {
         );
     }
 
-    fn read_wait_events(&mut self, ring: &mut RingBuf<MapData>) {
+    fn read_wait_events(&mut self, ring: &mut Ring) {
         read_wait_events(ring, &mut self.procs, &mut self.unwinder, &mut self.waits);
         self.settle_budget();
     }
 
-    fn read_heap_events(&mut self, ring: &mut RingBuf<MapData>) {
+    fn read_heap_events(&mut self, ring: &mut Ring) {
         read_heap_events(
             ring,
             &mut self.procs,
@@ -319,7 +319,7 @@ impl Session {
         self.settle_budget();
     }
 
-    fn read_stack_samples(&mut self, ring: &mut RingBuf<MapData>) {
+    fn read_stack_samples(&mut self, ring: &mut Ring) {
         read_stack_samples(
             ring,
             &mut self.procs,

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use profiler_common::counter;
 
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::WRAPPED_RECORDS;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
@@ -171,6 +172,7 @@ pub(crate) fn log_summary(
         stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
         stack_tops_sent = u.tops.sent,
         records_short_form = SHORT_RECORDS.load(Ordering::Relaxed),
+        ring_records_wrapped = WRAPPED_RECORDS.load(Ordering::Relaxed),
         stack_tops_taken_back = u.tops.taken_back,
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,

@@ -6,8 +6,8 @@ use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::bpf::ring::Ring;
 use anyhow::{Context as _, Result, bail};
-use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 
 use crate::bpf::attach::allocators::{PreExecLinks, resolve_program};
@@ -150,10 +150,7 @@ pub(crate) async fn kernel_log_readable(
 }
 
 /// Registers a ring buffer with the runtime so that its data wakes us.
-pub(crate) fn watch_ring(
-    ring: Option<RingBuf<MapData>>,
-    what: &str,
-) -> Result<AsyncFd<RingBuf<MapData>>> {
+pub(crate) fn watch_ring(ring: Option<Ring>, what: &str) -> Result<AsyncFd<Ring>> {
     let ring = ring.with_context(|| format!("the {what} ring buffer was already taken"))?;
     // SAFETY: the ring buffer owns its map fd for as long as the AsyncFd
     // owns the ring buffer, and always reports that same fd.

@@ -8,7 +8,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use aya::maps::{HashMap as AyaHashMap, MapData, RingBuf};
+use crate::bpf::ring::Ring;
+use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
 use profiler_common::{
     MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord,
@@ -113,7 +114,7 @@ impl Waits {
 
 /// Adds the kept waits, wake-ups and delays that the futex probes reported.
 pub(crate) fn read_wait_events(
-    ring: &mut RingBuf<MapData>,
+    ring: &mut Ring,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     waits: &mut Waits,
