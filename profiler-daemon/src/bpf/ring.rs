@@ -53,6 +53,9 @@ pub struct Ring {
     /// A record that wrapped, put back together (u64 words: records hold
     /// 8-byte aligned structures).
     scratch: Vec<u64>,
+    /// The most bytes seen waiting to be read (the ring's high-water
+    /// mark, by which its size is judged).
+    peak_fill: usize,
 }
 
 impl Ring {
@@ -90,7 +93,19 @@ impl Ring {
             size,
             twice,
             scratch: Vec::new(),
+            peak_fill: 0,
         })
+    }
+
+    /// Its data size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The most bytes that were waiting to be read at one time, as seen
+    /// when reading.
+    pub fn peak_fill(&self) -> usize {
+        self.peak_fill
     }
 
     fn consumer_pos(&self) -> &AtomicUsize {
@@ -111,7 +126,9 @@ impl Ring {
         let mut fenced = false;
         loop {
             let cons = self.consumer_pos().load(Ordering::Relaxed);
-            if cons == self.producer_pos() {
+            let prod = self.producer_pos();
+            self.peak_fill = self.peak_fill.max(prod.wrapping_sub(cons));
+            if cons == prod {
                 // The kernel wakes a consumer only when a record lands at
                 // the position it has reached: make that position visible
                 // before looking a last time.
@@ -281,6 +298,7 @@ mod tests {
                     size: SIZE,
                     twice,
                     scratch: Vec::new(),
+                    peak_fill: 0,
                 },
                 produced: 0,
             }
@@ -349,6 +367,8 @@ mod tests {
                     batch.push(p);
                 }
                 assert_eq!(fake.read_all(), batch, "round {round}, twice {twice}");
+                let bytes: usize = batch.iter().map(|p| (p.len() + HEADER + 7) & !7).sum();
+                assert!(fake.ring.peak_fill() >= bytes, "the batch waited whole");
                 expected.extend(batch);
             }
             assert!(!expected.is_empty());

@@ -146,6 +146,23 @@ struct Rings {
     kernel_log: Option<AsyncFd<KernelLog>>,
 }
 
+impl Rings {
+    /// The size and high-water mark of each ring, by which its default
+    /// size is judged (docs/BENCHMARKS.md, "Ring sizes").
+    fn log_fill(&self) {
+        let fill = |ring: &AsyncFd<Ring>| {
+            format!("{}/{}", ring.get_ref().peak_fill(), ring.get_ref().size())
+        };
+        tracing::info!(target: "profilerd::session",
+            process_events = fill(&self.events),
+            stack_samples = fill(&self.stack_samples),
+            heap_events = fill(&self.heap_events),
+            wait_events = fill(&self.wait_events),
+            "ring peak fill (bytes waiting at most / size)"
+        );
+    }
+}
+
 /// Everything the session keeps between events, apart from its rings.
 struct Session {
     settings: Settings,
@@ -441,6 +458,7 @@ impl Session {
         if let Some(log) = rings.kernel_log.as_mut() {
             log.get_mut().read();
         }
+        rings.log_fill();
         log_summary(
             &mut self.probes,
             &self.unwinder,
