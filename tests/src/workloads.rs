@@ -27,6 +27,13 @@ pub enum Workload {
     /// `cpu_ratio.rs`: the same in Rust, on the main thread and on a helper
     /// thread named `rs-helper`; `SECONDS [--wait-stdin]`.
     CpuRatioRust,
+    /// `cpu_ratio.go`: main.burn_a and main.burn_b in a 3:1 ratio of
+    /// measured CPU time, built by Go's own toolchain;
+    /// `SECONDS [--wait-stdin]`.
+    CpuRatioGo,
+    /// `cpu_ratio.go` stripped (`-ldflags='-s -w'`: no symbol table, no
+    /// DWARF), as Go services often ship.
+    CpuRatioGoStripped,
     /// `syscalls.c`: cheap system calls in do_syscalls;
     /// `SECONDS [--wait-stdin]`.
     Syscalls,
@@ -89,9 +96,11 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 13] = [
+    pub const ALL: [Workload; 15] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
+        Workload::CpuRatioGo,
+        Workload::CpuRatioGoStripped,
         Workload::Syscalls,
         Workload::ShortLived,
         Workload::HeapSites,
@@ -115,6 +124,8 @@ impl Workload {
             .unwrap_or_default();
         match self {
             Workload::CpuRatioRust => format!("{stem}_rs"),
+            Workload::CpuRatioGo => format!("{stem}_go"),
+            Workload::CpuRatioGoStripped => format!("{stem}_go_stripped"),
             Workload::HeapSitesJemalloc => format!("{stem}_jemalloc"),
             _ => stem,
         }
@@ -124,6 +135,7 @@ impl Workload {
         let file = match self {
             Workload::CpuRatioC => "cpu_ratio.c",
             Workload::CpuRatioRust => "cpu_ratio.rs",
+            Workload::CpuRatioGo | Workload::CpuRatioGoStripped => "cpu_ratio.go",
             Workload::Syscalls => "syscalls.c",
             Workload::ShortLived => "short_lived.c",
             Workload::HeapSites | Workload::HeapSitesJemalloc => "heap_sites.c",
@@ -158,7 +170,7 @@ impl Workload {
         let src = self.source();
         let mut libs: &[&str] = &[];
         let mut cmd = match self {
-            Workload::ChanBlockGo => {
+            Workload::ChanBlockGo | Workload::CpuRatioGo | Workload::CpuRatioGoStripped => {
                 // A single file outside any module, offline, with a private
                 // cache.
                 let mut c = Command::new(crate::pprof_tool::go_binary());
@@ -167,6 +179,9 @@ impl Workload {
                     .env("GOFLAGS", "")
                     .env("GOCACHE", dir.join("gocache"))
                     .env("GOPATH", dir.join("gopath"));
+                if self == Workload::CpuRatioGoStripped {
+                    c.arg("-ldflags=-s -w");
+                }
                 c
             }
             Workload::CpuRatioRust => {

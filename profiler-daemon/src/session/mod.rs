@@ -21,7 +21,7 @@ use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
 use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
-use crate::config::Settings;
+use crate::config::{Settings, UnwindMode};
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
@@ -67,6 +67,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     tracing::info!("{}", describe(&s.settings));
     let mut child = s.start_command()?;
     s.announce_ready();
+    s.mark_running_go_processes();
 
     let deadline = s.settings.duration.map(|d| Instant::now() + d);
     let mut drain_tick =
@@ -307,6 +308,34 @@ impl Session {
             tracing::warn!("could not notify the service manager: {e}");
         }
         self.window = Window::new();
+    }
+
+    /// Has the kernel walk the stacks of the Go processes that ran
+    /// before the session (those started later are marked at their exec):
+    /// Go keeps frame pointers, and a stripped Go binary has no CFI at all.
+    /// After READY, so that start-up does not wait for it; each distinct
+    /// executable is read once.
+    fn mark_running_go_processes(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        if self.settings.unwind != UnwindMode::Auto || !self.settings.command.is_empty() {
+            return;
+        }
+        let pids = match self.settings.pids.is_empty() {
+            true => all_pids(),
+            false => self.settings.pids.clone(),
+        };
+        let mut seen: std::collections::HashMap<(u64, u64), bool> = Default::default();
+        for pid in pids {
+            let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
+                continue;
+            };
+            let go = *seen
+                .entry((meta.dev(), meta.ino()))
+                .or_insert_with(|| crate::procs::process::is_go_executable(pid));
+            if go {
+                self.probes.mark_frame_pointer_process(pid);
+            }
+        }
     }
 
     fn take_proc_events(&mut self, ring: &mut Ring) {

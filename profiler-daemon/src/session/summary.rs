@@ -177,6 +177,7 @@ pub(crate) fn log_summary(
         unwind_object_failures = u.object_load_failures,
         frames_unsymbolized = s.failures,
         frames_in_plt_stubs = s.plt_stubs,
+        frames_named_by_go_pclntab = s.go_pclntab,
         frames_without_covering_symbol = s.uncovered,
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,

@@ -1,9 +1,10 @@
 //! From recorded stacks to named frames: unwinding stack copies with
 //! DWARF CFI (`unwind`), the walks remembered for walk hints
 //! (`walk_memo`), threads' stack tops, symbolizing addresses (`symbolize`,
-//! `plt`), and the memory budget all their caches draw on (`budget`).
+//! `plt`, and Go's own function table, `go_pclntab`), and the memory budget all their caches draw on (`budget`).
 
 pub mod budget;
+pub mod go_pclntab;
 pub mod plt;
 pub mod stack_tops;
 pub mod symbolize;

@@ -24,6 +24,8 @@ use std::fs::File;
 use std::path::Path;
 
 use object::elf::{self, FileHeader64, SectionHeader64};
+
+use crate::stacks::go_pclntab::PclntabSection;
 use object::read::elf::{FileHeader as _, Rela as _, SectionHeader as _, SectionTable, Sym as _};
 use object::{Endianness, ReadCache, SectionIndex, SymbolIndex};
 
@@ -115,6 +117,8 @@ pub struct ObjectLayout {
     sections: Vec<CodeSection>,
     /// Sorted by file offset; read at the first lookup in a PLT section.
     stubs: Option<Vec<Stub>>,
+    /// A Go binary's function table (go_pclntab.rs).
+    go_pclntab: Option<PclntabSection>,
 }
 
 impl ObjectLayout {
@@ -139,9 +143,24 @@ impl ObjectLayout {
             })
             .collect();
         sections.sort_by_key(|s| s.offset);
+        let named = |wanted: &[&[u8]]| {
+            table.iter().find(|sh| {
+                table
+                    .section_name(endian, sh)
+                    .is_ok_and(|n| wanted.contains(&n))
+            })
+        };
+        let go_pclntab = named(&[b".gopclntab", b".data.rel.ro.gopclntab"])
+            .filter(|sh| sh.sh_type(endian) == elf::SHT_PROGBITS)
+            .map(|sh| PclntabSection {
+                offset: sh.sh_offset(endian),
+                size: sh.sh_size(endian),
+                text_addr: named(&[b".text"]).map_or(0, |t| t.sh_addr(endian)),
+            });
         Ok(Self {
             sections,
             stubs: None,
+            go_pclntab,
         })
     }
 
@@ -168,6 +187,18 @@ impl ObjectLayout {
             Some(stub) if offset - stub.offset < stub.size => Placement::Stub(&stub.name),
             _ => Placement::UnnamedPlt,
         }
+    }
+
+    /// The Go function table, if the file is a Go binary that has one.
+    pub fn go_pclntab(&self) -> Option<PclntabSection> {
+        self.go_pclntab
+    }
+
+    /// The address of the code at file offset `offset`, in the file's
+    /// address space (None outside its code sections).
+    pub fn addr_of_offset(&self, offset: u64) -> Option<u64> {
+        self.section_at_offset(offset)
+            .map(|s| s.addr + (offset - s.offset))
     }
 
     /// Whether two addresses of the file's address space lie in the same

@@ -28,6 +28,7 @@ use crate::model::frames::{Frame, Line, Mapping};
 use crate::procs::objects::{MappedObject, ObjectFile, hex};
 use crate::procs::process::ProcessTable;
 use crate::stacks::budget::{Cache, Lru, MemoryBudget, heap_in_use};
+use crate::stacks::go_pclntab;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
@@ -67,6 +68,8 @@ pub struct SymbolizeStats {
     pub cached: usize,
     /// Frames named after the PLT stub they are in (`memcpy@plt`).
     pub plt_stubs: u64,
+    /// Frames named from a Go binary's function table.
+    pub go_pclntab: u64,
     /// Frames left unsymbolized because the symbol found before them does
     /// not cover them (its size ends before, or it lies in another section).
     pub uncovered: u64,
@@ -347,6 +350,16 @@ impl Symbolizer {
                     .collect::<Vec<_>>()
             })
         };
+        // Where a Go binary's function table may name what blazesym
+        // does not: the table, and each asked offset's address.
+        let go_places = layout.as_deref().and_then(|layout| {
+            let section = layout.go_pclntab()?;
+            let places: Vec<(usize, u64)> = asked
+                .iter()
+                .filter_map(|&(i, offset)| Some((i, layout.addr_of_offset(offset)?)))
+                .collect();
+            Some((section, places))
+        });
         self.layouts.recharge(&layout_key, layout_bytes);
         match result {
             Ok(found) => {
@@ -366,6 +379,22 @@ impl Symbolizer {
                         %err,
                         "cannot symbolize in a mapped file; its frames stay unsymbolized"
                     );
+                }
+            }
+        }
+        // A Go binary names what blazesym could not (a stripped one:
+        // everything) from its own function table.
+        if let Some((section, places)) = go_places {
+            let missed: Vec<(usize, u64)> = places
+                .into_iter()
+                .filter(|&(i, _)| results[i].as_ref().is_none_or(|l| l.is_empty()))
+                .collect();
+            let addrs: Vec<u64> = missed.iter().map(|&(_, addr)| addr).collect();
+            let named = go_pclntab::lookup_file(&path, section, &addrs);
+            for (&(i, _), line) in missed.iter().zip(named) {
+                if let Some(line) = line {
+                    self.stats.go_pclntab += 1;
+                    results[i] = Some(Arc::from([line]));
                 }
             }
         }

@@ -1,0 +1,299 @@
+//! Names Go code from the binary's own function table (the pclntab), which
+//! the Go runtime needs and so every Go binary keeps, stripped or not: a
+//! binary linked with `-ldflags='-s -w'` has no symbol table and no DWARF,
+//! and without this its frames had no names (and its stacks, missing the
+//! `runtime.goexit` they end in, read as cut short).
+//!
+//! Read-only, from the mapped file; the layout is the Go linker's for Go
+//! 1.18 and later (header magic 0xfffffff0, and 0xfffffff1 from Go 1.20),
+//! as `runtime/symtab.go` and `debug/gosym` define it: a header of table
+//! offsets, a function table of (entry, record) pairs relative to the
+//! start of the text, each record naming its function and giving its
+//! pc-value tables for the file and line. Older layouts are not read
+//! (their frames stay unnamed). Inlined calls (the pclntab's inline tree)
+//! are not expanded yet: a frame is named by the function whose code it is.
+
+use std::path::Path;
+
+use crate::model::frames::Line;
+
+const MAGIC_118: u32 = 0xffff_fff0;
+const MAGIC_120: u32 = 0xffff_fff1;
+/// `_func` fields used (the same offsets in both layouts).
+const FUNC_NAMEOFF: usize = 4;
+const FUNC_PCFILE: usize = 20;
+const FUNC_PCLN: usize = 24;
+const FUNC_CUOFFSET: usize = 32;
+
+/// Where a Go binary's function table is: the section's file offset and
+/// size, and the address of the text its entries are relative to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PclntabSection {
+    pub offset: u64,
+    pub size: u64,
+    pub text_addr: u64,
+}
+
+/// A parsed pclntab over the section's bytes.
+pub struct Pclntab<'a> {
+    data: &'a [u8],
+    quantum: u64,
+    nfunc: usize,
+    text_start: u64,
+    funcname: usize,
+    cu: usize,
+    filetab: usize,
+    pctab: usize,
+    pcln: usize,
+}
+
+impl<'a> Pclntab<'a> {
+    /// Parses the header of a pclntab section; None for a layout it does
+    /// not read or a header that does not fit the section.
+    pub fn parse(data: &'a [u8], text_addr: u64) -> Option<Pclntab<'a>> {
+        let magic = u32_at(data, 0)?;
+        if (magic != MAGIC_118 && magic != MAGIC_120) || *data.get(7)? != 8 {
+            return None;
+        }
+        let word = |i: usize| -> Option<usize> { usize::try_from(u64_at(data, 8 + 8 * i)?).ok() };
+        let header_text = u64_at(data, 24)?;
+        let table = Pclntab {
+            data,
+            quantum: u64::from(*data.get(6)?).max(1),
+            nfunc: word(0)?,
+            // The section's text address when the header's is not set
+            // (newer linkers leave it 0).
+            text_start: if header_text != 0 {
+                header_text
+            } else {
+                text_addr
+            },
+            funcname: word(3)?,
+            cu: word(4)?,
+            filetab: word(5)?,
+            pctab: word(6)?,
+            pcln: word(7)?,
+        };
+        let ordered = table.funcname <= table.cu
+            && table.cu <= table.filetab
+            && table.filetab <= table.pctab
+            && table.pctab <= table.pcln
+            && table.pcln + (2 * table.nfunc + 1) * 4 <= data.len();
+        ordered.then_some(table)
+    }
+
+    /// The function whose code holds address `pc` (of the file's address
+    /// space), with its file and line there.
+    pub fn lookup(&self, pc: u64) -> Option<Line> {
+        let rel = u32::try_from(pc.checked_sub(self.text_start)?).ok()?;
+        let entry = |i: usize| u32_at(self.data, self.pcln + 8 * i);
+        // The last function whose entry is at or before pc.
+        let (mut lo, mut hi) = (0, self.nfunc);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if entry(mid)? <= rel {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let i = lo.checked_sub(1)?;
+        // Entry i+1 (or the final end offset) ends function i.
+        if rel >= entry(i + 1)? {
+            return None;
+        }
+        let func = self.pcln + usize::try_from(u32_at(self.data, self.pcln + 8 * i + 4)?).ok()?;
+        let start = u64::from(entry(i)?);
+        let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
+        let function = c_str(self.data, self.funcname + name_off)?;
+        let line = self
+            .pc_value(u32_at(self.data, func + FUNC_PCLN)?, start, u64::from(rel))
+            .and_then(|l| u32::try_from(l).ok())
+            .unwrap_or(0);
+        let file = self
+            .pc_value(
+                u32_at(self.data, func + FUNC_PCFILE)?,
+                start,
+                u64::from(rel),
+            )
+            .and_then(|fileno| {
+                let cu_index = u64::from(u32_at(self.data, func + FUNC_CUOFFSET)?)
+                    + u64::try_from(fileno).ok()?;
+                let at = self.cu + 4 * usize::try_from(cu_index).ok()?;
+                match u32_at(self.data, at)? {
+                    u32::MAX => None,
+                    off => c_str(self.data, self.filetab + off as usize),
+                }
+            });
+        Some(Line {
+            function: function.to_owned(),
+            file: file.map(str::to_owned),
+            line,
+        })
+    }
+
+    /// The value pc-value table `table` gives at `target` (offsets from
+    /// the text start), for the function starting at `entry`; None when
+    /// there is no table or it ends before `target`.
+    fn pc_value(&self, table: u32, entry: u64, target: u64) -> Option<i64> {
+        if table == 0 {
+            return None;
+        }
+        let mut at = self.pctab.checked_add(table as usize)?;
+        let (mut value, mut pc, mut first) = (-1i64, entry, true);
+        loop {
+            let delta = uvarint(self.data, &mut at)?;
+            if delta == 0 && !first {
+                return None;
+            }
+            first = false;
+            // Zigzag: the low bit is the sign.
+            value = value.wrapping_add(((delta >> 1) as i64) ^ -((delta & 1) as i64));
+            pc = pc.checked_add(uvarint(self.data, &mut at)?.checked_mul(self.quantum)?)?;
+            if target < pc {
+                return Some(value);
+            }
+        }
+    }
+}
+
+/// Names what it can of `offsets` (file offsets of code, each with its
+/// address in the file's address space) from the pclntab of the Go binary
+/// at `path`; one answer per offset, None where it has none.
+pub fn lookup_file(path: &Path, section: PclntabSection, addrs: &[u64]) -> Vec<Option<Line>> {
+    let none = || vec![None; addrs.len()];
+    let Ok(file) = std::fs::File::open(path) else {
+        return none();
+    };
+    // SAFETY: a read-only private mapping of an executable file, which
+    // is replaced rather than rewritten while mapped; the symbolizer maps
+    // the same files.
+    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return none();
+    };
+    let (Ok(start), Ok(len)) = (
+        usize::try_from(section.offset),
+        usize::try_from(section.size),
+    ) else {
+        return none();
+    };
+    let Some(table) = map
+        .get(start..start.saturating_add(len))
+        .and_then(|data| Pclntab::parse(data, section.text_addr))
+    else {
+        return none();
+    };
+    addrs.iter().map(|&pc| table.lookup(pc)).collect()
+}
+
+fn u32_at(data: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn i32_at(data: &[u8], at: usize) -> Option<i32> {
+    Some(i32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(data: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn c_str(data: &[u8], at: usize) -> Option<&str> {
+    let bytes = data.get(at..)?;
+    let end = bytes.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&bytes[..end]).ok()
+}
+
+fn uvarint(data: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *data.get(*at)?;
+        *at += 1;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pclntab of two functions built as the Go linker lays one out
+    /// (1.20 header), with pc-value tables for file and line.
+    fn table_bytes() -> Vec<u8> {
+        let mut d = vec![0u8; 72];
+        d[0..4].copy_from_slice(&MAGIC_120.to_le_bytes());
+        d[6] = 1; // quantum
+        d[7] = 8; // pointer size
+        let put = |d: &mut Vec<u8>, i: usize, v: u64| {
+            d[8 + 8 * i..16 + 8 * i].copy_from_slice(&v.to_le_bytes())
+        };
+        put(&mut d, 0, 2); // nfunc
+        put(&mut d, 1, 1); // nfiles
+        put(&mut d, 2, 0x1000); // textStart
+        // funcnametab
+        let funcname = d.len();
+        d.extend_from_slice(b"main.a\0main.b\0");
+        // cutab: file index 0 -> filetab offset 0
+        let cu = d.len();
+        d.extend_from_slice(&0u32.to_le_bytes());
+        let filetab = d.len();
+        d.extend_from_slice(b"/src/main.go\0");
+        // pctab: offset 0 unused; file table: value 0 over 0x40 bytes;
+        // line table: 10 for 0x10 bytes, then 12 for 0x30.
+        let pctab = d.len();
+        d.push(0);
+        let pcfile = d.len() - pctab;
+        d.extend_from_slice(&[2, 0x40, 0]); // +1 (zigzag 2) from -1 = 0
+        let pcln = d.len() - pctab;
+        d.extend_from_slice(&[22, 0x10, 4, 0x30, 0]); // -1+11=10; +2=12
+        let pcln_off = d.len();
+        for (i, v) in [funcname, cu, filetab, pctab, pcln_off].iter().enumerate() {
+            put(&mut d, 3 + i, *v as u64);
+        }
+        // functab: (entry, funcoff) x2, then the end.
+        let functab_len = (2 * 2 + 1) * 4;
+        let func_a = functab_len;
+        let func_b = functab_len + 40;
+        for v in [0u32, func_a as u32, 0x40, func_b as u32, 0x80] {
+            d.extend_from_slice(&v.to_le_bytes());
+        }
+        for (name_off, entry) in [(0i32, 0u32), (7, 0x40)] {
+            let mut f = vec![0u8; 40];
+            f[0..4].copy_from_slice(&entry.to_le_bytes());
+            f[4..8].copy_from_slice(&name_off.to_le_bytes());
+            f[20..24].copy_from_slice(&(pcfile as u32).to_le_bytes());
+            f[24..28].copy_from_slice(&(pcln as u32).to_le_bytes());
+            d.extend_from_slice(&f);
+        }
+        d
+    }
+
+    #[test]
+    fn names_file_and_line_of_each_function() {
+        let data = table_bytes();
+        let t = Pclntab::parse(&data, 0).expect("a 1.20 table");
+        let a = t.lookup(0x1005).expect("in main.a");
+        assert_eq!(
+            (a.function.as_str(), a.file.as_deref(), a.line),
+            ("main.a", Some("/src/main.go"), 10)
+        );
+        assert_eq!(t.lookup(0x1020).expect("in main.a").line, 12);
+        let b = t.lookup(0x1040).expect("main.b starts");
+        assert_eq!(b.function, "main.b");
+        assert!(t.lookup(0x1080).is_none(), "past the last function");
+        assert!(t.lookup(0xfff).is_none(), "before the text");
+    }
+
+    #[test]
+    fn other_layouts_and_cut_tables_are_refused() {
+        let mut data = table_bytes();
+        data[0] = 0xfa; // Go 1.16's magic
+        assert!(Pclntab::parse(&data, 0).is_none());
+        let data = table_bytes();
+        assert!(Pclntab::parse(&data[..100], 0).is_none());
+    }
+}
