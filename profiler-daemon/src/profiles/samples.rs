@@ -51,8 +51,18 @@ pub(crate) fn is_stack_root(frame: &Frame) -> bool {
         "__clone",
         "thread_start",
     ];
-    // Go: goroutines start at runtime.goexit, system threads at mstart.
-    const GO_ROOTS: [&str; 3] = ["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+    // Go: goroutines start at runtime.goexit, system threads at mstart;
+    // what runs under runtime.mcall is the scheduler's work on the
+    // thread's own stack, not the goroutine's that called it (a
+    // frame-pointer walk would run on into that goroutine's frames, and
+    // charge it, say, an idle thread's sleep). Go's profiles end such
+    // stacks at runtime.mcall too.
+    const GO_ROOTS: [&str; 4] = [
+        "runtime.goexit",
+        "runtime.mstart",
+        "runtime.rt0_go",
+        "runtime.mcall",
+    ];
     frame.lines.last().is_some_and(|line| {
         let name = line.function.as_str();
         ROOTS.iter().any(|r| {
@@ -166,10 +176,17 @@ mod tests {
             "__GI___clone3",
             "runtime.goexit.abi0",
             "runtime.mstart",
+            "runtime.mcall",
         ] {
             assert!(is_stack_root(&frame(&[root])), "{root}");
         }
-        for other in ["main", "clone_this", "run", "_start_server"] {
+        for other in [
+            "main",
+            "clone_this",
+            "run",
+            "_start_server",
+            "runtime.park_m",
+        ] {
             assert!(!is_stack_root(&frame(&[other])), "{other}");
         }
         // The outermost of inlined lines decides.
