@@ -128,31 +128,25 @@ impl Ring {
             let cons = self.consumer_pos().load(Ordering::Relaxed);
             let prod = self.producer_pos();
             self.peak_fill = self.peak_fill.max(prod.wrapping_sub(cons));
-            if cons == prod {
-                // The kernel wakes a consumer only when a record lands at
-                // the position it has reached: make that position visible
-                // before looking a last time.
+            let header = (cons != prod).then(|| {
+                let at = self.page + (cons & mask);
+                // SAFETY: `cons & mask` is 8-aligned and at least a
+                // header's length before the end of the (first) data copy.
+                unsafe { &*self.pages.producer().as_ptr().add(at).cast::<AtomicU32>() }
+                    .load(Ordering::Acquire)
+            });
+            let Some(header) = header.filter(|h| h & BUSY == 0) else {
+                // Nothing more, or a record reserved and not committed
+                // yet. The kernel wakes a consumer only when a record lands
+                // (or is committed) at the position it has reached: make
+                // that position visible before looking a last time.
                 if fenced {
                     return None;
                 }
                 fence(Ordering::SeqCst);
                 fenced = true;
                 continue;
-            }
-            let at = self.page + (cons & mask);
-            // SAFETY: `at` is 8-aligned and at least a header's length
-            // before the end of the (first) data copy.
-            let header = unsafe { &*self.pages.producer().as_ptr().add(at).cast::<AtomicU32>() }
-                .load(Ordering::Acquire);
-            if header & BUSY != 0 {
-                // Reserved, not committed yet: the commit wakes us.
-                if fenced {
-                    return None;
-                }
-                fence(Ordering::SeqCst);
-                fenced = true;
-                continue;
-            }
+            };
             let len = (header & !(BUSY | DISCARD)) as usize;
             let next = cons.wrapping_add((len + HEADER + 7) & !7);
             if header & DISCARD != 0 || len > self.size {

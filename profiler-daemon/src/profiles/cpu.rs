@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::bpf::ring::Ring;
 use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;

@@ -9,12 +9,12 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::bpf::ring::Ring;
 use foldhash::{HashMap, HashSet};
 use profiler_common::{HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, heap_event};
 
 use crate::bpf::drain::{SampleId, Stack};
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;

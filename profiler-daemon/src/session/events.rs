@@ -1,10 +1,10 @@
 //! Process events from the kernel (new, fork, exec, exit, image anchors)
 //! applied to the process table, the probes and the heap's live table.
 
-use crate::bpf::ring::Ring;
 use profiler_common::{ImageAnchors, ProcEvent, proc_event};
 
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::Ring;
 use crate::config::UnwindMode;
 use crate::procs::process::ProcessTable;
 use crate::profiles::heap::HeapTable;

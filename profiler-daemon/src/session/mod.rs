@@ -12,7 +12,6 @@ mod window;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::bpf::ring::Ring;
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
@@ -21,6 +20,7 @@ use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
 use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;

@@ -6,13 +6,13 @@ use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::bpf::ring::Ring;
 use anyhow::{Context as _, Result, bail};
 use tokio::io::unix::{AsyncFd, AsyncFdReadyMutGuard};
 
 use crate::bpf::attach::allocators::{PreExecLinks, resolve_program};
 use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
+use crate::bpf::ring::Ring;
 use crate::procs::process::ProcessTable;
 
 /// Loading eBPF needs CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN. Checking

@@ -390,7 +390,12 @@ impl Symbolizer {
                 .filter(|&(i, _)| results[i].as_ref().is_none_or(|l| l.is_empty()))
                 .collect();
             let addrs: Vec<u64> = missed.iter().map(|&(_, addr)| addr).collect();
-            let named = go_pclntab::lookup_file(&path, section, &addrs);
+            // A Go binary with symbols is named by blazesym: its file is
+            // not opened again.
+            let named = match addrs.is_empty() {
+                true => Vec::new(),
+                false => go_pclntab::lookup_file(&path, section, &addrs),
+            };
             for (&(i, _), line) in missed.iter().zip(named) {
                 if let Some(line) = line {
                     self.stats.go_pclntab += 1;

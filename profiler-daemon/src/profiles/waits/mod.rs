@@ -8,7 +8,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::bpf::ring::Ring;
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
 use profiler_common::{
@@ -17,6 +16,7 @@ use profiler_common::{
 };
 
 use crate::bpf::drain::{SampleId, Stack};
+use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
