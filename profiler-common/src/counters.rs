@@ -59,8 +59,12 @@ pub mod counter {
     /// Kernel diagnostics not sent: over the rate limit (at most a burst
     /// of each kind per CPU per second).
     pub const KERNEL_LOGS_DROPPED: u32 = 24;
+    /// CPU samples of Go processes that carry a label set.
+    pub const GO_LABELED_SAMPLES: u32 = 25;
+    /// Label sets not recorded: `GO_LABEL_SETS` was full.
+    pub const GO_LABEL_SETS_FULL: u32 = 26;
     /// Number of counters.
-    pub const COUNT: u32 = 25;
+    pub const COUNT: u32 = 27;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -101,4 +101,35 @@ pub struct SampleKey {
     /// NEW or EXEC event of that image has it; 0: unknown): tells the
     /// daemon which image ran, whenever the counts are drained.
     pub image_since: u64,
+    /// The words at the user stack pointer and above it (`[sp]`,
+    /// `[sp+8]`) where they point into the process's code, else 0: the
+    /// return address of a leaf that has not pushed its frame pointer yet
+    /// (a frameless leaf, or one sampled in its prologue or epilogue),
+    /// whose caller a frame-pointer walk skips. Only for processes marked
+    /// with a code range ([`FpProcess`]); the daemon decides from the
+    /// leaf's frame size which word, if any, is the return address.
+    pub leaf_words: [u64; 2],
+    /// The pprof label set of the goroutine that ran (an id of
+    /// `GO_LABEL_SETS`; 0: none, or not a Go process).
+    pub go_labels: u64,
+}
+
+/// A process whose stacks the kernel walks by frame pointers (value of
+/// `FP_PROCESSES`): the address range of its executable's code, for
+/// [`SampleKey::leaf_words`] (both 0: no range, no words), and for a Go
+/// process where its goroutines' pprof labels are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FpProcess {
+    pub text_start: u64,
+    pub text_end: u64,
+    pub go: crate::GoRuntime,
+}
+
+impl FpProcess {
+    /// Whether `addr` lies in the code range.
+    #[inline(always)]
+    pub fn holds(&self, addr: u64) -> bool {
+        addr >= self.text_start && addr < self.text_end
+    }
 }

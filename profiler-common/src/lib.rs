@@ -10,6 +10,7 @@
 
 mod counters;
 mod cpu;
+mod go;
 mod heap;
 mod hints;
 mod offcpu;
@@ -19,6 +20,7 @@ mod waits;
 
 pub use counters::*;
 pub use cpu::*;
+pub use go::*;
 pub use heap::*;
 pub use hints::*;
 pub use offcpu::*;
@@ -76,6 +78,10 @@ mod user {
     unsafe impl aya::Pod for super::WalkHint {}
     // SAFETY: plain `repr(C)` data without padding or pointers.
     unsafe impl aya::Pod for super::SampleKey {}
+    // SAFETY: plain `repr(C)` data without padding or pointers.
+    unsafe impl aya::Pod for super::FpProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::GoLabels {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}
     // SAFETY: as above.

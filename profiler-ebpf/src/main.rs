@@ -13,7 +13,8 @@
 //!   follows descendants and snapshots a process's mappings while it lives.
 //! - `globals.rs`: the read-only globals the daemon sets before loading;
 //!   `maps.rs`: maps several programs use; `counters.rs`: loss and event
-//!   counters; `process.rs`: process events and image anchors.
+//!   counters; `process.rs`: process events and image anchors;
+//!   `go_labels.rs`: a Go goroutine's pprof labels at a CPU sample.
 //! - `stack/`: user-stack copies (`copy.rs`), walk hints (`hints.rs`) and
 //!   the choice between a copy and a frame-pointer walk; `waits.rs`: the
 //!   wait record ring and its senders.
@@ -22,6 +23,7 @@
 
 mod counters;
 mod globals;
+mod go_labels;
 mod klog;
 mod maps;
 mod process;

@@ -48,7 +48,7 @@ pub(crate) fn send_wait_stack(
     value: u64,
     uaddr: u64,
 ) {
-    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
+    let (ip, sp, bp) = task_user_regs().map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
     let mut head = WaitHead {
         kind,
         tgid,

@@ -85,6 +85,11 @@ pub enum Workload {
     /// `chan_block.go`: goroutines blocked on a channel receive, built with
     /// `go build` (GOPATH mode, offline, a private cache).
     ChanBlockGo,
+    /// `go_handlers.go`: handlers main.checkout and main.search, 3:1 in
+    /// measured CPU time under pprof.Do labels, through a frameless leaf
+    /// main.spin; writes its own runtime/pprof CPU profile;
+    /// `SECONDS PROFILE [--wait-stdin]`.
+    GoHandlers,
 }
 
 /// Names a directory of workloads built beforehand by `prebuild-workloads`;
@@ -96,7 +101,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 15] = [
+    pub const ALL: [Workload; 16] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -112,7 +117,19 @@ impl Workload {
         Workload::Mixed,
         Workload::Churn,
         Workload::ChanBlockGo,
+        Workload::GoHandlers,
     ];
+
+    /// Whether `go build` builds it.
+    pub fn is_go(self) -> bool {
+        matches!(
+            self,
+            Workload::ChanBlockGo
+                | Workload::CpuRatioGo
+                | Workload::CpuRatioGoStripped
+                | Workload::GoHandlers
+        )
+    }
 
     /// The file name of the workload built beforehand (see
     /// [`PREBUILT_ENV`]): its source's stem, with the variant.
@@ -146,6 +163,7 @@ impl Workload {
             Workload::Mixed => "mixed.c",
             Workload::Churn => "churn.c",
             Workload::ChanBlockGo => "chan_block.go",
+            Workload::GoHandlers => "go_handlers.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -155,13 +173,7 @@ impl Workload {
     /// Builds a Go workload with the `go` command `go` (another Go
     /// version than [`Workload::build`]'s) into `dir/exe_name`.
     pub fn build_with_go(self, dir: &Path, exe_name: &str, go: &Path) -> PathBuf {
-        assert!(
-            matches!(
-                self,
-                Workload::ChanBlockGo | Workload::CpuRatioGo | Workload::CpuRatioGoStripped
-            ),
-            "{self:?} is not a Go workload"
-        );
+        assert!(self.is_go(), "{self:?} is not a Go workload");
         let out = dir.join(exe_name);
         compile_linking(self.go_build(dir, go), &self.source(), &out, &[])
     }
@@ -204,9 +216,7 @@ impl Workload {
         let src = self.source();
         let mut libs: &[&str] = &[];
         let mut cmd = match self {
-            Workload::ChanBlockGo | Workload::CpuRatioGo | Workload::CpuRatioGoStripped => {
-                self.go_build(dir, &crate::pprof_tool::go_binary())
-            }
+            w if w.is_go() => self.go_build(dir, &crate::pprof_tool::go_binary()),
             Workload::CpuRatioRust => {
                 let mut c = Command::new("rustc");
                 c.args([
@@ -395,6 +405,59 @@ impl Running {
     /// then an exited workload stays a zombie).
     pub fn kill(&mut self) {
         self.proc.kill();
+    }
+}
+
+/// A workload profiled with `--pid` for its whole life.
+pub struct WholeLife {
+    pub pid: u32,
+    /// The workload's report (see [`parse_report`]), keyed from `pid=`.
+    pub report: BTreeMap<String, u64>,
+    /// The daemon, exited.
+    pub daemon: crate::daemon::Daemon,
+}
+
+/// Starts `exe ARGS --wait-stdin`, starts the daemon with `--pid` on it,
+/// `--interval 2s` at `hz` and the `extra` arguments, writing into `out`;
+/// releases the workload once the daemon is ready, waits for it to exit
+/// and report, and for the daemon to notice and exit 0.
+pub fn profile_whole_life(
+    exe: &Path,
+    args: &[&str],
+    out: &Path,
+    hz: u64,
+    extra: &[&str],
+) -> WholeLife {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push("--wait-stdin");
+    // Spawned means exec'd: the daemon sees the workload's own image.
+    let mut workload = Running::start(exe, &all);
+    let pid = workload.pid();
+    let (pid_text, hz_text) = (pid.to_string(), hz.to_string());
+    let mut daemon_args = vec![
+        "--pid",
+        &pid_text,
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--interval",
+        "2s",
+        "--cpu-frequency",
+        &hz_text,
+    ];
+    daemon_args.extend_from_slice(extra);
+    let mut daemon = crate::daemon::Daemon::start(&daemon_args);
+    daemon.wait_ready();
+    workload.release();
+    let report = parse_report(&workload.finish(Duration::from_secs(30)), "pid");
+    // The workload has exited and is reaped, as its parent would do.
+    workload.kill();
+    // --pid: the daemon notices within its drain period that the target is
+    // gone, writes the last window and exits 0.
+    daemon.wait_success(Duration::from_secs(10));
+    WholeLife {
+        pid,
+        report,
+        daemon,
     }
 }
 

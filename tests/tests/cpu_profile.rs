@@ -10,7 +10,9 @@ use profiler_tests::profiles::{
     FlatSample, KERNEL_MAPPING, ProfileFile, assert_only_profiles, flatten_all, group_by_label,
     of_pid, read_profiles, share_with, summary, total_count, total_cpu,
 };
-use profiler_tests::workloads::{Running, Workload, comm_of, field, parse_report};
+use profiler_tests::workloads::{
+    Running, WholeLife, Workload, comm_of, field, parse_report, profile_whole_life,
+};
 use profiler_tests::{check_cpu_files, pprof_tops, temp_dir};
 
 /// Sampling rate of the accuracy tests: high enough that the sampling error
@@ -150,7 +152,7 @@ fn caller_chain_share(samples: &[FlatSample], leaf: &str, callers: &[&str]) -> f
 /// Runs a ratio workload under `--pid`, profiling its whole life: the
 /// workload waits on stdin until the daemon is ready. Returns the files, the
 /// samples, the workload's report, its pid and the daemon.
-fn profile_whole_life(
+fn profile_ratio_workload(
     exe: &Path,
     out: &Path,
 ) -> (
@@ -160,26 +162,11 @@ fn profile_whole_life(
     u32,
     Daemon,
 ) {
-    let mut workload = Running::start(exe, &[BURN_SECONDS, "--wait-stdin"]);
-    let pid = workload.pid();
-    let mut daemon = Daemon::start(&[
-        "--pid",
-        &pid.to_string(),
-        "--output-dir",
-        out.to_str().unwrap(),
-        "--interval",
-        "2s",
-        "--cpu-frequency",
-        &hz().to_string(),
-    ]);
-    daemon.wait_ready();
-    workload.release();
-    let report = parse_report(&workload.finish(Duration::from_secs(20)), "pid");
-    // The workload has exited and is reaped, as its parent would do.
-    workload.kill();
-    // --pid: the daemon notices within its drain period that the target is
-    // gone, writes the last window and exits 0.
-    daemon.wait_success(Duration::from_secs(10));
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(exe, &[BURN_SECONDS], out, hz(), &[]);
     let files = read_profiles(out, "cpu");
     let samples = flatten_all(&files);
     // Checks every run of this kind shares: only cpu files, one per window
@@ -201,7 +188,7 @@ fn c_workload_under_pid() {
     let tmp = temp_dir();
     let exe = Workload::CpuRatioC.build(tmp.path(), "cpu_ratio_c_workload");
     let out = tmp.path().join("out");
-    let (files, samples, report, pid, daemon) = profile_whole_life(&exe, &out);
+    let (files, samples, report, pid, daemon) = profile_ratio_workload(&exe, &out);
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
     assert_eq!(field(&report, "pid"), u64::from(pid));
@@ -276,7 +263,7 @@ fn rust_workload_under_pid() {
     let tmp = temp_dir();
     let exe = Workload::CpuRatioRust.build(tmp.path(), "cpu_ratio_rs_workload");
     let out = tmp.path().join("out");
-    let (files, samples, report, pid, daemon) = profile_whole_life(&exe, &out);
+    let (files, samples, report, pid, daemon) = profile_ratio_workload(&exe, &out);
     let d = || diag(&samples, &files, Some(pid), &daemon);
 
     let others: Vec<&FlatSample> = samples.iter().filter(|s| s.pid() != pid).collect();

@@ -5,11 +5,12 @@
 //! pointers whether it started before the daemon or after.
 
 use std::path::Path;
-use std::time::Duration;
 
-use profiler_tests::daemon::{Daemon, require_root};
-use profiler_tests::profiles::{FlatSample, flatten_all, read_profiles, share_with, summary};
-use profiler_tests::workloads::{Running, Workload, field, parse_report};
+use profiler_tests::daemon::require_root;
+use profiler_tests::profiles::{
+    FlatSample, flatten, flatten_all, read_profiles, share_with, summary,
+};
+use profiler_tests::workloads::{WholeLife, Workload, field, profile_whole_life};
 use profiler_tests::{pprof_tops, temp_dir};
 
 /// The sampling rate, unless the environment lowers it.
@@ -29,30 +30,18 @@ struct Run {
     report: std::collections::BTreeMap<String, u64>,
     diag: String,
     named_by_pclntab: u64,
+    leaf_callers: u64,
+    labeled: u64,
 }
 
-/// Runs the workload `exe` under `--pid` for its whole life (it waits on
-/// stdin until the daemon is ready) and reads the profiles.
-fn profile(exe: &Path, out: &Path) -> Run {
-    let mut workload = Running::start(exe, &["3", "--wait-stdin"]);
-    workload.wait_line(Duration::from_secs(10), |l| l.starts_with("ready "));
-    let pid = workload.pid();
-    let mut daemon = Daemon::start(&[
-        "--pid",
-        &pid.to_string(),
-        "--output-dir",
-        out.to_str().expect("UTF-8 path"),
-        "--interval",
-        "2s",
-        "--cpu-frequency",
-        &hz().to_string(),
-    ]);
-    daemon.wait_ready();
-    workload.release();
-    let lines = workload.finish(Duration::from_secs(20));
-    workload.kill();
-    daemon.wait_success(Duration::from_secs(10));
-    let report = parse_report(&lines, "pid");
+/// Runs the workload `exe ARGS` under `--pid` for its whole life (it waits
+/// on stdin until the daemon is ready) and reads the profiles.
+fn profile(exe: &Path, args: &[&str], out: &Path) -> Run {
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(exe, args, out, hz(), &[]);
     let files = read_profiles(out, "cpu");
     let samples: Vec<FlatSample> = flatten_all(&files)
         .into_iter()
@@ -68,6 +57,8 @@ fn profile(exe: &Path, out: &Path) -> Run {
         samples,
         report,
         named_by_pclntab: daemon.summary_field("frames_named_by_go_pclntab"),
+        leaf_callers: daemon.summary_field("go_leaf_callers_restored"),
+        labeled: daemon.summary_field("go_labeled_samples"),
         diag,
     }
 }
@@ -127,10 +118,12 @@ fn stripped_go_binaries_are_named_from_their_function_table() {
     ] {
         let plain = profile(
             &Workload::CpuRatioGo.build_with_go(tmp.path(), "cpu_ratio_go", &go),
+            &["3"],
             &tmp.path().join(format!("out-{version}-plain")),
         );
         let stripped = profile(
             &Workload::CpuRatioGoStripped.build_with_go(tmp.path(), "cpu_ratio_gos", &go),
+            &["3"],
             &tmp.path().join(format!("out-{version}-stripped")),
         );
         check(&format!("{version} as built"), &plain);
@@ -152,6 +145,140 @@ fn stripped_go_binaries_are_named_from_their_function_table() {
             frame.file.ends_with("cpu_ratio.go") && frame.line > 0,
             "{version}: main.burn_a of the stripped binary should have its file and line: {frame:?}{}",
             stripped.diag
+        );
+    }
+}
+
+/// Of the CPU of `samples` under main.checkout or main.search, the share
+/// under main.checkout.
+fn checkout_share(samples: &[FlatSample]) -> f64 {
+    let a = share_with(samples, "main.checkout");
+    let b = share_with(samples, "main.search");
+    a / (a + b).max(f64::MIN_POSITIVE)
+}
+
+/// Of the CPU of `samples` under the handlers: the share labeled
+/// handler=checkout among those labeled with a handler, and the share
+/// that carries a handler label at all.
+fn label_shares(samples: &[FlatSample]) -> (f64, f64) {
+    let (mut checkout, mut labeled, mut all) = (0i64, 0i64, 0i64);
+    for s in samples {
+        if !(s.has_function("main.checkout") || s.has_function("main.search")) {
+            continue;
+        }
+        all += s.cpu_ns;
+        match s.label("handler") {
+            Some("checkout") => {
+                checkout += s.cpu_ns;
+                labeled += s.cpu_ns;
+            }
+            Some(_) => labeled += s.cpu_ns,
+            None => {}
+        }
+    }
+    (
+        checkout as f64 / labeled.max(1) as f64,
+        labeled as f64 / all.max(1) as f64,
+    )
+}
+
+/// Of the CPU in main.spin, the share whose next frame is the handler that
+/// called it.
+fn spin_caller_share(samples: &[FlatSample]) -> f64 {
+    let (mut with, mut all) = (0i64, 0i64);
+    for s in samples {
+        let Some(at) = s.position("main.spin") else {
+            continue;
+        };
+        all += s.cpu_ns;
+        let caller = s.frames.get(at + 1).map(|f| f.function.as_str());
+        if matches!(caller, Some("main.checkout" | "main.search")) {
+            with += s.cpu_ns;
+        }
+    }
+    with as f64 / all.max(1) as f64
+}
+
+/// Two handlers call one frameless leaf (main.spin saves no frame
+/// pointer), 3:1 in measured CPU time, each under pprof.Do with a
+/// `handler` label: a frame-pointer walk from inside the leaf skips its
+/// caller, so the handlers must come back from the word at the stack
+/// pointer, and the labels are read from the running goroutine (a map in
+/// Go 1.19, a list in current Go). profilerd's split of the handlers, by
+/// stack and by label, is held against the program's own measure and
+/// against the CPU profile Go's runtime/pprof wrote of the same run.
+#[test]
+fn go_handlers_keep_their_callers_and_labels() {
+    require_root();
+    let tmp = temp_dir();
+    for (version, go) in [
+        ("go1.19", profiler_tests::pprof_tool::go_binary()),
+        (
+            "current go",
+            profiler_tests::pprof_tool::current_go_binary(),
+        ),
+    ] {
+        let tag = version.replace(' ', "_");
+        let exe = Workload::GoHandlers.build_with_go(tmp.path(), &format!("handlers_{tag}"), &go);
+        let own = tmp.path().join(format!("own-{tag}.pprof"));
+        let run = profile(
+            &exe,
+            &["4", own.to_str().expect("UTF-8 path")],
+            &tmp.path().join(format!("out-handlers-{tag}")),
+        );
+        let bytes = std::fs::read(&own).expect("the workload's own profile");
+        let theirs = flatten(&pprof_proto::decode(&bytes).expect("Go's own profile decodes"));
+        let truth = {
+            let (a, b) = (
+                field(&run.report, "checkout_ns") as f64,
+                field(&run.report, "search_ns") as f64,
+            );
+            a / (a + b)
+        };
+        let (ours_share, go_share) = (checkout_share(&run.samples), checkout_share(&theirs));
+        let (ours_caller, go_caller) =
+            (spin_caller_share(&run.samples), spin_caller_share(&theirs));
+        let (ours_spin, go_spin) = (
+            share_with(&run.samples, "main.spin"),
+            share_with(&theirs, "main.spin"),
+        );
+        let (ours_label, ours_labeled) = label_shares(&run.samples);
+        let (go_label, go_labeled) = label_shares(&theirs);
+        println!(
+            "{version}: handler=checkout share of the labeled handler CPU: profilerd {ours_label:.4} ({ours_labeled:.3} labeled), runtime/pprof {go_label:.4} ({go_labeled:.3} labeled); {} labeled samples",
+            run.labeled
+        );
+        assert!(
+            ours_labeled >= 0.95
+                && (ours_label - go_label).abs() <= RATIO_TOLERANCE
+                && (ours_label - truth).abs() <= RATIO_TOLERANCE,
+            "{version}: the handler label: checkout share {ours_label:.3} (runtime/pprof {go_label:.3}, measured {truth:.3}, allowed ±{RATIO_TOLERANCE}), on {ours_labeled:.3} of the handlers' CPU (expected ≥ 0.95){}",
+            run.diag
+        );
+        println!(
+            "{version}: main.checkout share of the handlers: profilerd {ours_share:.4}, runtime/pprof {go_share:.4}, measured {truth:.4}; main.spin in profilerd {ours_spin:.3}, runtime/pprof {go_spin:.3}; spin's caller a handler: profilerd {ours_caller:.3}, runtime/pprof {go_caller:.3}; {} callers restored",
+            run.leaf_callers
+        );
+        assert!(
+            ours_caller >= 0.95,
+            "{version}: main.spin's caller is a handler in {ours_caller:.3} of its CPU (runtime/pprof: {go_caller:.3}; expected ≥ 0.95){}",
+            run.diag
+        );
+        assert!(
+            (ours_share - truth).abs() <= RATIO_TOLERANCE,
+            "{version}: main.checkout's share of the handlers profiled {ours_share:.3}, measured {truth:.3} (allowed ±{RATIO_TOLERANCE}){}",
+            run.diag
+        );
+        assert!(
+            (ours_share - go_share).abs() <= RATIO_TOLERANCE
+                && (ours_spin - go_spin).abs() <= RATIO_TOLERANCE,
+            "{version}: main.checkout's share {ours_share:.3} and main.spin's {ours_spin:.3} against runtime/pprof's {go_share:.3} and {go_spin:.3} (allowed ±{RATIO_TOLERANCE}){}",
+            run.diag
+        );
+        assert!(
+            run.leaf_callers > 0,
+            "{version}: no caller was restored{}",
+            run.diag
         );
     }
 }

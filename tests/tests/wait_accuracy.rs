@@ -43,7 +43,7 @@ const ALL_ON: &str = "[limits]\nwait_events_bytes = 4194304\n";
 /// Every optimization off: no memo (so no walk hints), no brief or short
 /// records, no stack tops, the rings' data pages mapped twice; the same
 /// small wait ring.
-const ALL_OFF: &str = "[limits]\nwait_events_bytes = 4194304\nwalk_memo_entries = 0\n\n[debug]\nwalk_hints = false\nbrief_records = false\nshort_records = false\nstack_tops = false\nrings_mapped_once = false\n";
+const ALL_OFF: &str = "[limits]\nwait_events_bytes = 4194304\nwalk_memo_entries = 0\n\n[debug]\nwalk_hints = false\nbrief_records = false\nshort_records = false\nstack_tops = false\nrings_mapped_once = false\nrelease_file_pages = false\n";
 
 /// One profiled run of wait_sites.
 struct Setup {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
+use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Drained;
 
 /// What became of one of the two stacks of a sample.
@@ -17,8 +18,10 @@ pub enum Stack {
     /// root.
     Truncated(Arc<[u64]>),
     /// A user stack the kernel walked by frame pointers: whether it reached
-    /// the root is only known once it is symbolized.
-    FramePointer(Arc<[u64]>),
+    /// the root is only known once it is symbolized. With the words at the
+    /// stack pointer that may hold a leaf's return address
+    /// (`SampleKey::leaf_words`; zeros where there are none).
+    FramePointer(Arc<[u64]>, [u64; 2]),
     /// There is none (kernel thread, or a sample taken in user mode).
     None,
     /// The kernel could not record it (stack map full, or the walk failed),
@@ -40,6 +43,8 @@ pub struct SampleId {
     pub object: u64,
     /// The condition variable a block event waited on (0: none).
     pub cond: u64,
+    /// The goroutine's pprof label set (an id of `GoLabelSets`; 0: none).
+    pub go_labels: u64,
 }
 
 impl SampleId {
@@ -56,6 +61,9 @@ pub struct CpuWindow {
     pub samples: HashMap<SampleId, u64>,
     /// Stacks lost between the kernel recording them and the drain.
     pub missing_stacks: u64,
+    /// Go label sets by id; carried from window to window (see
+    /// `GoLabelSets::end_window`).
+    pub go_labels: GoLabelSets,
 }
 
 impl CpuWindow {
@@ -63,7 +71,14 @@ impl CpuWindow {
     /// Adds drained counts; `generation(tgid, image_since)` names the image
     /// each key's process ran (see `ProcessTable::generation_at`).
     pub fn absorb(&mut self, drained: Drained, generation: impl Fn(u32, u64) -> u32) {
-        let Drained { counts, stacks } = drained;
+        let Drained {
+            counts,
+            stacks,
+            go_label_sets,
+        } = drained;
+        for (id, set) in go_label_sets {
+            self.go_labels.insert(id, &set);
+        }
         // Stacks shared by several keys are shared in memory too.
         let stacks: HashMap<StackHash, Arc<[u64]>> = stacks
             .into_iter()
@@ -86,7 +101,7 @@ impl CpuWindow {
         };
         for (key, count) in counts {
             let user = match resolve(key.user_stack) {
-                Stack::Frames(ips) => Stack::FramePointer(ips),
+                Stack::Frames(ips) => Stack::FramePointer(ips, key.leaf_words),
                 other => other,
             };
             let kernel = resolve(key.kernel_stack);
@@ -119,6 +134,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         kernel,
         object: 0,
         cond: 0,
+        go_labels: key.go_labels,
     }
 }
 
@@ -136,6 +152,8 @@ mod tests {
             kernel_stack: kernel,
             comm,
             image_since: 0,
+            leaf_words: [0; 2],
+            go_labels: 0,
         }
     }
 
@@ -147,6 +165,7 @@ mod tests {
             stacks.insert(3, vec![0x1000, 0x2000]);
             window.absorb(
                 Drained {
+                    go_label_sets: Vec::new(),
                     counts: vec![
                         (key(3, STACK_NONE), 5),
                         (key(STACK_LOST, STACK_NONE), 1),
@@ -163,10 +182,11 @@ mod tests {
             generation: 0,
             tid: 11,
             thread: key(0, 0).comm,
-            user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000])),
+            user: Stack::FramePointer(Arc::from(vec![0x1000u64, 0x2000]), [0; 2]),
             kernel: Stack::None,
             object: 0,
             cond: 0,
+            go_labels: 0,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

@@ -1,7 +1,8 @@
 //! Everything that touches bpf(2): loading the eBPF object and attaching
 //! its programs (`probes`), what the running kernel offers (`features`)
 //! and the refusals that follow from it (`check`), typed ring and map
-//! reads (`drain`, `map_syscalls`), user-space probes and their links
+//! reads (`drain`, `map_syscalls`, and Go label sets: `go_labels`),
+//! user-space probes and their links
 //! (`uprobes`, `perf_uprobe`) and link closing, the
 //! kernel programs' own log (`log`), and where user-space probes go
 //! (`attach/`: allocators, Go and pthread park points, probe placement).
@@ -10,6 +11,7 @@ pub mod attach;
 pub mod check;
 pub(crate) mod drain;
 pub(crate) mod features;
+pub(crate) mod go_labels;
 pub(crate) mod link_closer;
 pub mod log;
 pub(crate) mod map_syscalls;

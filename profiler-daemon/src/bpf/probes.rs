@@ -18,7 +18,8 @@ use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use aya::{Btf, BtfError};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control, counter,
+    FpProcess, GoLabels, LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control,
+    counter,
 };
 
 use crate::bpf::link_closer::LinkCloser;
@@ -170,6 +171,8 @@ pub struct Drained {
     pub counts: Vec<(SampleKey, u64)>,
     /// Stack hash -> instruction pointers, leaf first.
     pub stacks: std::collections::HashMap<StackHash, Vec<u64>>,
+    /// Go label sets recorded since the last drain, by id.
+    pub go_label_sets: Vec<(u64, GoLabels)>,
 }
 
 /// Loaded and attached probes with the maps the daemon reads.
@@ -184,10 +187,12 @@ pub struct Probes {
     counts: [MapData; 2],
     /// Hash maps StackHash -> Stack, drained in batches.
     stacks: [MapData; 2],
+    /// Hash map id -> GoLabels, taken at every drain.
+    go_label_sets: MapData,
     possible_cpus: usize,
     proc_events: Option<Ring>,
     stack_samples: Option<Ring>,
-    fp_processes: HashMap<MapData, u32, u8>,
+    fp_processes: HashMap<MapData, u32, FpProcess>,
     active: u32,
     cpu_attached: bool,
     heap_events: Option<Ring>,
@@ -405,6 +410,7 @@ impl Probes {
             hash(take_map(&mut ebpf, "STACKS_0")?, "STACKS_0")?,
             hash(take_map(&mut ebpf, "STACKS_1")?, "STACKS_1")?,
         ];
+        let go_label_sets = hash(take_map(&mut ebpf, "GO_LABEL_SETS")?, "GO_LABEL_SETS")?;
         let possible_cpus =
             aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
         let twice = !switches.rings_mapped_once;
@@ -424,6 +430,7 @@ impl Probes {
             counters,
             counts,
             stacks,
+            go_label_sets,
             possible_cpus,
             proc_events: Some(proc_events),
             stack_samples: Some(stack_samples),
@@ -726,9 +733,11 @@ impl Probes {
     }
 
     /// In `auto` unwinding, lets the kernel walk this process's frame
-    /// pointers instead of sending stack copies.
-    pub fn mark_frame_pointer_process(&mut self, tgid: u32) {
-        if let Err(e) = self.fp_processes.insert(tgid, 1, 0) {
+    /// pointers instead of sending stack copies; `process` gives the range
+    /// of its executable's code, for the words a leaf's caller may be in
+    /// (`SampleKey::leaf_words`).
+    pub fn mark_frame_pointer_process(&mut self, tgid: u32, process: FpProcess) {
+        if let Err(e) = self.fp_processes.insert(tgid, process, 0) {
             tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
         }
     }
@@ -789,6 +798,20 @@ impl Probes {
                 let len = (stack.len as usize).min(stack.ips.len());
                 Some((hash, stack.ips[..len].to_vec()))
             })
+            .collect();
+        // Written while taken: a set recorded meanwhile is either taken
+        // now or stays for the next drain.
+        let sets = map_syscalls::lookup_and_delete_all::<u64, GoLabels>(
+            self.go_label_sets.fd().as_fd(),
+            1,
+        )
+        .map_err(|source| ProbeError::Drain {
+            name: "GO_LABEL_SETS",
+            source,
+        })?;
+        out.go_label_sets = sets
+            .into_iter()
+            .filter_map(|(id, mut set)| Some((id, set.pop()?)))
             .collect();
         Ok(out)
     }

@@ -12,6 +12,7 @@
 //! short_records = true   # a stack known to fit in 4 KiB goes in the short record form
 //! stack_tops = true      # copies stop at the thread's stack top learned from walks
 //! rings_mapped_once = true  # ring buffers' data pages mapped once, not twice (bpf/ring.rs)
+//! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -35,6 +36,10 @@ pub struct StackSwitches {
     /// rings' resident memory. Not a stack optimization, but switched
     /// off here like one, to compare.
     pub rings_mapped_once: bool,
+    /// A window's stacks are symbolized one object at a time, and the
+    /// pages of the files read are let go of after each
+    /// (stacks/file_pages.rs): the same names for less resident memory.
+    pub release_file_pages: bool,
 }
 
 impl Default for StackSwitches {
@@ -45,6 +50,7 @@ impl Default for StackSwitches {
             short_records: true,
             stack_tops: true,
             rings_mapped_once: true,
+            release_file_pages: true,
         }
     }
 }
@@ -58,6 +64,7 @@ pub struct DebugTable {
     short_records: Option<bool>,
     stack_tops: Option<bool>,
     rings_mapped_once: Option<bool>,
+    release_file_pages: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -71,6 +78,7 @@ impl DebugTable {
             short_records: self.short_records.unwrap_or(d.short_records),
             stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
             rings_mapped_once: self.rings_mapped_once.unwrap_or(d.rings_mapped_once),
+            release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
         }
     }
 

@@ -58,7 +58,7 @@ const BPF_EVENTS: [(u32, &str); 8] = [
 /// Kernel counters of losses, as (`map`, `lost`) labels of
 /// `profilerd_bpf_dropped_total`: the map or ring that was full (or the
 /// stack walk), and what was lost.
-const BPF_DROPS: [(u32, &str, &str); 15] = [
+const BPF_DROPS: [(u32, &str, &str); 16] = [
     (counter::ANCHORS_LOST, "proc_events", "image_anchors"),
     (counter::COUNTS_FULL, "counts", "cpu_samples"),
     (counter::USER_STACK_LOST, "stacks", "user_stacks"),
@@ -80,6 +80,12 @@ const BPF_DROPS: [(u32, &str, &str); 15] = [
     ),
     // Kernel diagnostics over their rate limit (`[debug] kernel_log`).
     (counter::KERNEL_LOGS_DROPPED, "kernel_log", "log_lines"),
+    // The samples keep their stacks, without their labels.
+    (
+        counter::GO_LABEL_SETS_FULL,
+        "go_label_sets",
+        "go_label_sets",
+    ),
 ];
 
 /// What the session mirrors into the metrics after a drain.

@@ -1,8 +1,10 @@
 //! The processes the daemon profiles: their table (mapped objects, images,
-//! lifetimes, fed by process events) and the labels their environment
-//! gives them (container, pod, systemd unit).
+//! lifetimes, fed by process events), the labels their environment
+//! gives them (container, pod, systemd unit), and what the kernel needs
+//! to read of a Go process (`go_runtime`).
 
 pub mod environment;
+pub(crate) mod go_runtime;
 mod lineage;
 pub(crate) mod objects;
 pub(crate) mod process;

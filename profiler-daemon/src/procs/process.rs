@@ -748,23 +748,6 @@ pub(super) fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessE
     }
 }
 
-/// Whether the process runs a Go executable (it has a `.gopclntab` or
-/// `.go.buildinfo` section). Go keeps frame pointers and ships no
-/// `.eh_frame`, so its stacks are walked by the kernel.
-pub fn is_go_executable(tgid: u32) -> bool {
-    use object::{Object, ObjectSection};
-    let Ok(exe) = std::fs::File::open(format!("/proc/{tgid}/exe")) else {
-        return false;
-    };
-    // Reads only the headers and section names, not the whole file.
-    let cache = object::ReadCache::new(exe);
-    let Ok(file) = object::File::parse(&cache) else {
-        return false;
-    };
-    file.sections()
-        .any(|s| matches!(s.name(), Ok(".gopclntab" | ".go.buildinfo")))
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use profiler_common::{ANCHOR_FRAMES, BUILD_ID_VALID, ImageAnchors};

@@ -9,6 +9,7 @@ use std::time::Duration;
 use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
+use crate::bpf::go_labels::add_go_labels;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::Settings;
@@ -17,7 +18,7 @@ use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{kernel_stack, record};
-use crate::profiles::samples::{push_stack, sample_labels};
+use crate::profiles::samples::{prefetch_user_stack, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -103,6 +104,7 @@ pub(crate) fn add_stack_sample<const N: usize>(
         kernel,
         object: 0,
         cond: 0,
+        go_labels: 0,
     });
 }
 
@@ -110,24 +112,32 @@ pub(crate) fn build_cpu_profile(
     settings: &Settings,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
-    cpu: &CpuWindow,
+    cpu: &mut CpuWindow,
     time_nanos: i64,
     duration_nanos: i64,
 ) -> pprof_proto::Profile {
     let period = 1_000_000_000 / settings.cpu_frequency.max(1) as i64;
     let mut builder = ProfileBuilder::new(ProfileKind::Cpu, period, time_nanos, duration_nanos);
     let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for id in cpu.samples.keys() {
+        procs.ensure(id.tgid);
+        prefetch_user_stack(symbolizer, procs, id);
+    }
+    symbolizer.resolve_prefetched();
     for (id, &count) in &cpu.samples {
         frames.clear();
         procs.ensure(id.tgid);
-        push_stack(&mut frames, &id.kernel, "kernel", |ips| {
+        push_stack(&mut frames, &id.kernel, "kernel", |ips, _| {
             symbolizer.kernel_stack(ips)
         });
-        push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
+        push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
+            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
         let count = count as i64;
-        let labels = sample_labels(settings, procs, id);
+        let mut labels = sample_labels(settings, procs, id);
+        if id.go_labels != 0 {
+            add_go_labels(&mut labels, &mut cpu.go_labels, id.go_labels);
+        }
         let labels: Vec<(&str, &str)> = labels
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))

@@ -23,7 +23,7 @@ use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{Thread, event_user_stack, read_record, record};
 use crate::profiles::rescale::heap_scale;
-use crate::profiles::samples::{push_stack, sample_labels};
+use crate::profiles::samples::{prefetch_user_stack, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -210,6 +210,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         kernel: Stack::None,
         object: 0,
         cond: 0,
+        go_labels: 0,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -238,12 +239,18 @@ pub(crate) fn build_heap_profile(
     let mut builder =
         ProfileBuilder::new(ProfileKind::Heap, rate as i64, time_nanos, duration_nanos);
     let mut frames: Vec<Frame> = Vec::with_capacity(256);
-    for row in heap.close_window() {
+    let rows = heap.close_window();
+    for row in &rows {
+        procs.ensure(row.id.tgid);
+        prefetch_user_stack(symbolizer, procs, &row.id);
+    }
+    symbolizer.resolve_prefetched();
+    for row in rows {
         let id = &row.id;
         frames.clear();
         procs.ensure(id.tgid);
-        push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
+        push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
+            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
         let (alloc_objects, alloc_space) = row.alloc.scaled(rate);
         let (inuse_objects, inuse_space) = row.inuse.scaled(rate);
@@ -276,6 +283,7 @@ mod tests {
             kernel: Stack::None,
             object: 0,
             cond: 0,
+            go_labels: 0,
         }
     }
 

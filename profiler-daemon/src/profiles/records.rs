@@ -158,7 +158,7 @@ pub(crate) fn hinted_user_stack(
     }
     let stack = match frames.is_empty() {
         true => Stack::Lost,
-        false => Stack::FramePointer(Arc::from(frames)),
+        false => Stack::FramePointer(Arc::from(frames), [0; 2]),
     };
     (stack, None)
 }

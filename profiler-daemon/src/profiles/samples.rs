@@ -8,22 +8,23 @@ use crate::bpf::drain::{SampleId, Stack};
 use crate::config::Settings;
 use crate::model::frames::{Frame, Line};
 use crate::procs::process::ProcessTable;
+use crate::stacks::symbolize::Symbolizer;
 
 pub(crate) fn push_stack(
     frames: &mut Vec<Frame>,
     stack: &Stack,
     what: &str,
-    resolve: impl FnOnce(&[u64]) -> Vec<Frame>,
+    resolve: impl FnOnce(&[u64], [u64; 2]) -> Vec<Frame>,
 ) {
     match stack {
-        Stack::Frames(ips) => frames.extend(resolve(ips)),
+        Stack::Frames(ips) => frames.extend(resolve(ips, [0; 2])),
         // Visible at the root end rather than silently shorter.
         Stack::Truncated(ips) => {
-            frames.extend(resolve(ips));
+            frames.extend(resolve(ips, [0; 2]));
             frames.push(marker_frame("[truncated]".to_string()));
         }
-        Stack::FramePointer(ips) => {
-            let mut resolved = resolve(ips);
+        Stack::FramePointer(ips, leaf_words) => {
+            let mut resolved = resolve(ips, *leaf_words);
             // Cut what follows the entry point (a frame-pointer walk runs on
             // through garbage when the entry code keeps no frame pointer);
             // without an entry point the walk broke off early: say so.
@@ -36,6 +37,25 @@ pub(crate) fn push_stack(
         Stack::None => {}
         // Visible rather than silently shorter: the sample still counts.
         Stack::Lost => frames.push(marker_frame(format!("[lost {what} stack]"))),
+    }
+}
+
+/// Notes the user stack of `id` for the symbolizer to look up with the
+/// rest of a window's, object by object (`Symbolizer::prefetch_user`).
+pub(crate) fn prefetch_user_stack(
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    id: &SampleId,
+) {
+    let image = (id.tgid, id.generation);
+    match &id.user {
+        Stack::Frames(ips) | Stack::Truncated(ips) => {
+            symbolizer.prefetch_user(procs, image, ips, [0; 2])
+        }
+        Stack::FramePointer(ips, leaf_words) => {
+            symbolizer.prefetch_user(procs, image, ips, *leaf_words)
+        }
+        Stack::None | Stack::Lost => {}
     }
 }
 
@@ -196,9 +216,9 @@ mod tests {
 
     #[test]
     fn frame_pointer_stacks_are_cut_at_the_root_or_marked() {
-        let walked = Stack::FramePointer(Arc::from(vec![1u64, 2, 3, 4]));
+        let walked = Stack::FramePointer(Arc::from(vec![1u64, 2, 3, 4]), [0; 2]);
         let mut out = Vec::new();
-        push_stack(&mut out, &walked, "user", |_| {
+        push_stack(&mut out, &walked, "user", |_, _| {
             vec![
                 frame(&["leaf"]),
                 frame(&["main"]),
@@ -212,7 +232,7 @@ mod tests {
             .collect();
         assert_eq!(names.len(), 3, "garbage after the root is cut: {names:?}");
         let mut out = Vec::new();
-        push_stack(&mut out, &walked, "user", |_| {
+        push_stack(&mut out, &walked, "user", |_, _| {
             vec![frame(&["leaf"]), frame(&[])]
         });
         assert_eq!(out.last().unwrap().lines[0].function, "[truncated]");

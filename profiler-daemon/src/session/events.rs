@@ -6,6 +6,7 @@ use profiler_common::{ImageAnchors, ProcEvent, proc_event};
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::UnwindMode;
+use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;
@@ -148,7 +149,9 @@ pub(crate) fn new_image(
     procs.snapshot(event.tgid);
     // Go keeps frame pointers and has no .eh_frame: in auto mode the
     // kernel walks its stacks.
-    if unwind == UnwindMode::Auto && crate::procs::process::is_go_executable(event.tgid) {
-        probes.mark_frame_pointer_process(event.tgid);
+    if unwind == UnwindMode::Auto
+        && let Some(go) = go_runtime::go_executable(event.tgid)
+    {
+        probes.mark_frame_pointer_process(event.tgid, go_runtime::fp_process(event.tgid, go));
     }
 }

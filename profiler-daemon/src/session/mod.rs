@@ -27,12 +27,15 @@ use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
+use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::events::take_proc_events;
-use crate::session::summary::{Losses, describe, log_run_stats, log_summary, observe};
+use crate::session::summary::{
+    Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
+};
 use crate::session::targets::{
     all_pids, check_privileges, kernel_log_readable, process_start, sleep_opt, start_command,
     wait_child, watch_ring,
@@ -212,8 +215,9 @@ impl Session {
         publisher
             .metrics()
             .cache_budget(settings.limits.memory_bytes);
-        let symbolizer =
+        let mut symbolizer =
             Symbolizer::with_budget(budget.clone()).context("preparing the symbolizer")?;
+        symbolizer.set_release_file_pages(settings.stack_switches.release_file_pages);
         let mut procs = ProcessTable::new(MAX_PROCESSES);
 
         let command_mode = !settings.command.is_empty();
@@ -324,16 +328,18 @@ impl Session {
             true => all_pids(),
             false => self.settings.pids.clone(),
         };
-        let mut seen: std::collections::HashMap<(u64, u64), bool> = Default::default();
+        let mut seen: std::collections::HashMap<(u64, u64), Option<profiler_common::GoRuntime>> =
+            Default::default();
         for pid in pids {
             let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
                 continue;
             };
             let go = *seen
                 .entry((meta.dev(), meta.ino()))
-                .or_insert_with(|| crate::procs::process::is_go_executable(pid));
-            if go {
-                self.probes.mark_frame_pointer_process(pid);
+                .or_insert_with(|| go_runtime::go_executable(pid));
+            if let Some(go) = go {
+                self.probes
+                    .mark_frame_pointer_process(pid, go_runtime::fp_process(pid, go));
             }
         }
     }
@@ -440,7 +446,7 @@ impl Session {
     }
 
     fn write_window(&mut self) {
-        let closed = std::mem::replace(&mut self.window, Window::new());
+        let mut closed = std::mem::replace(&mut self.window, Window::new());
         write_window(
             &self.settings,
             &self.publisher,
@@ -448,8 +454,12 @@ impl Session {
             &mut self.procs,
             &mut self.heap,
             &mut self.waits,
-            closed,
+            &mut closed,
         );
+        // Label sets live on into the next window (a sample drained then
+        // may name a set recorded in this one).
+        self.window.cpu.go_labels = std::mem::take(&mut closed.cpu.go_labels);
+        self.window.cpu.go_labels.end_window();
     }
 
     fn observe(&mut self) {
@@ -497,6 +507,7 @@ impl Session {
             &self.waits,
             &self.budget,
         );
+        log_go_summary(&self.probes, &self.window.cpu.go_labels);
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);
         if !sinks.is_empty() {

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use profiler_common::counter;
 
+use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::WRAPPED_RECORDS;
 use crate::config::{Settings, UnwindMode};
@@ -103,6 +104,20 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
+/// The Go labels' line of the exit summary.
+pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
+    let c = probes.counters();
+    tracing::info!(target: "profilerd::session",
+        go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
+        go_label_sets_full = c[counter::GO_LABEL_SETS_FULL as usize],
+        go_label_sets_kept = go_labels.len(),
+        go_label_sets_dropped = go_labels.dropped,
+        go_label_sets_cut = go_labels.cut,
+        go_label_sets_missing = go_labels.missing,
+        "go label summary"
+    );
+}
+
 pub(crate) fn log_summary(
     probes: &mut Probes,
     unwinder: &Unwinder,
@@ -178,6 +193,8 @@ pub(crate) fn log_summary(
         frames_unsymbolized = s.failures,
         frames_in_plt_stubs = s.plt_stubs,
         frames_named_by_go_pclntab = s.go_pclntab,
+        go_leaf_callers_restored = s.go_leaf_callers,
+        symbol_file_page_releases = s.file_page_releases,
         frames_without_covering_symbol = s.uncovered,
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,

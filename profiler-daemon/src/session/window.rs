@@ -38,7 +38,7 @@ pub(crate) fn write_window(
     procs: &mut ProcessTable,
     heap: &mut HeapTable,
     waits: &mut Waits,
-    window: Window,
+    window: &mut Window,
 ) {
     let duration = window.started.elapsed();
     let time_nanos = window
@@ -53,7 +53,7 @@ pub(crate) fn write_window(
                 settings,
                 symbolizer,
                 procs,
-                &window.cpu,
+                &mut window.cpu,
                 time_nanos,
                 duration.as_nanos() as i64,
             ),
@@ -96,6 +96,7 @@ pub(crate) fn write_window(
     }
     procs.prune();
     symbolizer.release_unused();
+    symbolizer.release_file_pages();
     release_free_memory();
 }
 

@@ -12,6 +12,10 @@
 //! pc-value tables for the file and line. Older layouts are not read
 //! (their frames stay unnamed). Inlined calls (the pclntab's inline tree)
 //! are not expanded yet: a frame is named by the function whose code it is.
+//!
+//! The same table gives each pc's SP delta (the bytes the function has
+//! pushed below its return address there), which tells where a leaf's
+//! return address is while its frame pointer is not yet set up.
 
 use std::path::Path;
 
@@ -21,6 +25,7 @@ const MAGIC_118: u32 = 0xffff_fff0;
 const MAGIC_120: u32 = 0xffff_fff1;
 /// `_func` fields used (the same offsets in both layouts).
 const FUNC_NAMEOFF: usize = 4;
+const FUNC_PCSP: usize = 16;
 const FUNC_PCFILE: usize = 20;
 const FUNC_PCLN: usize = 24;
 const FUNC_CUOFFSET: usize = 32;
@@ -85,6 +90,44 @@ impl<'a> Pclntab<'a> {
     /// The function whose code holds address `pc` (of the file's address
     /// space), with its file and line there.
     pub fn lookup(&self, pc: u64) -> Option<Line> {
+        let (func, start, rel) = self.func_at(pc)?;
+        let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
+        let function = c_str(self.data, self.funcname + name_off)?;
+        let line = self
+            .pc_value(u32_at(self.data, func + FUNC_PCLN)?, start, rel)
+            .and_then(|l| u32::try_from(l).ok())
+            .unwrap_or(0);
+        let file = self
+            .pc_value(u32_at(self.data, func + FUNC_PCFILE)?, start, rel)
+            .and_then(|fileno| {
+                let cu_index = u64::from(u32_at(self.data, func + FUNC_CUOFFSET)?)
+                    + u64::try_from(fileno).ok()?;
+                let at = self.cu + 4 * usize::try_from(cu_index).ok()?;
+                match u32_at(self.data, at)? {
+                    u32::MAX => None,
+                    off => c_str(self.data, self.filetab + off as usize),
+                }
+            });
+        Some(Line {
+            function: function.to_owned(),
+            file: file.map(str::to_owned),
+            line,
+        })
+    }
+
+    /// The SP delta at address `pc`: the bytes its function has pushed
+    /// below its return address there (0 at the entry and in a function
+    /// without a frame).
+    pub fn sp_delta(&self, pc: u64) -> Option<u64> {
+        let (func, start, rel) = self.func_at(pc)?;
+        let delta = self.pc_value(u32_at(self.data, func + FUNC_PCSP)?, start, rel)?;
+        u64::try_from(delta).ok()
+    }
+
+    /// The `_func` record (its offset in the data) of the function whose
+    /// code holds `pc`, the function's entry and `pc`, both as offsets
+    /// from the text start.
+    fn func_at(&self, pc: u64) -> Option<(usize, u64, u64)> {
         let rel = u32::try_from(pc.checked_sub(self.text_start)?).ok()?;
         let entry = |i: usize| u32_at(self.data, self.pcln + 8 * i);
         // The last function whose entry is at or before pc.
@@ -103,33 +146,7 @@ impl<'a> Pclntab<'a> {
             return None;
         }
         let func = self.pcln + usize::try_from(u32_at(self.data, self.pcln + 8 * i + 4)?).ok()?;
-        let start = u64::from(entry(i)?);
-        let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
-        let function = c_str(self.data, self.funcname + name_off)?;
-        let line = self
-            .pc_value(u32_at(self.data, func + FUNC_PCLN)?, start, u64::from(rel))
-            .and_then(|l| u32::try_from(l).ok())
-            .unwrap_or(0);
-        let file = self
-            .pc_value(
-                u32_at(self.data, func + FUNC_PCFILE)?,
-                start,
-                u64::from(rel),
-            )
-            .and_then(|fileno| {
-                let cu_index = u64::from(u32_at(self.data, func + FUNC_CUOFFSET)?)
-                    + u64::try_from(fileno).ok()?;
-                let at = self.cu + 4 * usize::try_from(cu_index).ok()?;
-                match u32_at(self.data, at)? {
-                    u32::MAX => None,
-                    off => c_str(self.data, self.filetab + off as usize),
-                }
-            });
-        Some(Line {
-            function: function.to_owned(),
-            file: file.map(str::to_owned),
-            line,
-        })
+        Some((func, u64::from(entry(i)?), u64::from(rel)))
     }
 
     /// The value pc-value table `table` gives at `target` (offsets from
@@ -161,29 +178,34 @@ impl<'a> Pclntab<'a> {
 /// address in the file's address space) from the pclntab of the Go binary
 /// at `path`; one answer per offset, None where it has none.
 pub fn lookup_file(path: &Path, section: PclntabSection, addrs: &[u64]) -> Vec<Option<Line>> {
-    let none = || vec![None; addrs.len()];
-    let Ok(file) = std::fs::File::open(path) else {
-        return none();
-    };
+    with_table(path, section, |table| {
+        addrs.iter().map(|&pc| table.lookup(pc)).collect()
+    })
+    .unwrap_or_else(|| vec![None; addrs.len()])
+}
+
+/// The SP delta ([`Pclntab::sp_delta`]) at address `pc` of the Go binary
+/// at `path`.
+pub fn sp_delta_in_file(path: &Path, section: PclntabSection, pc: u64) -> Option<u64> {
+    with_table(path, section, |table| table.sp_delta(pc))?
+}
+
+/// Runs `read` over the pclntab of the file at `path`; None when the file
+/// or its table cannot be read.
+fn with_table<T>(
+    path: &Path,
+    section: PclntabSection,
+    read: impl FnOnce(&Pclntab<'_>) -> T,
+) -> Option<T> {
+    let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of an executable file, which
     // is replaced rather than rewritten while mapped; the symbolizer maps
     // the same files.
-    let Ok(map) = (unsafe { memmap2::Mmap::map(&file) }) else {
-        return none();
-    };
-    let (Ok(start), Ok(len)) = (
-        usize::try_from(section.offset),
-        usize::try_from(section.size),
-    ) else {
-        return none();
-    };
-    let Some(table) = map
-        .get(start..start.saturating_add(len))
-        .and_then(|data| Pclntab::parse(data, section.text_addr))
-    else {
-        return none();
-    };
-    addrs.iter().map(|&pc| table.lookup(pc)).collect()
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    let start = usize::try_from(section.offset).ok()?;
+    let len = usize::try_from(section.size).ok()?;
+    let data = map.get(start..start.saturating_add(len))?;
+    Some(read(&Pclntab::parse(data, section.text_addr)?))
 }
 
 fn u32_at(data: &[u8], at: usize) -> Option<u32> {
@@ -250,6 +272,10 @@ mod tests {
         d.extend_from_slice(&[2, 0x40, 0]); // +1 (zigzag 2) from -1 = 0
         let pcln = d.len() - pctab;
         d.extend_from_slice(&[22, 0x10, 4, 0x30, 0]); // -1+11=10; +2=12
+        // SP deltas: 0 for 4 bytes (the entry), 8 for 4 (after the frame
+        // pointer's push), then 0x28 for the rest.
+        let pcsp = d.len() - pctab;
+        d.extend_from_slice(&[2, 4, 16, 4, 64, 0x38, 0]); // -1+1=0; +8; +0x20
         let pcln_off = d.len();
         for (i, v) in [funcname, cu, filetab, pctab, pcln_off].iter().enumerate() {
             put(&mut d, 3 + i, *v as u64);
@@ -265,6 +291,7 @@ mod tests {
             let mut f = vec![0u8; 40];
             f[0..4].copy_from_slice(&entry.to_le_bytes());
             f[4..8].copy_from_slice(&name_off.to_le_bytes());
+            f[16..20].copy_from_slice(&(pcsp as u32).to_le_bytes());
             f[20..24].copy_from_slice(&(pcfile as u32).to_le_bytes());
             f[24..28].copy_from_slice(&(pcln as u32).to_le_bytes());
             d.extend_from_slice(&f);
@@ -286,6 +313,18 @@ mod tests {
         assert_eq!(b.function, "main.b");
         assert!(t.lookup(0x1080).is_none(), "past the last function");
         assert!(t.lookup(0xfff).is_none(), "before the text");
+    }
+
+    #[test]
+    fn sp_delta_follows_the_prologue() {
+        let data = table_bytes();
+        let t = Pclntab::parse(&data, 0).expect("a 1.20 table");
+        assert_eq!(t.sp_delta(0x1000), Some(0), "at the entry");
+        assert_eq!(t.sp_delta(0x1003), Some(0));
+        assert_eq!(t.sp_delta(0x1004), Some(8), "frame pointer pushed");
+        assert_eq!(t.sp_delta(0x1008), Some(0x28), "frame made");
+        assert_eq!(t.sp_delta(0x103f), Some(0x28));
+        assert_eq!(t.sp_delta(0x1080), None, "past the last function");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::model::frames::{Frame, Line, Mapping};
 use crate::procs::objects::{MappedObject, ObjectFile, hex};
 use crate::procs::process::ProcessTable;
 use crate::stacks::budget::{Cache, Lru, MemoryBudget, heap_in_use};
+use crate::stacks::file_pages::FilePages;
 use crate::stacks::go_pclntab;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
@@ -70,6 +71,11 @@ pub struct SymbolizeStats {
     pub plt_stubs: u64,
     /// Frames named from a Go binary's function table.
     pub go_pclntab: u64,
+    /// Callers put back under a Go leaf whose frame pointer was not set
+    /// up yet at the sample (once per distinct stack and window).
+    pub go_leaf_callers: u64,
+    /// Times the pages of mapped symbol files were let go of.
+    pub file_page_releases: u64,
     /// Frames left unsymbolized because the symbol found before them does
     /// not cover them (its size ends before, or it lies in another section).
     pub uncovered: u64,
@@ -94,6 +100,10 @@ impl ObjKey {
 }
 
 type CacheKey = (ObjKey, u64);
+
+/// An object a window's stacks pass through, the mapping it was found in,
+/// and the file offsets to look up in it.
+type Prefetched = (Arc<ObjectFile>, Arc<Mapping>, Vec<u64>);
 
 /// An object and the (frame index, file offset) pairs to look up in it.
 type Pending = (Arc<ObjectFile>, Vec<(usize, u64)>);
@@ -130,6 +140,13 @@ pub struct Symbolizer {
     cache: Lru<CacheKey, Arc<[Line]>>,
     /// Section layouts and PLT stubs per object (`None`: unreadable).
     layouts: Lru<ObjKey, Option<ObjectLayout>>,
+    /// SP deltas of Go code per (object, offset) (`None`: not Go code, or
+    /// not in its function table); charged with the layouts.
+    sp_deltas: Lru<CacheKey, Option<u64>>,
+    /// A window's cache misses per object, from [`Self::prefetch_user`].
+    prefetched: HashMap<u64, Prefetched>,
+    /// Releases the pages of mapped symbol files (None: switched off).
+    file_pages: Option<FilePages>,
     /// Files blazesym has parsed, to release them once their object is
     /// gone or when the budget asks.
     files: Lru<FileKey, ParsedFile>,
@@ -189,6 +206,9 @@ impl Symbolizer {
             kernel_parsed: false,
             cache: Lru::new(),
             layouts: Lru::new(),
+            sp_deltas: Lru::new(),
+            prefetched: HashMap::new(),
+            file_pages: Some(FilePages::new()),
             files: Lru::new(),
             budget,
             warned: HashSet::new(),
@@ -273,6 +293,158 @@ impl Symbolizer {
         frames
     }
 
+    /// As [`Self::user_stack_of`], for a stack the kernel walked by frame
+    /// pointers, with the words it read at the stack pointer
+    /// (`SampleKey::leaf_words`). A Go leaf sampled before its frame
+    /// pointer was set up (a function without a frame, or one in its
+    /// prologue or epilogue) leaves its caller out of the walk: the
+    /// pclntab's SP delta at the leaf says which word is its return
+    /// address (`[sp]` at 0, `[sp+8]` after the frame pointer's push), and
+    /// that caller is put back unless the walk has it already.
+    pub fn user_walk_of(
+        &mut self,
+        procs: &mut ProcessTable,
+        image: (u32, u32),
+        ips: &[u64],
+        leaf_words: [u64; 2],
+    ) -> Vec<Frame> {
+        match self.with_leaf_caller(procs, image, ips, leaf_words) {
+            Some(fixed) => {
+                self.stats.go_leaf_callers += 1;
+                self.user_stack_of(procs, image, &fixed)
+            }
+            None => self.user_stack_of(procs, image, ips),
+        }
+    }
+
+    /// `ips` with the leaf's caller put back, if the walk left it out.
+    fn with_leaf_caller(
+        &mut self,
+        procs: &mut ProcessTable,
+        image: (u32, u32),
+        ips: &[u64],
+        leaf_words: [u64; 2],
+    ) -> Option<Vec<u64>> {
+        let caller = self.leaf_caller(procs, image, ips, leaf_words)?;
+        let mut fixed = Vec::with_capacity(ips.len() + 1);
+        fixed.push(ips[0]);
+        fixed.push(caller);
+        fixed.extend_from_slice(&ips[1..]);
+        Some(fixed)
+    }
+
+    /// Notes the addresses of a user stack (as [`Self::user_walk_of`]
+    /// takes it) that the cache cannot answer, for
+    /// [`Self::resolve_prefetched`] to look up with the rest of a
+    /// window's, one object at a time. Does nothing when file pages are
+    /// not released (see [`Self::release_file_pages`]).
+    pub fn prefetch_user(
+        &mut self,
+        procs: &mut ProcessTable,
+        image: (u32, u32),
+        ips: &[u64],
+        leaf_words: [u64; 2],
+    ) {
+        if self.file_pages.is_none() {
+            return;
+        }
+        let fixed = self.with_leaf_caller(procs, image, ips, leaf_words);
+        let lookup = call_sites(fixed.as_deref().unwrap_or(ips));
+        for found in locate(procs, image, &lookup).into_iter().zip(&lookup) {
+            let (
+                Some(MappedObject {
+                    mapping,
+                    object: Some(object),
+                }),
+                &address,
+            ) = found
+            else {
+                continue;
+            };
+            let offset = address
+                .wrapping_sub(mapping.start)
+                .wrapping_add(mapping.file_offset);
+            if self.cached(&object, offset).is_none() {
+                self.prefetched
+                    .entry(object.id())
+                    .or_insert_with(|| (object, mapping, Vec::new()))
+                    .2
+                    .push(offset);
+            }
+        }
+    }
+
+    /// Looks up what [`Self::prefetch_user`] noted, one object at a time,
+    /// letting go of the pages of the files read after each: a window's
+    /// stacks then hold one object's file pages at a time rather than
+    /// those of every object they pass through.
+    pub fn resolve_prefetched(&mut self) {
+        let prefetched = std::mem::take(&mut self.prefetched);
+        for (object, mapping, mut offsets) in prefetched.into_values() {
+            offsets.sort_unstable();
+            offsets.dedup();
+            self.resolve_offsets(&object, &offsets, Some(&mapping));
+            self.release_file_pages();
+        }
+        self.shed(false);
+    }
+
+    /// Lets go of the resident pages of the files blazesym has mapped
+    /// (file_pages.rs), when that is on.
+    pub fn release_file_pages(&mut self) {
+        if let Some(pages) = self.file_pages.as_mut() {
+            pages.release();
+            self.stats.file_page_releases = pages.releases;
+        }
+    }
+
+    /// Whether a window's objects are symbolized one at a time with their
+    /// files' pages let go of after each (`[debug] release_file_pages`;
+    /// on by default).
+    pub fn set_release_file_pages(&mut self, on: bool) {
+        self.file_pages = on.then(FilePages::new);
+    }
+
+    /// The return address of the leaf of `ips` that the walk left out, if
+    /// it left one out (see [`Self::user_walk_of`]).
+    fn leaf_caller(
+        &mut self,
+        procs: &mut ProcessTable,
+        image: (u32, u32),
+        ips: &[u64],
+        leaf_words: [u64; 2],
+    ) -> Option<u64> {
+        if leaf_words == [0; 2] {
+            return None;
+        }
+        let &leaf = ips.first()?;
+        let delta = self.go_sp_delta(procs, image, leaf)?;
+        missing_leaf_caller(ips, leaf_words, delta)
+    }
+
+    /// The pclntab's SP delta at `pc` of a process image (None outside Go
+    /// code), cached per (object, offset).
+    fn go_sp_delta(&mut self, procs: &mut ProcessTable, image: (u32, u32), pc: u64) -> Option<u64> {
+        let MappedObject { mapping, object } = locate(procs, image, &[pc]).pop()??;
+        let object = object?;
+        let offset = pc
+            .wrapping_sub(mapping.start)
+            .wrapping_add(mapping.file_offset);
+        let key = (ObjKey::of(&object), offset);
+        if let Some(delta) = self.sp_deltas.get(&key) {
+            return *delta;
+        }
+        let path = object.elf_path();
+        let delta = layout_of(&mut self.layouts, &key.0, &object, &path).and_then(|layout| {
+            let section = layout.go_pclntab()?;
+            let addr = layout.addr_of_offset(offset)?;
+            go_pclntab::sp_delta_in_file(&path, section, addr)
+        });
+        self.sp_deltas.insert(key, delta, 0);
+        self.shed(false);
+        delta
+    }
+
     /// The cached result for `offset` in `object`: symbols found in any
     /// file with its build ID, else a miss in this very file.
     fn cached(&mut self, object: &ObjectFile, offset: u64) -> Option<Arc<[Line]>> {
@@ -300,6 +472,32 @@ impl Symbolizer {
         let mut offsets: Vec<u64> = pending.iter().map(|&(_, offset)| offset).collect();
         offsets.sort_unstable();
         offsets.dedup();
+        let mapped = pending
+            .first()
+            .and_then(|&(idx, _)| frames.get(idx)?.mapping.clone());
+        let results = self.resolve_offsets(object, &offsets, mapped.as_deref());
+        for &(idx, offset) in pending {
+            let lines = offsets
+                .binary_search(&offset)
+                .ok()
+                .and_then(|i| results.get(i));
+            match (lines, frames.get_mut(idx)) {
+                (Some(lines), Some(frame)) if !lines.is_empty() => frame.lines = Arc::clone(lines),
+                _ => self.stats.failures += 1,
+            }
+        }
+    }
+
+    /// Looks up `offsets` (sorted, distinct) in one object and caches the
+    /// answers: offsets in PLT sections by the object's stubs, the others
+    /// with blazesym, and what blazesym leaves unnamed in a Go binary from
+    /// its pclntab. `mapped` names the file in a warning.
+    fn resolve_offsets(
+        &mut self,
+        object: &Arc<ObjectFile>,
+        offsets: &[u64],
+        mapped: Option<&Mapping>,
+    ) -> Vec<Arc<[Line]>> {
         let path = object.elf_path();
         let mut results: Vec<Option<Arc<[Line]>>> = vec![None; offsets.len()];
         let layout_key = ObjKey::of(object);
@@ -370,11 +568,8 @@ impl Symbolizer {
             Err(err) => {
                 self.stats.object_errors += 1;
                 if self.warn_once(&ObjKey::of(object)) {
-                    let path = pending
-                        .first()
-                        .and_then(|&(idx, _)| frames.get(idx)?.mapping.as_ref());
                     warn!(
-                        path = path.map(|m| m.path.as_str()),
+                        path = mapped.map(|m| m.path.as_str()),
                         build_id = object.build_id().map(|id| &**id),
                         %err,
                         "cannot symbolize in a mapped file; its frames stay unsymbolized"
@@ -438,16 +633,7 @@ impl Symbolizer {
             self.cache
                 .insert((cache_key, offset), Arc::clone(lines), lines_bytes(lines));
         }
-        for &(idx, offset) in pending {
-            let lines = offsets
-                .binary_search(&offset)
-                .ok()
-                .and_then(|i| results.get(i));
-            match (lines, frames.get_mut(idx)) {
-                (Some(lines), Some(frame)) if !lines.is_empty() => frame.lines = Arc::clone(lines),
-                _ => self.stats.failures += 1,
-            }
-        }
+        results
     }
 
     /// Symbolizes a kernel stack: `addrs` leaf first, adjusted like
@@ -604,7 +790,10 @@ impl Symbolizer {
     /// Publishes the caches' bytes to the budget.
     fn publish(&self) {
         self.budget.set(Cache::Symbols, self.cache.bytes());
-        self.budget.set(Cache::Layouts, self.layouts.bytes());
+        self.budget.set(
+            Cache::Layouts,
+            self.layouts.bytes() + self.sp_deltas.bytes(),
+        );
         self.budget.set(Cache::SymbolFiles, self.files.bytes());
     }
 
@@ -639,7 +828,9 @@ impl Symbolizer {
                     self.stats.cache_evictions += u64::from(dropped);
                     dropped
                 }
-                Cache::Layouts => self.layouts.pop_lru().is_some(),
+                Cache::Layouts => {
+                    self.sp_deltas.pop_lru().is_some() || self.layouts.pop_lru().is_some()
+                }
                 _ => match self.files.pop_lru() {
                     Some((FileKey::Kernel, _)) => {
                         // Parsed again at the next kernel frame.
@@ -669,6 +860,20 @@ impl Symbolizer {
             ..self.stats
         }
     }
+}
+
+/// The return address of a frame-pointer walk's leaf that the walk left
+/// out, from the words at the stack pointer and the leaf's SP delta: with
+/// nothing pushed yet the return address is at `[sp]`, after the frame
+/// pointer's push at `[sp+8]`; with a frame set up the walk has the caller.
+/// None when the word was not a code address (0) or the walk has it.
+fn missing_leaf_caller(ips: &[u64], leaf_words: [u64; 2], sp_delta: u64) -> Option<u64> {
+    let word = match sp_delta {
+        0 => leaf_words[0],
+        8 => leaf_words[1],
+        _ => return None,
+    };
+    (word != 0 && ips.get(1) != Some(&word)).then_some(word)
 }
 
 /// Heap bytes of cached lines: the shared empty answer holds none.
@@ -846,6 +1051,27 @@ mod tests {
     #[inline(never)]
     fn symbolize_marker() -> u64 {
         std::hint::black_box(7)
+    }
+
+    /// A leaf's caller comes back from the word its SP delta names, and
+    /// only when the walk lacks it.
+    #[test]
+    fn a_leaf_without_its_frame_gets_its_caller_back() {
+        // leaf, then the caller's caller (the walk skipped the caller).
+        let walk = [0x1010, 0x3030];
+        assert_eq!(missing_leaf_caller(&walk, [0x2020, 0], 0), Some(0x2020));
+        assert_eq!(
+            missing_leaf_caller(&walk, [0x9999, 0x2020], 8),
+            Some(0x2020)
+        );
+        // A frame set up: the walk is right, whatever the words.
+        assert_eq!(missing_leaf_caller(&walk, [0x2020, 0x2020], 0x28), None);
+        // At delta 8 with the frame pointer already moved, the walk has
+        // the caller the word names.
+        assert_eq!(missing_leaf_caller(&[0x1010, 0x2020], [0, 0x2020], 8), None);
+        // No code address at the word.
+        assert_eq!(missing_leaf_caller(&walk, [0, 0x2020], 0), None);
+        assert_eq!(missing_leaf_caller(&[0x1010], [0x2020, 0], 0), Some(0x2020));
     }
 
     /// The address of an instruction inside an inlined function.

@@ -29,12 +29,14 @@ use profiler_common::{
 use crate::{
     counters::count,
     globals::STACK_SAMPLES_RING,
+    go_labels::go_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
     process::{anchor_young_image, is_target, note_process},
     stack::{
+        UserRegs,
         copy::{counted_copy_stack, stack_fits},
-        task_user_regs, use_dwarf,
+        fp_process, leaf_words, task_user_regs, use_dwarf,
     },
 };
 
@@ -106,6 +108,17 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     } else {
         record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST)
     };
+    // A Go process's leaf words and goroutine labels (the one lookup of
+    // its entry, and of the registers, serves both).
+    let (leaf_words, go_labels) = match (user_stack, fp_process(tgid)) {
+        (STACK_NONE | STACK_LOST, _) | (_, None) => ([0; 2], 0),
+        (_, Some(process)) => user_regs(&ctx).map_or(([0; 2], 0), |regs| {
+            (
+                leaf_words(&process, regs.sp),
+                go_label_set(&process.go, regs.r14),
+            )
+        }),
+    };
     let key = SampleKey {
         tgid,
         tid,
@@ -113,6 +126,8 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
         kernel_stack,
         comm,
         image_since,
+        leaf_words,
+        go_labels,
     };
     match counts.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map; no other writer.
@@ -139,20 +154,27 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
 /// interrupted context when the sample hit user code, else the ones the
 /// task saved on entering the kernel. None for kernel threads.
 #[inline(always)]
-fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
-    let (ip, sp, bp) = if in_user_mode(ctx) {
+fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
+    let regs = if in_user_mode(ctx) {
         let data = ctx.as_ptr() as *const bpf_perf_event_data;
         // SAFETY: direct context loads, which the verifier rewrites to the
         // sampled registers (a probe read of the context would read the
         // kernel's own, different structure).
-        unsafe { ((*data).regs.rip, (*data).regs.rsp, (*data).regs.rbp) }
+        unsafe {
+            UserRegs {
+                ip: (*data).regs.rip,
+                sp: (*data).regs.rsp,
+                bp: (*data).regs.rbp,
+                r14: (*data).regs.r14,
+            }
+        }
     } else {
         task_user_regs()?
     };
-    if ip == 0 || sp == 0 {
+    if regs.ip == 0 || regs.sp == 0 {
         return None;
     }
-    Some((ip, sp, bp))
+    Some(regs)
 }
 
 /// Sends the sample with a copy of the user stack for unwinding in the
@@ -160,7 +182,7 @@ fn user_regs(ctx: &PerfEventContext) -> Option<(u64, u64, u64)> {
 /// instead) for kernel threads and when the ring buffer is full.
 #[inline(always)]
 fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; COMM_LEN]) -> bool {
-    let Some((ip, sp, bp)) = user_regs(ctx) else {
+    let Some(UserRegs { ip, sp, bp, .. }) = user_regs(ctx) else {
         return false;
     };
     let sent = if stack_fits(tid, sp, SHORT_STACK_BYTES) {

@@ -118,7 +118,7 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
             }
         }
     };
-    let (ip, sp, bp) = task_user_regs().unwrap_or((0, 0, 0));
+    let (ip, sp, bp) = task_user_regs().map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
     // SAFETY: the thread's own map value (only this thread's switches and
     // its exit touch it), written in place.
     unsafe {

@@ -9,13 +9,13 @@ pub(crate) mod hints;
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, pt_regs},
     helpers::{
-        bpf_probe_read_kernel,
+        bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_get_stack, bpf_task_pt_regs},
     },
     macros::map,
     maps::HashMap,
 };
-use profiler_common::{MAX_STACK_DEPTH, TARGETS_ENTRIES, unwind_mode};
+use profiler_common::{FpProcess, MAX_STACK_DEPTH, TARGETS_ENTRIES, unwind_mode};
 
 use crate::{
     globals::{UNWIND_MODE, global_u8},
@@ -23,9 +23,9 @@ use crate::{
 };
 
 /// Processes to unwind with frame pointers in `AUTO` mode (set by the daemon,
-/// e.g. for Go binaries).
+/// e.g. for Go binaries), with the range of their executable's code.
 #[map]
-static FP_PROCESSES: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
+static FP_PROCESSES: HashMap<u32, FpProcess> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
 
 #[inline(always)]
 pub(crate) fn use_dwarf(tgid: u32) -> bool {
@@ -35,6 +35,33 @@ pub(crate) fn use_dwarf(tgid: u32) -> bool {
         // SAFETY: presence check only.
         _ => unsafe { FP_PROCESSES.get(tgid).is_none() },
     }
+}
+
+/// The frame-pointer process entry of `tgid`, if it is marked.
+#[inline(always)]
+pub(crate) fn fp_process(tgid: u32) -> Option<FpProcess> {
+    // SAFETY: a lookup; the value is copied out at once.
+    unsafe { FP_PROCESSES.get(tgid) }.copied()
+}
+
+/// The words at the user stack pointer, `[sp]` and `[sp+8]`, each kept
+/// only where it points into the code of a process marked in
+/// `FP_PROCESSES` with a code range (else 0): one of them is the return
+/// address of a leaf that has not set up its frame pointer, whose caller
+/// the kernel's frame-pointer walk skips (see `SampleKey::leaf_words`).
+/// Words that are not code addresses are dropped so that a framed leaf's
+/// changing data does not split its samples.
+#[inline(always)]
+pub(crate) fn leaf_words(process: &FpProcess, sp: u64) -> [u64; 2] {
+    if process.text_end <= process.text_start || sp == 0 {
+        return [0; 2];
+    }
+    // SAFETY: a checked read of user memory.
+    let words: [u64; 2] = unsafe { bpf_probe_read_user(sp as *const [u64; 2]) }.unwrap_or([0; 2]);
+    [
+        if process.holds(words[0]) { words[0] } else { 0 },
+        if process.holds(words[1]) { words[1] } else { 0 },
+    ]
 }
 
 /// Records the current thread's user stack for an event: a copy of up to
@@ -70,14 +97,29 @@ pub(crate) unsafe fn record_user_stack<const N: usize>(
     (0, walked)
 }
 
+/// The user registers a program reads: instruction, stack and frame
+/// pointers, and R14, which Go code keeps the running goroutine in.
+#[derive(Clone, Copy)]
+pub(crate) struct UserRegs {
+    pub(crate) ip: u64,
+    pub(crate) sp: u64,
+    pub(crate) bp: u64,
+    pub(crate) r14: u64,
+}
+
 /// The current task's user registers as saved on entering the kernel.
 #[inline(always)]
-pub(crate) fn task_user_regs() -> Option<(u64, u64, u64)> {
+pub(crate) fn task_user_regs() -> Option<UserRegs> {
     // SAFETY: plain helpers; the pointer is only read through
     // bpf_probe_read_kernel.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
     // One read of the whole structure costs less than three of a word.
     // SAFETY: a read of a pt_regs, checked by the helper.
     let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    Some((regs.rip, regs.rsp, regs.rbp))
+    Some(UserRegs {
+        ip: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        r14: regs.r14,
+    })
 }

@@ -26,7 +26,7 @@ use crate::profiles::records::{
     Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, read_record, record,
 };
 use crate::profiles::rescale::{block_event, mutex_event};
-use crate::profiles::samples::{is_tracing_frame, push_stack, sample_labels};
+use crate::profiles::samples::{is_tracing_frame, prefetch_user_stack, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -188,6 +188,7 @@ pub(crate) fn read_wait_events(
             kernel: Stack::None,
             object: event.uaddr,
             cond: event.cond,
+            go_labels: 0,
         };
         if kind == wait_event::BLOCK {
             waits.mutex.note_cond_word(&id);
@@ -237,6 +238,7 @@ pub(crate) fn read_offcpu_event(
         kernel,
         object: 0,
         cond: 0,
+        go_labels: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -252,18 +254,23 @@ pub(crate) fn build_wait_profile(
 ) -> pprof_proto::Profile {
     let mut builder = ProfileBuilder::new(kind, 1, time_nanos, duration_nanos);
     let mut frames: Vec<Frame> = Vec::with_capacity(256);
+    for (id, _) in rows {
+        procs.ensure(id.tgid);
+        prefetch_user_stack(symbolizer, procs, id);
+    }
+    symbolizer.resolve_prefetched();
     for (id, weight) in rows {
         frames.clear();
         procs.ensure(id.tgid);
-        push_stack(&mut frames, &id.kernel, "kernel", |ips| {
+        push_stack(&mut frames, &id.kernel, "kernel", |ips, _| {
             symbolizer.kernel_stack(ips)
         });
         // The switch-out stack starts inside the tracepoint that recorded
         // it; the thread blocked in the scheduler below.
         let tracing = frames.iter().take_while(|f| is_tracing_frame(f)).count();
         frames.drain(..tracing);
-        push_stack(&mut frames, &id.user, "user", |ips| {
-            symbolizer.user_stack_of(procs, (id.tgid, id.generation), ips)
+        push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
+            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
         let labels = sample_labels(settings, procs, id);
         let labels: Vec<(&str, &str)> = labels
@@ -297,6 +304,7 @@ mod tests {
             kernel: Stack::None,
             object: 0,
             cond: 0,
+            go_labels: 0,
         }
     }
 
@@ -328,6 +336,7 @@ mod tests {
         let word = |frame, object, cond| SampleId {
             object,
             cond,
+            go_labels: 0,
             ..id(frame)
         };
         // A wait inside pthread_cond_wait on word 0x1008 of condition

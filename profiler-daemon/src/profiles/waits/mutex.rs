@@ -109,6 +109,7 @@ impl MutexTable {
                     Some(&cond) if id.cond == 0 => (
                         Arc::new(SampleId {
                             cond,
+                            go_labels: 0,
                             ..(*id).clone()
                         }),
                         weight,

@@ -1,0 +1,216 @@
+//! The pprof labels of the goroutine a Go thread runs, read at a CPU sample
+//! as Go's own profiler reads them: the goroutine in R14 (where Go code
+//! keeps it), its M, the M's current goroutine (`m.curg`, the one a
+//! system-stack sample is charged to), and that goroutine's `labels`.
+//! Offsets and the labels' form come from the daemon per process
+//! (`GoRuntime`). R14 holds the goroutine only in Go code: the reading is
+//! trusted only when the M's current goroutine points back to the same M.
+//!
+//! A sample carries an id of its label set, a hash of the labels' string
+//! headers (their addresses and lengths); the set's text is recorded in
+//! `GO_LABEL_SETS` at the first sample that carries the id, and the daemon
+//! takes (and so deletes) the recorded sets every second, so a text is
+//! never older than a second.
+
+use aya_ebpf::{
+    bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{bpf_probe_read_user, generated},
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
+use profiler_common::{
+    GO_LABEL_KEY_BYTES, GO_LABEL_SETS_ENTRIES, GO_LABEL_VALUE_BYTES, GO_LABELS_MAX, GoLabels,
+    GoRuntime, counter, go_labels_form,
+};
+
+use crate::counters::count;
+
+/// -EEXIST: another CPU recorded the same set first.
+const EEXIST: i32 = -17;
+/// Go's `minTopHash`: a map slot whose top hash is below it is empty.
+const MIN_TOP_HASH: u64 = 5;
+
+/// Label sets by id, as recorded at their first sample since the daemon
+/// last took them.
+#[map]
+static GO_LABEL_SETS: HashMap<u64, GoLabels> =
+    HashMap::with_max_entries(GO_LABEL_SETS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Per-CPU room for one reading (too big for the 512-byte BPF stack).
+#[repr(C)]
+struct Scratch {
+    /// Per label: key address, key length, value address, value length.
+    headers: [[u64; 4]; GO_LABELS_MAX],
+    /// One bucket of a `map[string]string`: the top hashes (8 bytes),
+    /// 8 keys and 8 values (16 bytes each).
+    bucket: [u64; 33],
+    record: GoLabels,
+}
+
+#[map]
+static GO_LABEL_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn read<T>(addr: u64) -> Option<T> {
+    // The first page is never mapped: a zero or tiny pointer is no object.
+    if addr < 4096 {
+        return None;
+    }
+    // SAFETY: a checked read of user memory.
+    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
+}
+
+/// Reads `len` (at most `room`) bytes of user memory at `src` into `dst`.
+#[inline(always)]
+fn read_into(dst: *mut u8, room: u64, src: u64, len: u64) -> bool {
+    let len = if len > room { room } else { len };
+    // SAFETY: `dst` has `room` bytes; the helper checks the source.
+    unsafe { generated::bpf_probe_read_user(dst.cast(), len as u32, src as *const _) == 0 }
+}
+
+/// The id of the label set of the goroutine that thread-local goroutine
+/// `g` (R14) runs for, recording the set's text if it is new; 0 when there
+/// is none or it cannot be read.
+#[inline(always)]
+pub(crate) fn go_label_set(go: &GoRuntime, g: u64) -> u64 {
+    if go.labels_form == go_labels_form::NONE {
+        return 0;
+    }
+    try_label_set(go, g).unwrap_or(0)
+}
+
+#[inline(always)]
+fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
+    let m: u64 = read(g.wrapping_add(u64::from(go.g_m)))?;
+    let curg: u64 = read(m.wrapping_add(u64::from(go.m_curg)))?;
+    // R14 may hold anything outside Go code: trust it only when its M's
+    // running goroutine belongs to that M.
+    let curg_m: u64 = read(curg.wrapping_add(u64::from(go.g_m)))?;
+    if curg_m != m {
+        return None;
+    }
+    let labels: u64 = read(curg.wrapping_add(u64::from(go.g_labels)))?;
+    if labels == 0 {
+        return None;
+    }
+    // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
+    let scratch = unsafe { &mut *GO_LABEL_SCRATCH.get_ptr_mut(0)? };
+    let (n, cut) = match go.labels_form {
+        go_labels_form::LIST => list_headers(labels, scratch)?,
+        _ => map_headers(labels, scratch)?,
+    };
+    if n == 0 {
+        return None;
+    }
+    let mut id: u64 = 0xcbf2_9ce4_8422_2325 ^ n as u64;
+    for i in 0..GO_LABELS_MAX {
+        if i >= n {
+            break;
+        }
+        for word in scratch.headers[i] {
+            id = (id.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    let id = id.max(1);
+    count(counter::GO_LABELED_SAMPLES);
+    // SAFETY: presence check only.
+    if unsafe { GO_LABEL_SETS.get(id).is_none() } {
+        record(scratch, n, cut);
+        // By reference: the record does not fit the BPF stack.
+        #[allow(clippy::needless_borrows_for_generic_args)]
+        if let Err(e) = GO_LABEL_SETS.insert(id, &scratch.record, BPF_NOEXIST as u64)
+            && e != EEXIST
+        {
+            count(counter::GO_LABEL_SETS_FULL);
+            return None;
+        }
+    }
+    Some(id)
+}
+
+/// Go 1.24 and later: `labels` points to a struct whose first field is a
+/// slice of `{key, value string}`, laid out as the headers are.
+#[inline(always)]
+fn list_headers(labels: u64, scratch: &mut Scratch) -> Option<(usize, bool)> {
+    let list: [u64; 2] = read(labels)?;
+    let (ptr, len) = (list[0], list[1]);
+    let n = if len > GO_LABELS_MAX as u64 {
+        GO_LABELS_MAX as u64
+    } else {
+        len
+    };
+    if n == 0 || ptr < 4096 {
+        return Some((0, false));
+    }
+    let room = core::mem::size_of_val(&scratch.headers) as u64;
+    if !read_into(scratch.headers.as_mut_ptr().cast(), room, ptr, n * 32) {
+        return None;
+    }
+    Some((n as usize, len > n))
+}
+
+/// Go 1.23 and before: `labels` points to a `map[string]string`. Up to
+/// 8 labels the map has one bucket; a larger one is read from its first
+/// bucket only, and counted as cut.
+#[inline(always)]
+fn map_headers(labels: u64, scratch: &mut Scratch) -> Option<(usize, bool)> {
+    let hmap: u64 = read(labels)?;
+    // count, then flags (byte 8) and B (byte 9), then the buckets.
+    let header: [u64; 3] = read(hmap)?;
+    let (entries, b, buckets) = (header[0], (header[1] >> 8) & 0xff, header[2]);
+    if entries == 0 || buckets < 4096 {
+        return Some((0, false));
+    }
+    let room = core::mem::size_of_val(&scratch.bucket) as u64;
+    if !read_into(scratch.bucket.as_mut_ptr().cast(), room, buckets, room) {
+        return None;
+    }
+    let tophash = scratch.bucket[0];
+    let mut n = 0usize;
+    for slot in 0..GO_LABELS_MAX {
+        if (tophash >> (8 * slot)) & 0xff < MIN_TOP_HASH {
+            continue;
+        }
+        if n >= GO_LABELS_MAX {
+            break;
+        }
+        scratch.headers[n] = [
+            scratch.bucket[1 + 2 * slot],
+            scratch.bucket[2 + 2 * slot],
+            scratch.bucket[17 + 2 * slot],
+            scratch.bucket[18 + 2 * slot],
+        ];
+        n += 1;
+    }
+    Some((n, b != 0 || entries > n as u64))
+}
+
+/// Fills the scratch record with the text of the first `n` labels.
+#[inline(always)]
+fn record(scratch: &mut Scratch, n: usize, cut: bool) {
+    let mut cut = cut;
+    let record = &mut scratch.record;
+    for i in 0..GO_LABELS_MAX {
+        if i >= n {
+            break;
+        }
+        let [key, key_len, value, value_len] = scratch.headers[i];
+        let key_room = GO_LABEL_KEY_BYTES as u64;
+        let value_room = GO_LABEL_VALUE_BYTES as u64;
+        let got_key = read_into(record.keys[i].as_mut_ptr(), key_room, key, key_len);
+        let got_value = read_into(record.values[i].as_mut_ptr(), value_room, value, value_len);
+        record.key_len[i] = if got_key {
+            key_len.min(key_room) as u8
+        } else {
+            0
+        };
+        record.value_len[i] = if got_value {
+            value_len.min(value_room) as u8
+        } else {
+            0
+        };
+        cut |= key_len > key_room || value_len > value_room;
+    }
+    record.count = n as u8;
+    record.cut = u8::from(cut);
+}
