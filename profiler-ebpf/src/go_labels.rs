@@ -27,6 +27,19 @@ use crate::counters::count;
 
 /// -EEXIST: another CPU recorded the same set first.
 const EEXIST: i32 = -17;
+/// The id of eight empty slots (the hash below over 32 zero words).
+const NO_LABELS_ID: u64 = no_labels_id();
+
+const fn no_labels_id() -> u64 {
+    let mut id: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < GO_LABELS_MAX * 4 {
+        id = id.rotate_left(5).wrapping_mul(0x517c_c1b7_2722_0a95);
+        i += 1;
+    }
+    id
+}
+
 /// Go's `minTopHash`: a map slot whose top hash is below it is empty.
 const MIN_TOP_HASH: u64 = 5;
 
@@ -95,27 +108,32 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
     }
     // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
     let scratch = unsafe { &mut *GO_LABEL_SCRATCH.get_ptr_mut(0)? };
-    let (n, cut) = match go.labels_form {
+    // Every slot is filled (an empty one with zeros) and every loop below
+    // runs its full count: no branch depends on how many labels there
+    // are, which keeps the verifier's work (and the daemon's start) small.
+    let cut = match go.labels_form {
         go_labels_form::LIST => list_headers(labels, scratch)?,
         _ => map_headers(labels, scratch)?,
     };
-    if n == 0 {
-        return None;
-    }
-    let mut id: u64 = 0xcbf2_9ce4_8422_2325 ^ n as u64;
-    for i in 0..GO_LABELS_MAX {
-        if i >= n {
-            break;
-        }
-        for word in scratch.headers[i] {
+    let mut id: u64 = 0xcbf2_9ce4_8422_2325;
+    for slot in 0..GO_LABELS_MAX {
+        for w in 0..4 {
+            // Volatile: one word at a time, not all 32 hoisted into
+            // registers and spilled past the BPF stack.
+            // SAFETY: a read of the scratch slot's own memory.
+            let word = unsafe { core::ptr::read_volatile(&scratch.headers[slot][w]) };
             id = (id.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
+    }
+    if id == NO_LABELS_ID {
+        // Every slot empty: no label.
+        return None;
     }
     let id = id.max(1);
     count(counter::GO_LABELED_SAMPLES);
     // SAFETY: presence check only.
     if unsafe { GO_LABEL_SETS.get(id).is_none() } {
-        record(scratch, n, cut);
+        record(scratch, cut);
         // By reference: the record does not fit the BPF stack.
         #[allow(clippy::needless_borrows_for_generic_args)]
         if let Err(e) = GO_LABEL_SETS.insert(id, &scratch.record, BPF_NOEXIST as u64)
@@ -129,88 +147,67 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
 }
 
 /// Go 1.24 and later: `labels` points to a struct whose first field is a
-/// slice of `{key, value string}`, laid out as the headers are.
+/// slice of `{key, value string}`, laid out as the headers are. Returns
+/// whether the list had more labels than the slots.
 #[inline(always)]
-fn list_headers(labels: u64, scratch: &mut Scratch) -> Option<(usize, bool)> {
+fn list_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
     let list: [u64; 2] = read(labels)?;
     let (ptr, len) = (list[0], list[1]);
-    let n = if len > GO_LABELS_MAX as u64 {
-        GO_LABELS_MAX as u64
-    } else {
-        len
-    };
-    if n == 0 || ptr < 4096 {
-        return Some((0, false));
+    for header in scratch.headers.iter_mut() {
+        for word in header.iter_mut() {
+            *word = 0;
+        }
     }
     let room = core::mem::size_of_val(&scratch.headers) as u64;
-    if !read_into(scratch.headers.as_mut_ptr().cast(), room, ptr, n * 32) {
+    if ptr >= 4096 && !read_into(scratch.headers.as_mut_ptr().cast(), room, ptr, len * 32) {
         return None;
     }
-    Some((n as usize, len > n))
+    Some(len > GO_LABELS_MAX as u64)
 }
 
 /// Go 1.23 and before: `labels` points to a `map[string]string`. Up to
-/// 8 labels the map has one bucket; a larger one is read from its first
-/// bucket only, and counted as cut.
+/// 8 labels the map has one bucket, whose slots map to the header slots
+/// (an empty one zeroed; the daemon skips those); a larger map is read
+/// from its first bucket only, and counted as cut.
 #[inline(always)]
-fn map_headers(labels: u64, scratch: &mut Scratch) -> Option<(usize, bool)> {
+fn map_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
     let hmap: u64 = read(labels)?;
     // count, then flags (byte 8) and B (byte 9), then the buckets.
     let header: [u64; 3] = read(hmap)?;
-    let (entries, b, buckets) = (header[0], (header[1] >> 8) & 0xff, header[2]);
-    if entries == 0 || buckets < 4096 {
-        return Some((0, false));
-    }
+    let (b, buckets) = ((header[1] >> 8) & 0xff, header[2]);
     let room = core::mem::size_of_val(&scratch.bucket) as u64;
     if !read_into(scratch.bucket.as_mut_ptr().cast(), room, buckets, room) {
         return None;
     }
     let tophash = scratch.bucket[0];
-    let mut n = 0usize;
     for slot in 0..GO_LABELS_MAX {
-        if (tophash >> (8 * slot)) & 0xff < MIN_TOP_HASH {
-            continue;
-        }
-        if n >= GO_LABELS_MAX {
-            break;
-        }
-        scratch.headers[n] = [
-            scratch.bucket[1 + 2 * slot],
-            scratch.bucket[2 + 2 * slot],
-            scratch.bucket[17 + 2 * slot],
-            scratch.bucket[18 + 2 * slot],
-        ];
-        n += 1;
+        let live = (tophash >> (8 * slot)) & 0xff >= MIN_TOP_HASH;
+        let keep = u64::from(live).wrapping_neg();
+        scratch.headers[slot][0] = scratch.bucket[1 + 2 * slot] & keep;
+        scratch.headers[slot][1] = scratch.bucket[2 + 2 * slot] & keep;
+        scratch.headers[slot][2] = scratch.bucket[17 + 2 * slot] & keep;
+        scratch.headers[slot][3] = scratch.bucket[18 + 2 * slot] & keep;
     }
-    Some((n, b != 0 || entries > n as u64))
+    Some(b != 0 || header[0] > GO_LABELS_MAX as u64)
 }
 
-/// Fills the scratch record with the text of the first `n` labels.
+/// Fills the scratch record with the text of every slot (an empty slot
+/// reads nothing).
 #[inline(always)]
-fn record(scratch: &mut Scratch, n: usize, cut: bool) {
+fn record(scratch: &mut Scratch, cut: bool) {
     let mut cut = cut;
     let record = &mut scratch.record;
+    let key_room = GO_LABEL_KEY_BYTES as u64;
+    let value_room = GO_LABEL_VALUE_BYTES as u64;
     for i in 0..GO_LABELS_MAX {
-        if i >= n {
-            break;
-        }
-        let [key, key_len, value, value_len] = scratch.headers[i];
-        let key_room = GO_LABEL_KEY_BYTES as u64;
-        let value_room = GO_LABEL_VALUE_BYTES as u64;
+        let (key, key_len) = (scratch.headers[i][0], scratch.headers[i][1]);
+        let (value, value_len) = (scratch.headers[i][2], scratch.headers[i][3]);
         let got_key = read_into(record.keys[i].as_mut_ptr(), key_room, key, key_len);
         let got_value = read_into(record.values[i].as_mut_ptr(), value_room, value, value_len);
-        record.key_len[i] = if got_key {
-            key_len.min(key_room) as u8
-        } else {
-            0
-        };
-        record.value_len[i] = if got_value {
-            value_len.min(value_room) as u8
-        } else {
-            0
-        };
+        record.key_len[i] = (key_len.min(key_room) as u8) * u8::from(got_key);
+        record.value_len[i] = (value_len.min(value_room) as u8) * u8::from(got_value);
         cut |= key_len > key_room || value_len > value_room;
     }
-    record.count = n as u8;
+    record.count = GO_LABELS_MAX as u8;
     record.cut = u8::from(cut);
 }

@@ -5,7 +5,10 @@
 //! - `programs/cpu.rs`: `cpu_sample`, on every CPU-clock tick; its counts
 //!   and frame-pointer stacks are double-buffered (the daemon flips
 //!   `CONTROL[ACTIVE_BUFFER]` and drains the buffer the kernel no longer
-//!   writes), or the sample goes to the daemon with a stack copy to unwind.
+//!   writes), or the sample goes to the daemon with a stack copy to unwind;
+//!   a Go process's sample is tail-called to `go_sample` (leaf callers'
+//!   words, goroutine labels), which the daemon loads at the first Go
+//!   process.
 //! - `programs/heap.rs`: `heap_probe`, the allocator uprobe session.
 //! - `programs/futex.rs`, `cond_wait.rs`, `go_park.rs`: block and mutex
 //!   waits; `programs/offcpu.rs`: `sched_switch`.

@@ -14,10 +14,11 @@
 //
 // At exit it prints one line to stdout:
 //
-//	pid=P cpu_ns=N checkout_ns=A search_ns=B
+//	pid=P cpu_ns=N checkout_ns=A search_ns=B spins=S
 //
 // checkout_ns and search_ns are the thread CPU time spent inside each
-// handler (CLOCK_THREAD_CPUTIME_ID; the goroutine is locked to its thread).
+// handler (CLOCK_THREAD_CPUTIME_ID; the goroutine is locked to its thread);
+// spins the calls of spin, the work done (throughput, for benchmarks).
 //
 // Build: go build -o go_handlers go_handlers.go
 package main
@@ -58,6 +59,9 @@ func nextFactor() int64 {
 
 var sink uint64
 
+// spins counts the calls of spin: the work done, for throughput.
+var spins int64
+
 func threadCPU() int64 {
 	var ts syscall.Timespec
 	// CLOCK_THREAD_CPUTIME_ID
@@ -84,6 +88,7 @@ func checkout(ns int64) int64 {
 	x := sink
 	for threadCPU()-start < ns {
 		x = spin(20000, x)
+		spins++
 	}
 	sink = x
 	return threadCPU() - start
@@ -95,6 +100,7 @@ func search(ns int64) int64 {
 	x := sink
 	for threadCPU()-start < ns {
 		x = spin(20000, x)
+		spins++
 	}
 	sink = x
 	return threadCPU() - start
@@ -155,5 +161,5 @@ func main() {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	cpu := ru.Utime.Nano() + ru.Stime.Nano()
-	fmt.Printf("pid=%d cpu_ns=%d checkout_ns=%d search_ns=%d\n", os.Getpid(), cpu, a, b)
+	fmt.Printf("pid=%d cpu_ns=%d checkout_ns=%d search_ns=%d spins=%d\n", os.Getpid(), cpu, a, b, spins)
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, ProgramArray};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use aya::{Btf, BtfError};
@@ -189,6 +189,12 @@ pub struct Probes {
     stacks: [MapData; 2],
     /// Hash map id -> GoLabels, taken at every drain.
     go_label_sets: MapData,
+    /// `cpu_sample`'s tail call to `go_sample`; the program is loaded (and
+    /// put in slot 0) at the first Go process marked. Held open: the
+    /// kernel empties a program array whose last descriptor closes.
+    go_programs: ProgramArray<MapData>,
+    /// Whether `go_sample` is loaded (or failed to, said once).
+    go_sample_tried: bool,
     possible_cpus: usize,
     proc_events: Option<Ring>,
     stack_samples: Option<Ring>,
@@ -411,6 +417,7 @@ impl Probes {
             hash(take_map(&mut ebpf, "STACKS_1")?, "STACKS_1")?,
         ];
         let go_label_sets = hash(take_map(&mut ebpf, "GO_LABEL_SETS")?, "GO_LABEL_SETS")?;
+        let go_programs = typed_map(&mut ebpf, "GO_PROGRAMS")?;
         let possible_cpus =
             aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
         let twice = !switches.rings_mapped_once;
@@ -431,6 +438,8 @@ impl Probes {
             counts,
             stacks,
             go_label_sets,
+            go_programs,
+            go_sample_tried: false,
             possible_cpus,
             proc_events: Some(proc_events),
             stack_samples: Some(stack_samples),
@@ -739,6 +748,45 @@ impl Probes {
     pub fn mark_frame_pointer_process(&mut self, tgid: u32, process: FpProcess) {
         if let Err(e) = self.fp_processes.insert(tgid, process, 0) {
             tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
+        }
+        // After the mark: loading takes some 15 ms, during which the
+        // process's samples are walked already.
+        self.enable_go_sample();
+    }
+
+    /// Loads `go_sample` and puts it where `cpu_sample` tail-calls it,
+    /// once: until then (and if it fails, which is logged once), a Go
+    /// sample is counted as walked, without its leaf's caller or its
+    /// labels. Loading it only when a Go process is there keeps its
+    /// verification (some 15 ms) out of the start.
+    fn enable_go_sample(&mut self) {
+        if std::mem::replace(&mut self.go_sample_tried, true) {
+            return;
+        }
+        const NAME: &str = "go_sample";
+        let loaded = (|| -> Result<(), ProbeError> {
+            let program: &mut PerfEvent = self
+                .ebpf
+                .program_mut(NAME)
+                .ok_or(ProbeError::MissingProgram(NAME))?
+                .try_into()
+                .map_err(|source| ProbeError::Program { name: NAME, source })?;
+            program
+                .load()
+                .map_err(|source| ProbeError::Program { name: NAME, source })?;
+            let fd = program
+                .fd()
+                .map_err(|source| ProbeError::Program { name: NAME, source })?;
+            self.go_programs
+                .set(0, fd, 0)
+                .map_err(|source| ProbeError::Map {
+                    name: "GO_PROGRAMS",
+                    source,
+                })
+        })();
+        match loaded {
+            Ok(()) => tracing::debug!("Go samples get their leaf callers and labels"),
+            Err(e) => tracing::warn!("Go samples go without their leaf callers and labels: {e}"),
         }
     }
 

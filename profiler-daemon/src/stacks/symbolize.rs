@@ -375,16 +375,20 @@ impl Symbolizer {
     }
 
     /// Looks up what [`Self::prefetch_user`] noted, one object at a time,
-    /// letting go of the pages of the files read after each: a window's
-    /// stacks then hold one object's file pages at a time rather than
-    /// those of every object they pass through.
+    /// letting go of the pages of the files read after any object that
+    /// grew resident memory by a large object's worth (and all of them once
+    /// the window is written): a window's stacks then hold about one large
+    /// object's file pages at a time rather than those of every object
+    /// they pass through.
     pub fn resolve_prefetched(&mut self) {
         let prefetched = std::mem::take(&mut self.prefetched);
         for (object, mapping, mut offsets) in prefetched.into_values() {
             offsets.sort_unstable();
             offsets.dedup();
             self.resolve_offsets(&object, &offsets, Some(&mapping));
-            self.release_file_pages();
+            if let Some(pages) = self.file_pages.as_mut() {
+                pages.release_if_grown();
+            }
         }
         self.shed(false);
     }

@@ -17,13 +17,13 @@ use aya_ebpf::{
         generated::{bpf_get_stack, bpf_ktime_get_ns},
     },
     macros::{map, perf_event},
-    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST,
-    STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample,
-    control, counter,
+    COMM_LEN, COUNTS_ENTRIES, FpProcess, MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES,
+    STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
+    StackSample, control, counter,
 };
 
 use crate::{
@@ -90,34 +90,52 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
         return Ok(0);
     }
+    // A Go process's sample is taken by a program of its own, which adds
+    // the words a frameless leaf's caller may be in and the goroutine's
+    // labels; it is loaded only once a Go process is marked, so that its
+    // verification does not delay the start. Until then (or if the call
+    // fails), the sample is taken here, as walked.
+    if let Some(process) = fp_process(tgid)
+        && let Some(pending) = PENDING_SAMPLE.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot; the tail-called program reads it next.
+        unsafe {
+            (*pending).tgid = tgid;
+            (*pending).tid = tid;
+            (*pending).image_since = image_since;
+            (*pending).comm = comm;
+            core::ptr::copy_nonoverlapping(process, &mut (*pending).process, 1);
+            GO_PROGRAMS.tail_call(&ctx, 0);
+        }
+    }
+    let key = walked_sample(&ctx, tgid, tid, comm, image_since);
+    add_count(key.0, &key.1);
+    Ok(0)
+}
+
+/// Records the frame-pointer stacks of a sample in the buffer the kernel
+/// writes now; returns that buffer and the sample's key.
+#[inline(always)]
+fn walked_sample(
+    ctx: &PerfEventContext,
+    tgid: u32,
+    tid: u32,
+    comm: [u8; COMM_LEN],
+    image_since: u64,
+) -> (u32, SampleKey) {
     let active = CONTROL.get(control::ACTIVE_BUFFER).copied().unwrap_or(0);
-    let (stacks, counts) = if active == 0 {
-        (&STACKS_0, &COUNTS_0)
-    } else {
-        (&STACKS_1, &COUNTS_1)
-    };
+    let stacks = if active == 0 { &STACKS_0 } else { &STACKS_1 };
     let user_stack = record_stack(
-        &ctx,
+        ctx,
         stacks,
         BPF_F_USER_STACK as u64,
         counter::USER_STACK_LOST,
     );
     // A sample taken in user mode has no kernel stack: skip the helper.
-    let kernel_stack = if in_user_mode(&ctx) {
+    let kernel_stack = if in_user_mode(ctx) {
         STACK_NONE
     } else {
-        record_stack(&ctx, stacks, 0, counter::KERNEL_STACK_LOST)
-    };
-    // A Go process's leaf words and goroutine labels (the one lookup of
-    // its entry, and of the registers, serves both).
-    let (leaf_words, go_labels) = match (user_stack, fp_process(tgid)) {
-        (STACK_NONE | STACK_LOST, _) | (_, None) => ([0; 2], 0),
-        (_, Some(process)) => user_regs(&ctx).map_or(([0; 2], 0), |regs| {
-            (
-                leaf_words(&process, regs.sp),
-                go_label_set(&process.go, regs.r14),
-            )
-        }),
+        record_stack(ctx, stacks, 0, counter::KERNEL_STACK_LOST)
     };
     let key = SampleKey {
         tgid,
@@ -126,9 +144,66 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
         kernel_stack,
         comm,
         image_since,
-        leaf_words,
-        go_labels,
+        leaf_words: [0; 2],
+        go_labels: 0,
     };
+    (active, key)
+}
+
+/// What `cpu_sample` hands to `go_sample`: the sample's thread and image,
+/// and the process's entry.
+#[repr(C)]
+struct PendingSample {
+    tgid: u32,
+    tid: u32,
+    image_since: u64,
+    comm: [u8; COMM_LEN],
+    process: FpProcess,
+}
+
+#[map]
+static PENDING_SAMPLE: PerCpuArray<PendingSample> = PerCpuArray::with_max_entries(1, 0);
+
+/// Slot 0: `go_sample`, set by the daemon when it loads it.
+#[map]
+static GO_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// `go_sample`, tail-called by `cpu_sample` for a sample of a Go process:
+/// records its frame-pointer stacks as `cpu_sample` does, adds the words
+/// a frameless leaf's caller may be in and the goroutine's label set, and
+/// counts the sample.
+#[perf_event]
+pub fn go_sample(ctx: PerfEventContext) -> u32 {
+    klog::run(ctx, try_go_sample)
+}
+
+#[inline(always)]
+fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
+    let pending = PENDING_SAMPLE.get_ptr(0).ok_or(0u32)?;
+    // SAFETY: this CPU's slot, written by cpu_sample just before.
+    let pending = unsafe { &*pending };
+    let (tgid, tid, comm, image_since) =
+        (pending.tgid, pending.tid, pending.comm, pending.image_since);
+    let (active, mut key) = walked_sample(&ctx, tgid, tid, comm, image_since);
+    if key.user_stack != STACK_NONE
+        && key.user_stack != STACK_LOST
+        && let Some(regs) = user_regs(&ctx)
+    {
+        // SAFETY: as above; the entry is read after the walk, unchanged.
+        let process = unsafe { &*PENDING_SAMPLE.get_ptr(0).ok_or(0u32)? }.process;
+        key.leaf_words = leaf_words(&process, regs.sp);
+        key.go_labels = go_label_set(&process.go, regs.r14);
+    }
+    add_count(active, &key);
+    Ok(0)
+}
+
+/// Adds one to the count of `key` in buffer `active`.
+#[inline(always)]
+fn add_count(active: u32, key: &SampleKey) {
+    let counts = if active == 0 { &COUNTS_0 } else { &COUNTS_1 };
+    let key = *key;
+    let (tgid, tid) = (key.tgid, key.tid);
     match counts.get_ptr_mut(key) {
         // SAFETY: this CPU's slot of a per-CPU map; no other writer.
         Some(v) => unsafe { *v += 1 },
@@ -147,7 +222,6 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
             }
         }
     }
-    Ok(0)
 }
 
 /// The user registers (ip, sp, bp) of the current task: those of the

@@ -37,11 +37,12 @@ pub(crate) fn use_dwarf(tgid: u32) -> bool {
     }
 }
 
-/// The frame-pointer process entry of `tgid`, if it is marked.
+/// The frame-pointer process entry of `tgid`, if it is marked (a pointer
+/// into the map: copying it onto the BPF stack on one path only would
+/// keep the verifier from merging that path's states with the others').
 #[inline(always)]
-pub(crate) fn fp_process(tgid: u32) -> Option<FpProcess> {
-    // SAFETY: a lookup; the value is copied out at once.
-    unsafe { FP_PROCESSES.get(tgid) }.copied()
+pub(crate) fn fp_process(tgid: u32) -> Option<*const FpProcess> {
+    FP_PROCESSES.get_ptr(tgid)
 }
 
 /// The words at the user stack pointer, `[sp]` and `[sp+8]`, each kept

@@ -22,12 +22,18 @@ use anyhow::{Context, Result, bail};
 
 use super::harness::{Daemon, Reaped, status_field, task_cpu_ns};
 
-/// The profile sets measured.
-const SETS: [&str; 2] = ["cpu", "cpu,heap,block,mutex,offcpu"];
+/// The runs per node: the profile set, and a `[debug]` switch turned off
+/// to compare its memory with the default in the same run.
+const SETS: [(&str, Option<&str>); 3] = [
+    ("cpu", None),
+    ("cpu,heap,block,mutex,offcpu", None),
+    ("cpu,heap,block,mutex,offcpu", Some("release_file_pages")),
+];
 /// One run's figures.
 struct Figures {
     load: &'static str,
     profiles: &'static str,
+    switched_off: Option<&'static str>,
     ready_wall: Duration,
     ready_cpu_ns: u64,
     threads: usize,
@@ -57,9 +63,9 @@ pub fn measure(bin: &Path, work: &Path, seconds: u64) -> Result<String> {
             // Every program has run once before the daemon starts.
             std::thread::sleep(Duration::from_secs(10));
         }
-        for profiles in SETS {
-            eprintln!("footprint: {load} node, --profiles {profiles}");
-            runs.push(run_once(bin, work, load, profiles, seconds)?);
+        for (profiles, off) in SETS {
+            eprintln!("footprint: {load} node, --profiles {profiles}, off: {off:?}");
+            runs.push(run_once(bin, work, load, (profiles, off), seconds)?);
         }
         drop(busy);
         drop(burners);
@@ -71,22 +77,25 @@ fn run_once(
     bin: &Path,
     work: &Path,
     load: &'static str,
-    profiles: &'static str,
+    (profiles, switched_off): (&'static str, Option<&'static str>),
     seconds: u64,
 ) -> Result<Figures> {
     let out = work.join(format!("footprint-{load}-{}", profiles.len()));
+    let mut args: Vec<String> = vec![
+        "--profiles".into(),
+        profiles.into(),
+        "--interval".into(),
+        "10s".into(),
+        "--output-dir".into(),
+        out.to_string_lossy().into_owned(),
+    ];
+    if let Some(switch) = switched_off {
+        let config = work.join(format!("footprint-{switch}.toml"));
+        fs::write(&config, format!("[debug]\n{switch} = false\n"))?;
+        args.extend(["--config".into(), config.to_string_lossy().into_owned()]);
+    }
     let started = Instant::now();
-    let mut daemon = Daemon::start(
-        bin,
-        &[
-            "--profiles".into(),
-            profiles.into(),
-            "--interval".into(),
-            "10s".into(),
-            "--output-dir".into(),
-            out.to_string_lossy().into_owned(),
-        ],
-    )?;
+    let mut daemon = Daemon::start(bin, &args)?;
     if let Some(reason) = daemon.wait_ready()? {
         bail!("profilerd --profiles {profiles} did not start: {reason}");
     }
@@ -138,6 +147,7 @@ fn run_once(
     Ok(Figures {
         load,
         profiles,
+        switched_off,
         ready_wall,
         ready_cpu_ns,
         threads,
@@ -245,7 +255,10 @@ fn report(runs: &[Figures], seconds: u64) -> String {
         out += &format!(
             "| {} | {} | {:.0} ms | {:.1} ms | {} | {:.3}% of a core | {:.3}% | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} MiB |\n",
             r.load,
-            r.profiles,
+            match r.switched_off {
+                Some(switch) => format!("{} (`{switch} = false`)", r.profiles),
+                None => r.profiles.to_string(),
+            },
             r.ready_wall.as_secs_f64() * 1e3,
             r.ready_cpu_ns as f64 / 1e6,
             r.threads,

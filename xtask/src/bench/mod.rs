@@ -16,7 +16,8 @@
 //! instead (heap.rs),
 //! `cargo xtask bench --waits` the block, mutex and off-CPU profiles
 //! (waits.rs), with `--baseline BIN` side by side with another build of
-//! the daemon.
+//! the daemon; `cargo xtask bench --go` what profiling a Go program costs
+//! it (go.rs).
 
 use std::fs;
 use std::path::Path;
@@ -25,6 +26,7 @@ use anyhow::{Context, Result};
 
 pub mod cpu;
 pub mod footprint;
+pub mod go;
 pub mod harness;
 pub mod heap;
 pub mod waits;
@@ -58,6 +60,12 @@ pub struct BenchArgs {
     /// per run; writes target/bench-footprint.md).
     #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits"])]
     footprint: bool,
+    /// Measure what profiling a Go program costs it instead: its work
+    /// done bare and under `--pid` at 499 Hz, and the BPF time per CPU
+    /// sample with and without goroutine labels, on Go 1.19 and the
+    /// current Go (`--seconds` per run; writes target/bench-go.md).
+    #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint"])]
+    go: bool,
     /// With --waits: also run every profilerd setup with this daemon binary
     /// (an earlier build), in the same rounds, and compare the two.
     #[arg(long, value_name = "BIN", requires = "waits")]
@@ -96,6 +104,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
             footprint::measure(&bin, &work, args.seconds),
             root.join("target/bench-footprint.md"),
         )
+    } else if args.go {
+        let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
+            .context("enabling BPF run-time stats")
+            .and_then(|()| go::measure(root, &bin, &work, args.seconds));
+        (result, root.join("target/bench-go.md"))
     } else if args.waits {
         (
             waits::measure(&bin, baseline.as_deref(), &work),
