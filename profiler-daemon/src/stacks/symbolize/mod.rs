@@ -9,6 +9,12 @@
 //! offset), shared by build ID; section layouts and PLT stubs per build
 //! ID; and the files blazesym has parsed (symbol tables, DWARF units, and
 //! kallsyms), each charged the growth of the heap its parsing caused.
+//!
+//! `go_leaf.rs` puts back the caller a frame-pointer walk skipped under a
+//! Go leaf; `prefetch.rs` resolves a window's misses one object at a time.
+//! A little over the ~800 lines a file should hold: user and kernel
+//! lookups and the three caches they share are one state; the caches'
+//! eviction (`shed`) is the next part to go to a file of its own.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -31,6 +37,9 @@ use crate::stacks::budget::{Cache, Lru, MemoryBudget, heap_in_use};
 use crate::stacks::file_pages::FilePages;
 use crate::stacks::go_pclntab;
 use crate::stacks::plt::{ObjectLayout, Placement};
+
+mod go_leaf;
+mod prefetch;
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
@@ -291,162 +300,6 @@ impl Symbolizer {
         }
         self.shed(false);
         frames
-    }
-
-    /// As [`Self::user_stack_of`], for a stack the kernel walked by frame
-    /// pointers, with the words it read at the stack pointer
-    /// (`SampleKey::leaf_words`). A Go leaf sampled before its frame
-    /// pointer was set up (a function without a frame, or one in its
-    /// prologue or epilogue) leaves its caller out of the walk: the
-    /// pclntab's SP delta at the leaf says which word is its return
-    /// address (`[sp]` at 0, `[sp+8]` after the frame pointer's push), and
-    /// that caller is put back unless the walk has it already.
-    pub fn user_walk_of(
-        &mut self,
-        procs: &mut ProcessTable,
-        image: (u32, u32),
-        ips: &[u64],
-        leaf_words: [u64; 2],
-    ) -> Vec<Frame> {
-        match self.with_leaf_caller(procs, image, ips, leaf_words) {
-            Some(fixed) => {
-                self.stats.go_leaf_callers += 1;
-                self.user_stack_of(procs, image, &fixed)
-            }
-            None => self.user_stack_of(procs, image, ips),
-        }
-    }
-
-    /// `ips` with the leaf's caller put back, if the walk left it out.
-    fn with_leaf_caller(
-        &mut self,
-        procs: &mut ProcessTable,
-        image: (u32, u32),
-        ips: &[u64],
-        leaf_words: [u64; 2],
-    ) -> Option<Vec<u64>> {
-        let caller = self.leaf_caller(procs, image, ips, leaf_words)?;
-        let mut fixed = Vec::with_capacity(ips.len() + 1);
-        fixed.push(ips[0]);
-        fixed.push(caller);
-        fixed.extend_from_slice(&ips[1..]);
-        Some(fixed)
-    }
-
-    /// Notes the addresses of a user stack (as [`Self::user_walk_of`]
-    /// takes it) that the cache cannot answer, for
-    /// [`Self::resolve_prefetched`] to look up with the rest of a
-    /// window's, one object at a time. Does nothing when file pages are
-    /// not released (see [`Self::release_file_pages`]).
-    pub fn prefetch_user(
-        &mut self,
-        procs: &mut ProcessTable,
-        image: (u32, u32),
-        ips: &[u64],
-        leaf_words: [u64; 2],
-    ) {
-        if self.file_pages.is_none() {
-            return;
-        }
-        let fixed = self.with_leaf_caller(procs, image, ips, leaf_words);
-        let lookup = call_sites(fixed.as_deref().unwrap_or(ips));
-        for found in locate(procs, image, &lookup).into_iter().zip(&lookup) {
-            let (
-                Some(MappedObject {
-                    mapping,
-                    object: Some(object),
-                }),
-                &address,
-            ) = found
-            else {
-                continue;
-            };
-            let offset = address
-                .wrapping_sub(mapping.start)
-                .wrapping_add(mapping.file_offset);
-            if self.cached(&object, offset).is_none() {
-                self.prefetched
-                    .entry(object.id())
-                    .or_insert_with(|| (object, mapping, Vec::new()))
-                    .2
-                    .push(offset);
-            }
-        }
-    }
-
-    /// Looks up what [`Self::prefetch_user`] noted, one object at a time,
-    /// letting go of the pages of the files read after any object that
-    /// grew resident memory by a large object's worth (and all of them once
-    /// the window is written): a window's stacks then hold about one large
-    /// object's file pages at a time rather than those of every object
-    /// they pass through.
-    pub fn resolve_prefetched(&mut self) {
-        let prefetched = std::mem::take(&mut self.prefetched);
-        for (object, mapping, mut offsets) in prefetched.into_values() {
-            offsets.sort_unstable();
-            offsets.dedup();
-            self.resolve_offsets(&object, &offsets, Some(&mapping));
-            if let Some(pages) = self.file_pages.as_mut() {
-                pages.release_if_grown();
-            }
-        }
-        self.shed(false);
-    }
-
-    /// Lets go of the resident pages of the files blazesym has mapped
-    /// (file_pages.rs), when that is on.
-    pub fn release_file_pages(&mut self) {
-        if let Some(pages) = self.file_pages.as_mut() {
-            pages.release();
-            self.stats.file_page_releases = pages.releases;
-        }
-    }
-
-    /// Whether a window's objects are symbolized one at a time with their
-    /// files' pages let go of after each (`[debug] release_file_pages`;
-    /// on by default).
-    pub fn set_release_file_pages(&mut self, on: bool) {
-        self.file_pages = on.then(FilePages::new);
-    }
-
-    /// The return address of the leaf of `ips` that the walk left out, if
-    /// it left one out (see [`Self::user_walk_of`]).
-    fn leaf_caller(
-        &mut self,
-        procs: &mut ProcessTable,
-        image: (u32, u32),
-        ips: &[u64],
-        leaf_words: [u64; 2],
-    ) -> Option<u64> {
-        if leaf_words == [0; 2] {
-            return None;
-        }
-        let &leaf = ips.first()?;
-        let delta = self.go_sp_delta(procs, image, leaf)?;
-        missing_leaf_caller(ips, leaf_words, delta)
-    }
-
-    /// The pclntab's SP delta at `pc` of a process image (None outside Go
-    /// code), cached per (object, offset).
-    fn go_sp_delta(&mut self, procs: &mut ProcessTable, image: (u32, u32), pc: u64) -> Option<u64> {
-        let MappedObject { mapping, object } = locate(procs, image, &[pc]).pop()??;
-        let object = object?;
-        let offset = pc
-            .wrapping_sub(mapping.start)
-            .wrapping_add(mapping.file_offset);
-        let key = (ObjKey::of(&object), offset);
-        if let Some(delta) = self.sp_deltas.get(&key) {
-            return *delta;
-        }
-        let path = object.elf_path();
-        let delta = layout_of(&mut self.layouts, &key.0, &object, &path).and_then(|layout| {
-            let section = layout.go_pclntab()?;
-            let addr = layout.addr_of_offset(offset)?;
-            go_pclntab::sp_delta_in_file(&path, section, addr)
-        });
-        self.sp_deltas.insert(key, delta, 0);
-        self.shed(false);
-        delta
     }
 
     /// The cached result for `offset` in `object`: symbols found in any
@@ -866,20 +719,6 @@ impl Symbolizer {
     }
 }
 
-/// The return address of a frame-pointer walk's leaf that the walk left
-/// out, from the words at the stack pointer and the leaf's SP delta: with
-/// nothing pushed yet the return address is at `[sp]`, after the frame
-/// pointer's push at `[sp+8]`; with a frame set up the walk has the caller.
-/// None when the word was not a code address (0) or the walk has it.
-fn missing_leaf_caller(ips: &[u64], leaf_words: [u64; 2], sp_delta: u64) -> Option<u64> {
-    let word = match sp_delta {
-        0 => leaf_words[0],
-        8 => leaf_words[1],
-        _ => return None,
-    };
-    (word != 0 && ips.get(1) != Some(&word)).then_some(word)
-}
-
 /// Heap bytes of cached lines: the shared empty answer holds none.
 fn lines_bytes(lines: &Arc<[Line]>) -> usize {
     if lines.is_empty() {
@@ -1057,27 +896,6 @@ mod tests {
         std::hint::black_box(7)
     }
 
-    /// A leaf's caller comes back from the word its SP delta names, and
-    /// only when the walk lacks it.
-    #[test]
-    fn a_leaf_without_its_frame_gets_its_caller_back() {
-        // leaf, then the caller's caller (the walk skipped the caller).
-        let walk = [0x1010, 0x3030];
-        assert_eq!(missing_leaf_caller(&walk, [0x2020, 0], 0), Some(0x2020));
-        assert_eq!(
-            missing_leaf_caller(&walk, [0x9999, 0x2020], 8),
-            Some(0x2020)
-        );
-        // A frame set up: the walk is right, whatever the words.
-        assert_eq!(missing_leaf_caller(&walk, [0x2020, 0x2020], 0x28), None);
-        // At delta 8 with the frame pointer already moved, the walk has
-        // the caller the word names.
-        assert_eq!(missing_leaf_caller(&[0x1010, 0x2020], [0, 0x2020], 8), None);
-        // No code address at the word.
-        assert_eq!(missing_leaf_caller(&walk, [0, 0x2020], 0), None);
-        assert_eq!(missing_leaf_caller(&[0x1010], [0x2020, 0], 0), Some(0x2020));
-    }
-
     /// The address of an instruction inside an inlined function.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -1137,7 +955,7 @@ mod tests {
         assert!(
             line.file
                 .as_deref()
-                .is_some_and(|f| f.ends_with("symbolize.rs")),
+                .is_some_and(|f| f.ends_with("symbolize/mod.rs")),
             "{line:?}"
         );
         assert!(line.line > 0);
