@@ -30,11 +30,12 @@
 
 #define NOINLINE __attribute__((noinline, noclone))
 
-/* Thread CPU time of each slice: burn_a gets three times burn_b's share.
- * A cycle of 3.6 ms is no multiple of the tests' sampling periods (2.004 ms
- * at 499 Hz, 10.1 ms at 99 Hz): with a 4 ms cycle, two periods at 499 Hz
- * nearly matched one cycle, the samples stayed in phase with the slices,
- * and the profiled split wandered with that phase (0.72-0.82 for 0.75). */
+/* Thread CPU time of each slice, on average: burn_a gets three times
+ * burn_b's share, in a 3.6 ms cycle that each cycle stretches by a
+ * pseudo-random factor from 0.6 to 1.4. A fixed cycle beats with some
+ * sampling period: with 4 ms, two periods at 499 Hz nearly matched one
+ * cycle (0.72-0.82 profiled for 0.75); with 3.6 ms, five periods at 199 Hz
+ * (the VMs' rate) fall on five phases, four of them in burn_a (0.81). */
 #define SLICE_A_NS 2700000ULL
 #define SLICE_B_NS 900000ULL
 /* Multiply-add steps between two reads of the thread clock (tens of us). */
@@ -102,9 +103,14 @@ NOINLINE uint64_t child_burn(double seconds)
 NOINLINE void run_workload(double seconds, uint64_t *a_ns, uint64_t *b_ns)
 {
     uint64_t end = clock_ns(CLOCK_MONOTONIC) + (uint64_t)(seconds * 1e9);
+    uint64_t state = 88172645463325252ULL;
     while (clock_ns(CLOCK_MONOTONIC) < end) {
-        *a_ns += burn_a(SLICE_A_NS);
-        *b_ns += burn_b(SLICE_B_NS);
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        uint64_t permille = 600 + state % 801;
+        *a_ns += burn_a(SLICE_A_NS * permille / 1000);
+        *b_ns += burn_b(SLICE_B_NS * permille / 1000);
     }
 }
 
