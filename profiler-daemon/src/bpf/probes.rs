@@ -575,15 +575,7 @@ impl Probes {
         const NAME: &str = "cpu_sample";
         let cpus =
             aya::util::online_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(NAME)
-            .ok_or(ProbeError::MissingProgram(NAME))?
-            .try_into()
-            .map_err(|source| ProbeError::Program { name: NAME, source })?;
-        program
-            .load()
-            .map_err(|source| ProbeError::Program { name: NAME, source })?;
+        let program = load_perf_event(&mut self.ebpf, NAME)?;
         // A fixed period in nanoseconds of CPU clock, not a frequency: each
         // sample then stands for exactly 1e9/HZ ns, which is what the cpu
         // profile's period says.
@@ -765,16 +757,7 @@ impl Probes {
         }
         const NAME: &str = "go_sample";
         let loaded = (|| -> Result<(), ProbeError> {
-            let program: &mut PerfEvent = self
-                .ebpf
-                .program_mut(NAME)
-                .ok_or(ProbeError::MissingProgram(NAME))?
-                .try_into()
-                .map_err(|source| ProbeError::Program { name: NAME, source })?;
-            program
-                .load()
-                .map_err(|source| ProbeError::Program { name: NAME, source })?;
-            let fd = program
+            let fd = load_perf_event(&mut self.ebpf, NAME)?
                 .fd()
                 .map_err(|source| ProbeError::Program { name: NAME, source })?;
             self.go_programs
@@ -941,6 +924,22 @@ fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
         Map::PerCpuHashMap(data) => Ok(data),
         _ => Err(ProbeError::MapType(name)),
     }
+}
+
+/// Loads perf-event program `name` of the object (not attached).
+fn load_perf_event<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut PerfEvent, ProbeError> {
+    let program: &mut PerfEvent = ebpf
+        .program_mut(name)
+        .ok_or(ProbeError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| ProbeError::Program { name, source })?;
+    program
+        .load()
+        .map_err(|source| ProbeError::Program { name, source })?;
+    Ok(program)
 }
 
 fn hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {

@@ -78,6 +78,10 @@ impl Symbolizer {
     /// files' pages let go of after each (`[debug] release_file_pages`;
     /// on by default).
     pub fn set_release_file_pages(&mut self, on: bool) {
-        self.file_pages = on.then(FilePages::new);
+        // The symbolizer starts with it on: its own mappings are not read
+        // again at start-up.
+        if on != self.file_pages.is_some() {
+            self.file_pages = on.then(FilePages::new);
+        }
     }
 }
