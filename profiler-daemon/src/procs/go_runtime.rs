@@ -7,20 +7,14 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
+use crate::model::go_buildinfo;
+
 /// `g.m`, the same in every release read.
 const G_M: u16 = 48;
-/// The build information's header: magic, pointer size, flags.
-const BUILDINFO_MAGIC: &[u8] = b"\xff Go buildinf:";
-/// Flag: the version and module strings follow the header inline
-/// (Go 1.18 and later).
-const BUILDINFO_INLINE: u8 = 2;
-/// Where the inline version string starts.
-const BUILDINFO_STRINGS: usize = 32;
-
 /// The runtime layout of the Go executable process `tgid` runs: None when
 /// it is not a Go executable; labels not read (`NONE`) for a release whose
 /// layout is not known.
@@ -38,31 +32,8 @@ pub fn go_executable(tgid: u32) -> Option<GoRuntime> {
     let version = file
         .section_by_name(".go.buildinfo")
         .and_then(|section| section.data().ok())
-        .and_then(go_version);
+        .and_then(go_buildinfo::go_version);
     Some(version.map_or_else(GoRuntime::default, |(_, minor)| runtime_layout(minor)))
-}
-
-/// The (major, minor) Go release in a `.go.buildinfo` section (Go 1.18
-/// and later write it inline: a varint length, then `go1.N[.P]`).
-pub fn go_version(data: &[u8]) -> Option<(u32, u32)> {
-    if !data.starts_with(BUILDINFO_MAGIC) || data.get(15)? & BUILDINFO_INLINE == 0 {
-        return None;
-    }
-    let mut at = BUILDINFO_STRINGS;
-    let mut len = 0usize;
-    for shift in (0..28).step_by(7) {
-        let byte = *data.get(at)?;
-        at += 1;
-        len |= usize::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            break;
-        }
-    }
-    let text = std::str::from_utf8(data.get(at..at.checked_add(len)?)?).ok()?;
-    // "go1.21.5", "go1.22rc1", "devel go1.23-abc...": the first "go1.N".
-    let rest = &text[text.find("go1.")? + 4..];
-    let minor: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    Some((1, minor.parse().ok()?))
 }
 
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and
@@ -87,6 +58,46 @@ pub fn runtime_layout(minor: u32) -> GoRuntime {
         labels_form,
         _pad: [0; 3],
     }
+}
+
+/// Go's default `runtime.MemProfileRate`: a sample per 512 KiB allocated,
+/// on average.
+pub const DEFAULT_MEM_PROFILE_RATE: u64 = 512 * 1024;
+
+/// The `runtime.MemProfileRate` Go process `tgid` samples its allocations
+/// by now, read from its memory at the variable's address in the
+/// executable's symbol table; None when the executable has none
+/// (stripped) or the process cannot be read.
+pub fn mem_profile_rate(tgid: u32) -> Option<u64> {
+    let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
+    let cache = object::ReadCache::new(exe);
+    let file = object::File::parse(&cache).ok()?;
+    let address = file
+        .symbols()
+        .find(|s| s.name() == Ok("runtime.MemProfileRate"))?
+        .address();
+    let address = address.checked_add(load_bias(tgid, &file)?)?;
+    let mem = std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?;
+    let mut word = [0u8; 8];
+    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut word, address).ok()?;
+    u64::try_from(i64::from_le_bytes(word)).ok()
+}
+
+/// What process `tgid` added to its executable's addresses when it mapped
+/// it: 0 for Go's default (not position-independent) executables.
+fn load_bias<'d, R: object::ReadRef<'d>>(tgid: u32, file: &object::File<'d, R>) -> Option<u64> {
+    let first = file
+        .segments()
+        .find(|segment| segment.file_range().0 == 0)?
+        .address();
+    let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
+    let maps = Process::new(tgid as i32).ok()?.maps().ok()?;
+    let start = maps
+        .iter()
+        .find(|map| map.inode == exe.ino() && map.offset == 0)?
+        .address
+        .0;
+    start.checked_sub(first & !0xfff)
 }
 
 /// The kernel's entry for Go process `tgid`: its code range (from its
@@ -120,29 +131,6 @@ fn executable_code_range(tgid: u32) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn buildinfo(version: &str) -> Vec<u8> {
-        let mut data = BUILDINFO_MAGIC.to_vec();
-        data.push(8);
-        data.push(BUILDINFO_INLINE);
-        data.resize(BUILDINFO_STRINGS, 0);
-        data.push(version.len() as u8);
-        data.extend_from_slice(version.as_bytes());
-        data.push(0);
-        data
-    }
-
-    #[test]
-    fn versions_are_read_from_the_build_information() {
-        assert_eq!(go_version(&buildinfo("go1.19.8")), Some((1, 19)));
-        assert_eq!(go_version(&buildinfo("go1.27.3")), Some((1, 27)));
-        assert_eq!(go_version(&buildinfo("go1.22rc1")), Some((1, 22)));
-        assert_eq!(go_version(&buildinfo("devel go1.28-abc")), Some((1, 28)));
-        let mut old = buildinfo("go1.17");
-        old[15] = 0;
-        assert_eq!(go_version(&old), None, "pointer form, before Go 1.18");
-        assert_eq!(go_version(b"not a buildinfo"), None);
-    }
 
     #[test]
     fn layouts_change_with_the_release() {

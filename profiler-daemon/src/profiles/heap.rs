@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use foldhash::{HashMap, HashSet};
-use profiler_common::{HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, heap_event};
+use profiler_common::{
+    HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, alloc_fn, heap_event,
+};
 
 use crate::bpf::drain::{SampleId, Stack};
 use crate::bpf::probes::Probes;
@@ -18,6 +20,7 @@ use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
+use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
@@ -64,9 +67,15 @@ pub struct HeapTable {
     live: HashMap<(u32, u64), LiveAlloc>,
     /// One shared copy of each stack identity.
     ids: HashSet<Arc<SampleId>>,
+    /// The identities of allocations the Go runtime sampled (by its own
+    /// rate), not profilerd's allocator probes.
+    go_runtime: HashSet<Arc<SampleId>>,
     /// Frees of addresses the table did not know (their allocation was
     /// lost, or made before the probes were attached).
     pub unknown_frees: u64,
+    /// Windows of Go processes rescaled by Go's default rate because
+    /// their `MemProfileRate` could not be read.
+    pub go_rates_assumed: u64,
 }
 
 /// One row of a window's heap profile, before rescaling.
@@ -75,12 +84,15 @@ pub struct HeapRow {
     pub id: Arc<SampleId>,
     pub alloc: Tally,
     pub inuse: Tally,
+    /// Sampled by the Go runtime, at the process's `MemProfileRate`.
+    pub go_runtime: bool,
 }
 
 impl HeapTable {
     /// A sampled allocation of `size` bytes at `addr`; `live`: the kernel
-    /// tracks it and will report its free.
-    pub fn allocated(&mut self, id: SampleId, addr: u64, size: u64, live: bool) {
+    /// tracks it and will report its free; `go_runtime`: the Go runtime
+    /// sampled it.
+    pub fn allocated(&mut self, id: SampleId, addr: u64, size: u64, live: bool, go_runtime: bool) {
         let id = match self.ids.get(&id) {
             Some(shared) => Arc::clone(shared),
             None => {
@@ -89,6 +101,9 @@ impl HeapTable {
                 shared
             }
         };
+        if go_runtime && !self.go_runtime.contains(&id) {
+            self.go_runtime.insert(Arc::clone(&id));
+        }
         self.window.entry(Arc::clone(&id)).or_default().add(size);
         if live {
             self.live.insert((id.tgid, addr), LiveAlloc { id, size });
@@ -133,11 +148,18 @@ impl HeapTable {
                 .1
                 .add(alloc.size);
         }
-        // Identities that neither the live set nor the rows hold any more.
+        // Identities that neither the live set nor the rows hold any more
+        // (a Go runtime identity is also held by `ids`).
+        self.go_runtime.retain(|id| Arc::strong_count(id) > 2);
         self.ids.retain(|id| Arc::strong_count(id) > 1);
         let mut out: Vec<HeapRow> = rows
             .into_iter()
-            .map(|(id, (alloc, inuse))| HeapRow { id, alloc, inuse })
+            .map(|(id, (alloc, inuse))| HeapRow {
+                go_runtime: self.go_runtime.contains(&id),
+                id,
+                alloc,
+                inuse,
+            })
             .collect();
         // Deterministic order for the file.
         out.sort_by(|a, b| {
@@ -224,7 +246,8 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         live = false;
         probes.forget_live(alloc.tgid, &[alloc.addr]);
     }
-    heap.allocated(id, alloc.addr, alloc.size, live);
+    let go_runtime = u64::from(alloc.function) == alloc_fn::GO_RUNTIME;
+    heap.allocated(id, alloc.addr, alloc.size, live, go_runtime);
 }
 
 pub(crate) fn build_heap_profile(
@@ -245,6 +268,8 @@ pub(crate) fn build_heap_profile(
         prefetch_user_stack(symbolizer, procs, &row.id);
     }
     symbolizer.resolve_prefetched();
+    // Each Go process's own rate, read once per window.
+    let mut go_rates: HashMap<u32, u64> = HashMap::default();
     for row in rows {
         let id = &row.id;
         frames.clear();
@@ -252,6 +277,15 @@ pub(crate) fn build_heap_profile(
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
             symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
+        let rate = match row.go_runtime {
+            true => {
+                hide_go_runtime(&mut frames);
+                *go_rates
+                    .entry(id.tgid)
+                    .or_insert_with(|| go_mem_profile_rate(heap, id.tgid))
+            }
+            false => rate,
+        };
         let (alloc_objects, alloc_space) = row.alloc.scaled(rate);
         let (inuse_objects, inuse_space) = row.inuse.scaled(rate);
         let labels = sample_labels(settings, procs, id);
@@ -266,6 +300,33 @@ pub(crate) fn build_heap_profile(
         );
     }
     builder.build()
+}
+
+/// The rate the Go runtime of process `tgid` samples by: its
+/// `MemProfileRate`, or Go's default where that cannot be read (a stripped
+/// executable), counted in `go_rates_assumed`.
+fn go_mem_profile_rate(heap: &mut HeapTable, tgid: u32) -> u64 {
+    go_runtime::mem_profile_rate(tgid).unwrap_or_else(|| {
+        heap.go_rates_assumed += 1;
+        go_runtime::DEFAULT_MEM_PROFILE_RATE
+    })
+}
+
+/// Drops the runtime's own frames at the leaf end of a stack the Go
+/// runtime sampled (the allocator and the profiler), as Go's heap profile
+/// does (`runtime/pprof`'s `writeHeapProto`): up to the first frame that is
+/// not all `runtime.` functions; a stack of nothing else keeps them all.
+fn hide_go_runtime(frames: &mut Vec<Frame>) {
+    let is_runtime = |frame: &Frame| {
+        !frame.lines.is_empty()
+            && frame
+                .lines
+                .iter()
+                .all(|line| line.function.starts_with("runtime."))
+    };
+    if let Some(first) = frames.iter().position(|f| !is_runtime(f)) {
+        frames.drain(..first);
+    }
 }
 
 #[cfg(test)]
@@ -290,9 +351,9 @@ mod tests {
     #[test]
     fn alloc_is_per_window_and_inuse_carries_over() {
         let mut t = HeapTable::default();
-        t.allocated(id(1, &[10, 20]), 0x1000, 100, true);
-        t.allocated(id(1, &[10, 20]), 0x2000, 100, true);
-        t.allocated(id(1, &[30]), 0x3000, 50, true);
+        t.allocated(id(1, &[10, 20]), 0x1000, 100, true, false);
+        t.allocated(id(1, &[10, 20]), 0x2000, 100, true, false);
+        t.allocated(id(1, &[30]), 0x3000, 50, true, false);
         t.freed(1, 0x2000);
         let first = t.close_window();
         let a = first
@@ -329,10 +390,30 @@ mod tests {
     #[test]
     fn untracked_allocations_count_only_as_allocated() {
         let mut t = HeapTable::default();
-        t.allocated(id(2, &[1]), 0x10, 64, false);
+        t.allocated(id(2, &[1]), 0x10, 64, false, false);
         let rows = t.close_window();
         assert_eq!(rows[0].alloc.count, 1);
         assert_eq!(rows[0].inuse.count, 0);
+    }
+
+    #[test]
+    fn go_runtime_samples_are_told_apart_and_released() {
+        let mut t = HeapTable::default();
+        t.allocated(id(3, &[7]), 0x10, 64, true, true);
+        t.allocated(id(3, &[8]), 0x20, 64, false, false);
+        let rows = t.close_window();
+        let by_stack = |frame: u64| {
+            rows.iter()
+                .find(|r| r.id.user == id(3, &[frame]).user)
+                .expect("row")
+                .go_runtime
+        };
+        assert!(by_stack(7));
+        assert!(!by_stack(8));
+        t.freed(3, 0x10);
+        drop(rows);
+        assert!(t.close_window().is_empty());
+        assert!(t.go_runtime.is_empty() && t.ids.is_empty());
     }
 
     #[test]

@@ -1,13 +1,12 @@
 //! From recorded stacks to named frames: unwinding stack copies with
 //! DWARF CFI (`unwind`), the walks remembered for walk hints
 //! (`walk_memo`), threads' stack tops, symbolizing addresses (`symbolize`,
-//! `plt`, and Go's own function table, `go_pclntab`), letting go of the
+//! `plt`, and Go's own function table, `model::go_pclntab`), letting go of the
 //! pages of the files symbolized (`file_pages`), and the memory budget all
 //! their caches draw on (`budget`).
 
 pub mod budget;
 pub mod file_pages;
-pub mod go_pclntab;
 pub mod plt;
 pub mod stack_tops;
 pub mod symbolize;

@@ -27,7 +27,7 @@ use object::elf::{self, FileHeader64, SectionHeader64};
 use object::read::elf::{FileHeader as _, Rela as _, SectionHeader as _, SectionTable, Sym as _};
 use object::{Endianness, ReadCache, SectionIndex, SymbolIndex};
 
-use crate::stacks::go_pclntab::PclntabSection;
+use crate::model::go_pclntab::PclntabSection;
 
 /// Stubs kept per object: more than any real PLT (libpython has ~500).
 const MAX_STUBS: usize = 1 << 16;

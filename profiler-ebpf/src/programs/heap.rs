@@ -37,7 +37,7 @@ pub(crate) static HEAP_THREADS: LruHashMap<u32, HeapThread> =
 
 /// Sampled allocations still live, by process and address.
 #[map]
-static HEAP_LIVE: HashMap<LiveKey, u64> =
+pub(crate) static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
 
 #[map]
@@ -277,7 +277,7 @@ fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
 
 /// A freed address: if it was a sampled live allocation, tell the daemon.
 #[inline(always)]
-fn retire(tgid: u32, addr: u64) {
+pub(crate) fn retire(tgid: u32, addr: u64) {
     if addr == 0 {
         return;
     }
@@ -306,8 +306,9 @@ fn retire(tgid: u32, addr: u64) {
     }
 }
 
+/// Sends a sampled allocation with the stack of the current thread.
 #[inline(always)]
-fn send_heap_alloc(
+pub(crate) fn send_heap_alloc(
     ctx: &ProbeContext,
     tgid: u32,
     tid: u32,

@@ -3,6 +3,7 @@
 pub(crate) mod cond_wait;
 pub(crate) mod cpu;
 pub(crate) mod futex;
+pub(crate) mod go_heap;
 pub(crate) mod go_park;
 pub(crate) mod heap;
 pub(crate) mod offcpu;

@@ -4,6 +4,8 @@
 
 pub mod allocators;
 pub(crate) mod cond_park;
+pub(crate) mod go_functions;
+pub(crate) mod go_heap;
 pub(crate) mod go_park;
 pub mod placement;
 

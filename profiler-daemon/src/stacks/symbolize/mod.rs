@@ -31,11 +31,11 @@ use object::read::elf::NoteIterator;
 use tracing::{debug, warn};
 
 use crate::model::frames::{Frame, Line, Mapping};
+use crate::model::go_pclntab;
 use crate::procs::objects::{MappedObject, ObjectFile, hex};
 use crate::procs::process::ProcessTable;
 use crate::stacks::budget::{Cache, Lru, MemoryBudget, heap_in_use};
 use crate::stacks::file_pages::FilePages;
-use crate::stacks::go_pclntab;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 mod go_leaf;

@@ -15,7 +15,10 @@
 //!
 //! The same table gives each pc's SP delta (the bytes the function has
 //! pushed below its return address there), which tells where a leaf's
-//! return address is while its frame pointer is not yet set up.
+//! return address is while its frame pointer is not yet set up, and
+//! where a function begins by its name, for the probes placed on Go's
+//! runtime in binaries without a symbol table. Read by the symbolizer and
+//! by the probe finders, so it lives with the shared vocabulary.
 
 use std::path::Path;
 
@@ -122,6 +125,27 @@ impl<'a> Pclntab<'a> {
         let (func, start, rel) = self.func_at(pc)?;
         let delta = self.pc_value(u32_at(self.data, func + FUNC_PCSP)?, start, rel)?;
         u64::try_from(delta).ok()
+    }
+
+    /// The code of the function named `name`: its entry address and its
+    /// length (a scan of the function table, for the few functions a probe
+    /// is placed on).
+    pub fn function_named(&self, name: &str) -> Option<(u64, u64)> {
+        (0..self.nfunc).find_map(|i| {
+            let rel = u32_at(self.data, self.pcln + 8 * i)?;
+            let func =
+                self.pcln + usize::try_from(u32_at(self.data, self.pcln + 8 * i + 4)?).ok()?;
+            let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
+            if c_str(self.data, self.funcname + name_off)? != name {
+                return None;
+            }
+            // Entry i+1 (or the final end offset) ends function i.
+            let end = u32_at(self.data, self.pcln + 8 * (i + 1))?;
+            Some((
+                self.text_start + u64::from(rel),
+                u64::from(end.checked_sub(rel)?),
+            ))
+        })
     }
 
     /// The `_func` record (its offset in the data) of the function whose
@@ -325,6 +349,16 @@ mod tests {
         assert_eq!(t.sp_delta(0x1008), Some(0x28), "frame made");
         assert_eq!(t.sp_delta(0x103f), Some(0x28));
         assert_eq!(t.sp_delta(0x1080), None, "past the last function");
+    }
+
+    #[test]
+    fn functions_are_found_by_name() {
+        let data = table_bytes();
+        let t = Pclntab::parse(&data, 0).expect("a 1.20 table");
+        assert_eq!(t.function_named("main.a"), Some((0x1000, 0x40)));
+        assert_eq!(t.function_named("main.b"), Some((0x1040, 0x40)));
+        assert_eq!(t.function_named("main.c"), None);
+        assert_eq!(t.function_named("main."), None, "whole names only");
     }
 
     #[test]

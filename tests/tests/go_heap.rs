@@ -1,0 +1,225 @@
+//! The heap profile of Go programs, read from outside: Go allocates
+//! without malloc and samples its allocations itself, by its own
+//! `runtime.MemProfileRate`; profilerd records what the runtime samples
+//! and when the collector frees it. Per allocation site, its allocated and
+//! in-use objects and bytes are held against what the program counted and
+//! against the heap profile Go's runtime/pprof wrote of the same run, on Go
+//! 1.19 and a current Go, as built (a rate the program set, read from its
+//! memory) and stripped (`-s -w`: Go's default rate assumed, functions found
+//! in the pclntab).
+
+use std::path::Path;
+
+use profiler_tests::daemon::require_root;
+use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
+use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
+use profiler_tests::{pprof_heap_tops, temp_dir};
+
+/// Per site, |profilerd / runtime/pprof - 1| bound (issue 20: ±15%). Both
+/// count the same samples, the runtime's, so they agree more closely.
+const GO_TOLERANCE: f64 = 0.15;
+/// Per site, the least |profiled / counted - 1| bound against the
+/// program's own count; sites with fewer samples get four standard
+/// deviations of their sample count.
+const TRUTH_TOLERANCE: f64 = 0.15;
+/// The rate the unstripped builds set (`runtime.MemProfileRate`).
+const SET_RATE: u64 = 128 * 1024;
+/// Go's default `MemProfileRate`, which the stripped builds keep.
+const DEFAULT_RATE: u64 = 512 * 1024;
+
+/// A site of go_heap.go: its function, the report field with its bytes,
+/// the size of its objects, and whether they stay in use.
+struct Site {
+    function: &'static str,
+    bytes_field: &'static str,
+    size: u64,
+    kept: bool,
+}
+
+const SITES: [Site; 3] = [
+    Site {
+        function: "main.allocSmall",
+        bytes_field: "small_bytes",
+        size: 64,
+        kept: false,
+    },
+    Site {
+        function: "main.allocLarge",
+        bytes_field: "large_bytes",
+        size: 8192,
+        kept: false,
+    },
+    Site {
+        function: "main.retain",
+        bytes_field: "retain_bytes",
+        size: 16384,
+        kept: true,
+    },
+];
+
+/// [alloc_objects, alloc_space, inuse_objects, inuse_space] of the samples
+/// whose stack holds `function`.
+fn values_of(samples: &[FlatSample], function: &str) -> [i64; 4] {
+    let mut v = [0i64; 4];
+    for s in samples.iter().filter(|s| s.has_function(function)) {
+        for (i, x) in v.iter_mut().enumerate() {
+            *x += s.values.get(i).copied().unwrap_or(0);
+        }
+    }
+    v
+}
+
+fn off(ours: i64, theirs: i64) -> f64 {
+    (ours as f64 / (theirs as f64).max(1.0) - 1.0).abs()
+}
+
+#[test]
+fn go_heap_agrees_with_go_and_with_the_program() {
+    require_root();
+    let tmp = temp_dir();
+    for (version, go) in go_versions() {
+        for (workload, rate) in [
+            (Workload::GoHeap, SET_RATE),
+            (Workload::GoHeapStripped, DEFAULT_RATE),
+        ] {
+            let what = format!("{version} {workload:?}");
+            let tag = what.replace(' ', "_");
+            let exe = workload.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);
+            check_run(&what, &exe, rate, &tmp.path().join(&tag));
+        }
+    }
+}
+
+fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path) {
+    std::fs::create_dir_all(dir).expect("run directory");
+    let own = dir.join("own.pprof");
+    let rate_arg = match rate {
+        DEFAULT_RATE => "0".to_string(),
+        set => set.to_string(),
+    };
+    let out = dir.join("out");
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        exe,
+        &["2", own.to_str().expect("UTF-8 path"), &rate_arg],
+        &out,
+        99,
+        &["--profiles", "heap"],
+    );
+    let files = read_profiles(&out, "heap");
+    let per_file: Vec<Vec<FlatSample>> = files
+        .iter()
+        .map(|f| {
+            flatten(&f.profile)
+                .into_iter()
+                .filter(|s| s.pid() == pid)
+                .collect()
+        })
+        .collect();
+    let all: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    // In use: the window that closed while the program held its objects
+    // (after its exit the address space, and so its live set, is gone).
+    let held = per_file
+        .iter()
+        .max_by_key(|samples| values_of(samples, "main.retain")[3])
+        .cloned()
+        .unwrap_or_default();
+    let theirs = flatten(
+        &pprof_proto::decode(&std::fs::read(&own).expect("the program's own heap profile"))
+            .expect("Go's own profile decodes"),
+    );
+    let diag = format!("\n{}\n{}", pprof_heap_tops(&files), daemon.describe());
+    let go_samples = daemon.summary_field("go_heap_samples");
+    assert!(
+        go_samples > 0,
+        "{what}: no allocation of the Go runtime recorded{diag}"
+    );
+    for site in &SITES {
+        let ours = values_of(&all, site.function);
+        let ours_inuse = values_of(&held, site.function);
+        let go = values_of(&theirs, site.function);
+        let counted = field(&report, site.bytes_field);
+        let objects = counted / site.size;
+        let expected_samples = objects as f64 * (1.0 - (-(site.size as f64) / rate as f64).exp());
+        let truth_tolerance = TRUTH_TOLERANCE.max(4.0 / expected_samples.max(1.0).sqrt());
+        println!(
+            "{what}: {}: alloc_space profilerd {} runtime/pprof {} counted {counted} ({:.0} samples expected); alloc_objects {} / {}; inuse_space {} / {}; inuse_objects {} / {}",
+            site.function,
+            ours[1],
+            go[1],
+            expected_samples,
+            ours[0],
+            go[0],
+            ours_inuse[3],
+            go[3],
+            ours_inuse[2],
+            go[2],
+        );
+        assert!(
+            off(ours[1], go[1]) <= GO_TOLERANCE && off(ours[0], go[0]) <= GO_TOLERANCE,
+            "{what}: {}: allocated {} bytes in {} objects, runtime/pprof {} in {} (allowed ±{GO_TOLERANCE}){diag}",
+            site.function,
+            ours[1],
+            ours[0],
+            go[1],
+            go[0]
+        );
+        assert!(
+            off(ours[1], counted as i64) <= truth_tolerance,
+            "{what}: {}: allocated {} bytes, the program counted {counted} (allowed ±{truth_tolerance:.3}){diag}",
+            site.function,
+            ours[1]
+        );
+        if site.kept {
+            assert!(
+                off(ours_inuse[3], go[3]) <= GO_TOLERANCE
+                    && off(ours_inuse[2], go[2]) <= GO_TOLERANCE,
+                "{what}: {}: in use {} bytes in {} objects, runtime/pprof {} in {} (allowed ±{GO_TOLERANCE}){diag}",
+                site.function,
+                ours_inuse[3],
+                ours_inuse[2],
+                go[3],
+                go[2]
+            );
+            assert!(
+                off(ours_inuse[3], counted as i64) <= truth_tolerance,
+                "{what}: {}: in use {} bytes, the program holds {counted} (allowed ±{truth_tolerance:.3}){diag}",
+                site.function,
+                ours_inuse[3]
+            );
+        } else {
+            // Garbage: what is left in use is what the last collection
+            // had not swept yet, a small part.
+            assert!(
+                ours_inuse[3] as f64 <= 0.05 * ours[1] as f64,
+                "{what}: {}: {} bytes still in use of {} allocated, all of it garbage{diag}",
+                site.function,
+                ours_inuse[3],
+                ours[1]
+            );
+        }
+        // As Go's own profile shows it: the site is the leaf, the
+        // runtime's allocator and profiler frames hidden.
+        let at_leaf: i64 = all
+            .iter()
+            .filter(|s| {
+                s.frames
+                    .first()
+                    .is_some_and(|f| f.function == site.function)
+            })
+            .map(|s| s.values[1])
+            .sum();
+        assert!(
+            at_leaf as f64 >= 0.99 * ours[1] as f64,
+            "{what}: {}: the leaf in {at_leaf} of its {} bytes (runtime frames not hidden?){diag}",
+            site.function,
+            ours[1]
+        );
+    }
+}
