@@ -66,8 +66,11 @@ pub mod counter {
     /// Allocations the Go runtime sampled, recorded by `go_heap_probe`
     /// (also counted in `HEAP_SAMPLES`).
     pub const GO_HEAP_SAMPLES: u32 = 27;
+    /// Go objects whose free was seen at `runtime.mProf_Free` (their
+    /// release's special records not read: see `go_heap_fn`).
+    pub const GO_FREES_AT_PROFILE_FREE: u32 = 28;
     /// Number of counters.
-    pub const COUNT: u32 = 28;
+    pub const COUNT: u32 = 29;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -45,11 +45,16 @@ pub mod go_heap_fn {
     /// `size` in RBX and RCX.
     pub const MALLOC_WITH_M: u64 = 1;
     /// `runtime.freeSpecial(s, p, size)`: a swept object's special record
-    /// is freed; `p` (RBX) is kept for the thread until `mProf_Free`.
+    /// `s` (RAX) is freed. With the record's layout in the cookie
+    /// ([`special_layout`]), a profile record's object `p` (RBX) is
+    /// retired at once; without it (a release whose layout is not known),
+    /// `p` is kept for the thread until `mProf_Free`.
     pub const FREE_SPECIAL: u64 = 2;
     /// `runtime.mProf_Free`: the special being freed was a profiled
     /// allocation's, so the object at the thread's kept `p` is freed.
     pub const PROFILE_FREE: u64 = 3;
+    /// The cookie's bits that name the function.
+    pub const FUNCTION: u64 = 0xff;
     /// The symbol names, indexed by the constants above.
     pub const NAMES: [&str; 4] = [
         "runtime.mProf_Malloc",
@@ -57,6 +62,19 @@ pub mod go_heap_fn {
         "runtime.freeSpecial",
         "runtime.mProf_Free",
     ];
+
+    /// The cookie of `freeSpecial` for a release whose `special.kind`
+    /// lies at byte `kind_offset` and whose `_KindSpecialProfile` is
+    /// `profile_kind`.
+    pub const fn special_layout(kind_offset: u8, profile_kind: u8) -> u64 {
+        FREE_SPECIAL | (kind_offset as u64) << 8 | (profile_kind as u64) << 16
+    }
+
+    /// The (kind offset, profile kind) a `freeSpecial` cookie carries
+    /// (0, 0 when none).
+    pub const fn special_layout_of(cookie: u64) -> (u64, u8) {
+        ((cookie >> 8) & 0xff, (cookie >> 16) as u8)
+    }
 }
 
 /// Threads in the Go runtime's sweep between `freeSpecial` and

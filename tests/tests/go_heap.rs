@@ -85,12 +85,36 @@ fn go_heap_agrees_with_go_and_with_the_program() {
             let what = format!("{version} {workload:?}");
             let tag = what.replace(' ', "_");
             let exe = workload.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);
-            check_run(&what, &exe, rate, &tmp.path().join(&tag));
+            check_run(&what, &exe, rate, &tmp.path().join(&tag), None);
         }
     }
 }
 
-fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path) {
+/// The optimizations' A/B: with `[debug] go_special_kinds = false` a
+/// profiled object's free is seen at `mProf_Free` as well as at
+/// `freeSpecial` (no kind read), one probe more per free, and with
+/// `short_records = false` each allocation's record carries a 16 KiB
+/// stack buffer although its frames were walked; the answer must be the
+/// same, held against the same references.
+#[test]
+fn go_heap_is_the_same_without_its_optimizations() {
+    require_root();
+    let tmp = temp_dir();
+    let config = tmp.path().join("kinds-off.toml");
+    std::fs::write(
+        &config,
+        "[debug]\ngo_special_kinds = false\nshort_records = false\n",
+    )
+    .expect("config file");
+    for (version, go) in go_versions() {
+        let what = format!("{version} optimizations off");
+        let tag = what.replace([' ', '='], "_");
+        let exe = Workload::GoHeap.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);
+        check_run(&what, &exe, SET_RATE, &tmp.path().join(&tag), Some(&config));
+    }
+}
+
+fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path, config: Option<&Path>) {
     std::fs::create_dir_all(dir).expect("run directory");
     let own = dir.join("own.pprof");
     let rate_arg = match rate {
@@ -98,6 +122,10 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path) {
         set => set.to_string(),
     };
     let out = dir.join("out");
+    let mut extra = vec!["--profiles", "heap"];
+    if let Some(config) = config {
+        extra.extend(["--config", config.to_str().expect("UTF-8 path")]);
+    }
     let WholeLife {
         pid,
         report,
@@ -107,7 +135,7 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path) {
         &["2", own.to_str().expect("UTF-8 path"), &rate_arg],
         &out,
         99,
-        &["--profiles", "heap"],
+        &extra,
     );
     let files = read_profiles(&out, "heap");
     let per_file: Vec<Vec<FlatSample>> = files
@@ -139,6 +167,25 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path) {
     assert!(
         go_samples > 0,
         "{what}: no allocation of the Go runtime recorded{diag}"
+    );
+    // Frees are told by the special record's kind unless that is off.
+    let at_profile_free = daemon.summary_field("go_frees_at_profile_free");
+    let lost = daemon.summary_field("heap_allocs_lost");
+    println!(
+        "{what}: {go_samples} allocations sampled by the Go runtime, {at_profile_free} frees seen at mProf_Free, {lost} allocation records lost"
+    );
+    // Frames-only records (on by default) keep the ring from filling at
+    // some 20 000 samples a second; with the optimizations off some may
+    // be lost, counted, within the tolerances below.
+    assert!(
+        config.is_some() || lost * 100 <= go_samples,
+        "{what}: {lost} of {go_samples} allocation records lost (allowed 1%){diag}"
+    );
+    let short = daemon.summary_field("records_short_form");
+    assert_eq!(
+        (at_profile_free > 0, short > 0),
+        (config.is_some(), config.is_none()),
+        "{what}: {at_profile_free} frees seen at mProf_Free, {short} records in a short form{diag}"
     );
     for site in &SITES {
         let ours = values_of(&all, site.function);

@@ -377,7 +377,10 @@ impl Probes {
             Some(_) => Some(entry_only(
                 "go_heap_probe",
                 "Go heap",
-                crate::bpf::attach::go_heap::find,
+                match config.stack_switches.go_special_kinds {
+                    true => crate::bpf::attach::go_heap::find,
+                    false => crate::bpf::attach::go_heap::find_without_kinds,
+                },
                 &profiler_common::go_heap_fn::NAMES,
             )?),
             None => None,

@@ -13,6 +13,7 @@
 //! stack_tops = true      # copies stop at the thread's stack top learned from walks
 //! rings_mapped_once = true  # ring buffers' data pages mapped once, not twice (bpf/ring.rs)
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
+//! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -40,6 +41,11 @@ pub struct StackSwitches {
     /// pages of the files read are let go of after each
     /// (stacks/file_pages.rs): the same names for less resident memory.
     pub release_file_pages: bool,
+    /// A Go profiled object's free is told at `runtime.freeSpecial` by the
+    /// kind of its special record (a per-release layout), rather than by
+    /// also probing `runtime.mProf_Free`: the same frees for one probe
+    /// fewer. Not a stack optimization either.
+    pub go_special_kinds: bool,
 }
 
 impl Default for StackSwitches {
@@ -51,6 +57,7 @@ impl Default for StackSwitches {
             stack_tops: true,
             rings_mapped_once: true,
             release_file_pages: true,
+            go_special_kinds: true,
         }
     }
 }
@@ -65,6 +72,7 @@ pub struct DebugTable {
     stack_tops: Option<bool>,
     rings_mapped_once: Option<bool>,
     release_file_pages: Option<bool>,
+    go_special_kinds: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -79,6 +87,7 @@ impl DebugTable {
             stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
             rings_mapped_once: self.rings_mapped_once.unwrap_or(d.rings_mapped_once),
             release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
+            go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
         }
     }
 

@@ -189,10 +189,14 @@ pub(crate) fn read_heap_events(
             Some(heap_event::ALLOC) => {}
             _ => continue,
         }
-        // Two record forms, told apart by their length.
+        // Three record forms, told apart by their length.
         if let Some(alloc) = record::<HeapAlloc>(&item) {
             add_heap_alloc(alloc, procs, probes, unwinder, heap);
         } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
+            SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
+            add_heap_alloc(alloc, procs, probes, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc<0>>(&item) {
+            // Frames walked by the kernel, no stack bytes.
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
             add_heap_alloc(alloc, procs, probes, unwinder, heap);
         }

@@ -111,6 +111,7 @@ pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
     tracing::info!(target: "profilerd::session",
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
+        go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
         go_label_sets_full = c[counter::GO_LABEL_SETS_FULL as usize],
         go_label_sets_kept = go_labels.len(),
         go_label_sets_dropped = go_labels.dropped,

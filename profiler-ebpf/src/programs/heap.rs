@@ -23,11 +23,11 @@ use profiler_common::{
 
 use crate::{
     counters::count,
-    globals::{HEAP_EVENTS_RING, HEAP_SAMPLE_BYTES, SELF_TGID, global},
+    globals::{HEAP_EVENTS_RING, HEAP_SAMPLE_BYTES, SELF_TGID, SHORT_RECORDS, global, global_u8},
     klog::{self, klog, why},
     maps::wake_flag,
     process::{anchor_young_image, note_process},
-    stack::{copy::stack_fits, record_user_stack},
+    stack::{copy::stack_fits, record_user_stack, use_dwarf, walk_user_stack},
 };
 
 /// Heap sampling state per thread id.
@@ -320,7 +320,10 @@ pub(crate) fn send_heap_alloc(
     // SAFETY: a context load of the user's stack pointer.
     let sp = unsafe { (*ctx.regs).rsp };
     let event = (tgid, tid, function, addr, size, live);
-    if stack_fits(tid, sp, SHORT_STACK_BYTES) {
+    if global_u8(&SHORT_RECORDS) != 0 && !use_dwarf(tgid) {
+        // Walked by frame pointers: no stack bytes to carry.
+        send_heap_alloc_in::<0>(ctx, event)
+    } else if stack_fits(tid, sp, SHORT_STACK_BYTES) {
         send_heap_alloc_in::<SHORT_STACK_BYTES>(ctx, event)
     } else {
         send_heap_alloc_in::<STACK_COPY_BYTES>(ctx, event)
@@ -328,7 +331,7 @@ pub(crate) fn send_heap_alloc(
 }
 
 /// Sends a sampled allocation in the record form with an N-byte stack
-/// copy.
+/// copy (0: the frames-only form of a stack walked by frame pointers).
 #[inline(always)]
 fn send_heap_alloc_in<const N: usize>(
     ctx: &ProbeContext,
@@ -355,13 +358,17 @@ fn send_heap_alloc_in<const N: usize>(
         (*out).sp = (*regs).rsp;
         (*out).bp = (*regs).rbp;
         (*out).comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-        ((*out).stack_len, (*out).frames_len) = record_user_stack::<N>(
-            regs.cast(),
-            tgid,
-            (*regs).rsp,
-            (*out).stack.as_mut_ptr(),
-            (*out).frames.as_mut_ptr(),
-        );
+        ((*out).stack_len, (*out).frames_len) = if N == 0 {
+            (0, walk_user_stack(regs.cast(), (*out).frames.as_mut_ptr()))
+        } else {
+            record_user_stack::<N>(
+                regs.cast(),
+                tgid,
+                (*regs).rsp,
+                (*out).stack.as_mut_ptr(),
+                (*out).frames.as_mut_ptr(),
+            )
+        };
     }
     entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
     true

@@ -81,6 +81,14 @@ pub(crate) unsafe fn record_user_stack<const N: usize>(
         // SAFETY: the caller's buffer is N long.
         return (unsafe { counted_copy_stack::<N>(stack, sp) }, 0);
     }
+    // SAFETY: as the caller's.
+    (0, unsafe { walk_user_stack(ctx, frames) })
+}
+
+/// Walks the current thread's user stack by frame pointers into `frames`
+/// (MAX_STACK_DEPTH long); returns the frames walked.
+#[inline(always)]
+pub(crate) unsafe fn walk_user_stack(ctx: *mut core::ffi::c_void, frames: *mut u64) -> u64 {
     // SAFETY: the caller's buffer holds MAX_STACK_DEPTH frames.
     let bytes = unsafe {
         bpf_get_stack(
@@ -90,12 +98,11 @@ pub(crate) unsafe fn record_user_stack<const N: usize>(
             BPF_F_USER_STACK as u64,
         )
     };
-    let walked = if bytes > 0 {
+    if bytes > 0 {
         (bytes as u64 / 8).min(MAX_STACK_DEPTH as u64)
     } else {
         0
-    };
-    (0, walked)
+    }
 }
 
 /// The user registers a program reads: instruction, stack and frame

@@ -7,6 +7,9 @@
 //! run-time statistics give the CPU sample program's time per run for the
 //! labeled program and for `cpu_ratio.go`, the same kind of work without
 //! labels: the difference is what reading a goroutine's labels costs.
+//! `tests/workloads/go_heap.go` (allocation-heavy) runs bare and under
+//! `--profiles heap` the same way: the Go runtime's sampled allocations
+//! recorded from outside.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -16,18 +19,47 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::harness::{Daemon, median, parse_bpf_line, spread};
+use super::harness::{Daemon, median, parse_bpf_line_of, spread};
 
 const ROUNDS: usize = 5;
 const HZ: &str = "499";
 
+/// What a run profiles and how its work is counted.
+struct Mode<'a> {
+    /// The daemon's arguments besides --pid and the output.
+    daemon_args: &'a [&'a str],
+    /// The report's field of work done (its rate is the throughput).
+    work_field: &'a str,
+    /// The BPF program whose time per run is read.
+    program: &'a str,
+    /// An empty uprobe at this file offset of the workload instead of the
+    /// daemon.
+    empty_probe: Option<u64>,
+}
+
+const CPU: Mode<'static> = Mode {
+    daemon_args: &["--cpu-frequency", HZ],
+    work_field: "spins",
+    program: "cpu_sample",
+    empty_probe: None,
+};
+
+const HEAP: Mode<'static> = Mode {
+    daemon_args: &["--profiles", "heap"],
+    work_field: "rounds",
+    program: "go_heap_probe",
+    empty_probe: None,
+};
+
 /// One profiled or bare run of a workload.
 struct RunFigures {
-    /// Work done per second of the run (spins for go_handlers; 0 for
-    /// cpu_ratio).
+    /// Work done per second of the run (`Mode::work_field`; 0 where the
+    /// workload reports none).
     rate: f64,
-    /// The CPU sample program's ns per run (profiled runs).
+    /// The program's ns per run (profiled runs).
     bpf_ns: f64,
+    /// The program's runs (profiled runs).
+    bpf_runs: u64,
     /// Samples that carried a label set (profiled runs).
     labeled: u64,
 }
@@ -46,17 +78,17 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
          | Go | spins/s bare | spins/s profiled | slowdown | cpu_sample ns/run, labeled (go_handlers) | cpu_sample ns/run, no labels (cpu_ratio) | label reading per sample | labeled samples |\n\
          |---|---|---|---|---|---|---|---|\n"
     );
-    for (version, go) in gos {
-        let handlers = build(&go, root, work, "go_handlers.go")?;
-        let ratio = build(&go, root, work, "cpu_ratio.go")?;
+    for (version, go) in &gos {
+        let handlers = build(go, root, work, "go_handlers.go")?;
+        let ratio = build(go, root, work, "cpu_ratio.go")?;
         let (mut bare, mut profiled, mut plain) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             eprintln!("bench --go: {version}, round {}", round + 1);
             let own = work.join("own.pprof");
             let own = own.to_string_lossy().into_owned();
-            bare.push(run(&handlers, &[&own], None, work, seconds)?);
-            profiled.push(run(&handlers, &[&own], Some(bin), work, seconds)?);
-            plain.push(run(&ratio, &[], Some(bin), work, seconds)?);
+            bare.push(run(&handlers, &[&own], None, &CPU, work, seconds)?);
+            profiled.push(run(&handlers, &[&own], Some(bin), &CPU, work, seconds)?);
+            plain.push(run(&ratio, &[], Some(bin), &CPU, work, seconds)?);
         }
         let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
         let ns = |runs: &[RunFigures]| runs.iter().map(|r| r.bpf_ns).collect::<Vec<_>>();
@@ -73,13 +105,102 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             profiled.iter().map(|r| r.labeled).sum::<u64>() / ROUNDS as u64,
         );
     }
+    out += &measure_heap(root, bin, work, seconds, &gos)?;
     Ok(out)
+}
+
+/// The allocation-heavy run: `go_heap.go` at Go's default
+/// `MemProfileRate`, bare and under `profilerd --pid P --profiles heap`.
+fn measure_heap(
+    root: &Path,
+    bin: &Path,
+    work: &Path,
+    seconds: u64,
+    gos: &[(&str, PathBuf)],
+) -> Result<String> {
+    let mut out = format!(
+        "\nAllocation-heavy: `go_heap.go` (64-byte and 8 KiB objects as fast as it can, \
+         Go's default `MemProfileRate`) bare and under `profilerd --pid P --profiles heap`, \
+         alternately, {ROUNDS} rounds; BPF time per `go_heap_probe` run. The other option \
+         measured beside it: an empty uprobe on every `runtime.mallocgc` (at its `JBE`, \
+         which the kernel emulates), the least that sampling Go's allocator with \
+         profilerd's own byte sampler would cost.\n\n\
+         | Go | rounds/s bare | rounds/s profiled | slowdown | go_heap_probe ns/run | runs per second | rounds/s, empty uprobe on mallocgc | its slowdown |\n\
+         |---|---|---|---|---|---|---|---|\n"
+    );
+    for (version, go) in gos {
+        let exe = build(go, root, work, "go_heap.go")?;
+        let mallocgc = mallocgc_probe_offset(&exe)?;
+        let (mut bare, mut profiled, mut every) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            eprintln!("bench --go: heap, {version}, round {}", round + 1);
+            let own = work.join("own-heap.pprof");
+            let own = own.to_string_lossy().into_owned();
+            bare.push(run(&exe, &[&own, "0"], None, &HEAP, work, seconds)?);
+            profiled.push(run(&exe, &[&own, "0"], Some(bin), &HEAP, work, seconds)?);
+            every.push(run(
+                &exe,
+                &[&own, "0"],
+                None,
+                &Mode {
+                    empty_probe: Some(mallocgc),
+                    ..HEAP
+                },
+                work,
+                seconds,
+            )?);
+        }
+        let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
+        let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
+        let per_second: Vec<f64> = profiled
+            .iter()
+            .map(|r| r.bpf_runs as f64 / seconds as f64)
+            .collect();
+        out += &format!(
+            "| {version} | {} | {} | {:.2}% | {} | {} | {} | {:.1}% |\n",
+            spread(&rates(&bare)),
+            spread(&rates(&profiled)),
+            (1.0 - median(&rates(&profiled)) / median(&rates(&bare))) * 100.0,
+            spread(&ns),
+            spread(&per_second),
+            spread(&rates(&every)),
+            (1.0 - median(&rates(&every)) / median(&rates(&bare))) * 100.0,
+        );
+    }
+    Ok(out)
+}
+
+/// The file offset of the `JBE` after `runtime.mallocgc`'s stack check in
+/// the Go executable `exe` (as Go links by default: not position
+/// independent, its text at 0x400000 from file offset 0), where the
+/// kernel emulates the probed instruction.
+fn mallocgc_probe_offset(exe: &Path) -> Result<u64> {
+    let nm = Command::new("nm").arg(exe).output().context("running nm")?;
+    let text = String::from_utf8_lossy(&nm.stdout);
+    let address = text
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            let (address, kind, name) = (words.next()?, words.next()?, words.next()?);
+            (kind == "T" && name == "runtime.mallocgc")
+                .then(|| u64::from_str_radix(address, 16).ok())?
+        })
+        .context("runtime.mallocgc not in the symbol table")?;
+    let offset = address
+        .checked_sub(0x40_0000)
+        .context("runtime.mallocgc below 0x400000")?;
+    let code = fs::read(exe)?;
+    // CMPQ SP, 0x10(R14): the stack check, which the kernel single-steps.
+    if code.get(offset as usize..offset as usize + 4) != Some(&[0x49, 0x3b, 0x66, 0x10][..]) {
+        bail!("runtime.mallocgc does not start with Go's stack check");
+    }
+    Ok(offset + 4)
 }
 
 /// `go build` of a workload of tests/workloads into `work`.
 fn build(go: &Path, root: &Path, work: &Path, source: &str) -> Result<PathBuf> {
     let tag = go.to_string_lossy().replace('/', "_");
-    let exe = work.join(format!("{}-{}", source.trim_end_matches(".go"), tag.len()));
+    let exe = work.join(format!("{}-{tag}", source.trim_end_matches(".go")));
     let status = Command::new(go)
         .arg("build")
         .arg("-o")
@@ -105,6 +226,7 @@ fn run(
     exe: &Path,
     args: &[&str],
     bin: Option<&Path>,
+    mode: &Mode<'_>,
     work: &Path,
     seconds: u64,
 ) -> Result<RunFigures> {
@@ -128,24 +250,29 @@ fn run(
     let daemon = match bin {
         Some(bin) => {
             let out = work.join("go-profiles");
-            let mut daemon = Daemon::start(
-                bin,
-                &[
-                    "--pid".into(),
-                    pid.to_string(),
-                    "--cpu-frequency".into(),
-                    HZ.into(),
-                    "--interval".into(),
-                    "10s".into(),
-                    "--output-dir".into(),
-                    out.to_string_lossy().into_owned(),
-                ],
-            )?;
+            let mut daemon_args = vec![
+                "--pid".to_string(),
+                pid.to_string(),
+                "--interval".into(),
+                "10s".into(),
+                "--output-dir".into(),
+                out.to_string_lossy().into_owned(),
+            ];
+            daemon_args.extend(mode.daemon_args.iter().map(|a| a.to_string()));
+            let mut daemon = Daemon::start(bin, &daemon_args)?;
             if let Some(reason) = daemon.wait_ready()? {
                 bail!("profilerd did not start: {reason}");
             }
             Some(daemon)
         }
+        None => None,
+    };
+    let _empty = match mode.empty_probe {
+        Some(offset) => Some(crate::empty_uprobe::EmptyProbes::attach(
+            pid,
+            exe,
+            &[("mallocgc".to_string(), offset, false)],
+        )?),
         None => None,
     };
     // Go.
@@ -169,8 +296,9 @@ fn run(
             .unwrap_or(0.0)
     };
     let mut figures = RunFigures {
-        rate: field("spins") / seconds as f64,
+        rate: field(mode.work_field) / seconds as f64,
         bpf_ns: 0.0,
+        bpf_runs: 0,
         labeled: 0,
     };
     if let Some(daemon) = daemon {
@@ -179,10 +307,10 @@ fn run(
         if !status.success() {
             bail!("profilerd exited with {status}");
         }
-        figures.bpf_ns = log
+        (figures.bpf_runs, figures.bpf_ns) = log
             .iter()
-            .find_map(|l| parse_bpf_line(l))
-            .map_or(0.0, |(_, ns)| ns);
+            .find_map(|l| parse_bpf_line_of(l, mode.program))
+            .unwrap_or((0, 0.0));
         figures.labeled = log
             .iter()
             .find_map(|l| {

@@ -51,7 +51,12 @@ pub(crate) fn status_field(pid: u32, field: &str) -> Result<u64> {
 
 /// Parses "bpf program cpu_sample: N runs, X ns per run".
 pub(crate) fn parse_bpf_line(line: &str) -> Option<(u64, f64)> {
-    let rest = line.split("cpu_sample:").nth(1)?;
+    parse_bpf_line_of(line, "cpu_sample")
+}
+
+/// As [`parse_bpf_line`], for the program named `program`.
+pub(crate) fn parse_bpf_line_of(line: &str, program: &str) -> Option<(u64, f64)> {
+    let rest = line.split(&format!("{program}:")).nth(1)?;
     let mut words = rest.split_whitespace();
     let runs = words.next()?.parse().ok()?;
     let ns = rest

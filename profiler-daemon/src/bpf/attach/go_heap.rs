@@ -2,8 +2,8 @@
 //! `runtime.freeSpecial` and `runtime.mProf_Free` begin in a Go
 //! executable (stripped or not), with the cookie that tells
 //! `go_heap_probe` where `mProf_Malloc`'s arguments are in the release
-//! that built it (it gained an `*m` first argument in Go 1.23, read from
-//! the binary's DWARF of each release).
+//! that built it (it gained an `*m` first argument in Go 1.23) and where a
+//! special record's kind is (both read from the DWARF of each release).
 
 use std::path::Path;
 
@@ -14,17 +14,33 @@ use crate::bpf::attach::go_functions;
 use crate::bpf::uprobes::ProbePoints;
 use crate::model::go_buildinfo::go_version;
 
-/// The functions probed, in `go_heap_fn` order but for the two forms of
-/// `mProf_Malloc`, which are one function.
-const FUNCTIONS: [&str; 3] = [
+/// `mProf_Malloc` and `freeSpecial`, always probed.
+const FUNCTIONS: [&str; 2] = [
+    go_heap_fn::NAMES[go_heap_fn::MALLOC as usize],
+    go_heap_fn::NAMES[go_heap_fn::FREE_SPECIAL as usize],
+];
+
+/// The same and `mProf_Free`, for a release whose special records are not
+/// known.
+const FUNCTIONS_AND_PROFILE_FREE: [&str; 3] = [
     go_heap_fn::NAMES[go_heap_fn::MALLOC as usize],
     go_heap_fn::NAMES[go_heap_fn::FREE_SPECIAL as usize],
     go_heap_fn::NAMES[go_heap_fn::PROFILE_FREE as usize],
 ];
 
 /// The probe points of `path`: None unless it is Go code of a release
-/// from Go 1.18 (whose version it names) that defines all three.
+/// from Go 1.18 (whose version it names) that defines the functions.
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
+    find_with(path, true)
+}
+
+/// [`find`] without reading special records' kinds: `mProf_Free` is
+/// probed whatever the release (`[debug] go_special_kinds = false`).
+pub fn find_without_kinds(path: &Path) -> Result<Option<ProbePoints>, String> {
+    find_with(path, false)
+}
+
+fn find_with(path: &Path, kinds: bool) -> Result<Option<ProbePoints>, String> {
     let data = super::map_file(path)?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
     if !go_functions::is_go(&file) {
@@ -38,13 +54,17 @@ pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
         return Ok(None);
     };
     let malloc = malloc_form(minor);
+    let (names, free_special): (&[&str], u64) = match special_layout(minor).filter(|_| kinds) {
+        Some(layout) => (&FUNCTIONS, layout),
+        None => (&FUNCTIONS_AND_PROFILE_FREE, go_heap_fn::FREE_SPECIAL),
+    };
     Ok(go_functions::probe_points(
         &file,
         &data,
-        &FUNCTIONS,
+        names,
         |i| match i {
             0 => malloc,
-            1 => go_heap_fn::FREE_SPECIAL,
+            1 => free_special,
             _ => go_heap_fn::PROFILE_FREE,
         },
     ))
@@ -59,6 +79,23 @@ fn malloc_form(minor: u32) -> u64 {
     }
 }
 
+/// The `freeSpecial` cookie of release 1.`minor`: where a special
+/// record's `kind` byte is and the kind of a profile record, as the DWARF
+/// of binaries built by go1.19.8, 1.21.13, 1.22.10, 1.23.9, 1.24.11,
+/// 1.25.5, 1.26.6 and 1.27.3 gives them (`runtime.special.kind`,
+/// `runtime._KindSpecialProfile`; 1.18 and 1.20 as 1.19). None for
+/// another release.
+fn special_layout(minor: u32) -> Option<u64> {
+    let (kind_offset, profile_kind) = match minor {
+        18..=22 => (10, 2),
+        23 => (10, 3),
+        24 => (16, 3),
+        25..=27 => (16, 4),
+        _ => return None,
+    };
+    Some(go_heap_fn::special_layout(kind_offset, profile_kind))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +106,17 @@ mod tests {
         assert_eq!(malloc_form(22), go_heap_fn::MALLOC);
         assert_eq!(malloc_form(23), go_heap_fn::MALLOC_WITH_M);
         assert_eq!(malloc_form(27), go_heap_fn::MALLOC_WITH_M);
+    }
+
+    #[test]
+    fn special_records_change_with_the_release() {
+        let layout = |minor| special_layout(minor).map(go_heap_fn::special_layout_of);
+        assert_eq!(layout(19), Some((10, 2)));
+        assert_eq!(layout(23), Some((10, 3)));
+        assert_eq!(layout(24), Some((16, 3)));
+        assert_eq!(layout(27), Some((16, 4)));
+        assert_eq!(layout(40), None, "unknown: mProf_Free is probed too");
+        let cookie = special_layout(27).expect("known");
+        assert_eq!(cookie & go_heap_fn::FUNCTION, go_heap_fn::FREE_SPECIAL);
     }
 }
