@@ -99,6 +99,11 @@ pub mod wait_flags {
     /// With `HINT_MATCHED`: the remembered walk stopped before the root
     /// (its stack is shown as truncated, as the walk's was).
     pub const WALK_TRUNCATED: u32 = 8;
+    /// A goroutine's park: bits [`GO_REASON_SHIFT`].. hold the `waitReason`
+    /// it parked with (gopark's third argument; numbered per Go release).
+    pub const GO_WAIT_REASON: u32 = 16;
+    /// Where a goroutine park's wait reason lies in the flags.
+    pub const GO_REASON_SHIFT: u32 = 8;
 }
 
 /// POSIX condition variable waits probed for the block profile (uprobe
@@ -154,7 +159,8 @@ pub struct GoPark {
     pub sp: u64,
     pub bp: u64,
     pub tid: u32,
-    pub _pad: u32,
+    /// The `waitReason` it parked with (gopark's third argument).
+    pub reason: u32,
     pub comm: [u8; COMM_LEN],
 }
 

@@ -97,6 +97,10 @@ pub enum Workload {
     GoHeap,
     /// The same, linked without symbol table and DWARF (`-s -w`).
     GoHeapStripped,
+    /// `go_contention.go`: main.recvWait (channel), main.lockWait
+    /// (sync.Mutex) and main.sleeper (time.Sleep), timing each; writes its
+    /// own block profile at rate 1; `SECONDS PROFILE [--wait-stdin]`.
+    GoContention,
 }
 
 /// The Go toolchains the tests build with: Debian's Go 1.19 and a current
@@ -117,7 +121,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 18] = [
+    pub const ALL: [Workload; 19] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -136,6 +140,7 @@ impl Workload {
         Workload::GoHandlers,
         Workload::GoHeap,
         Workload::GoHeapStripped,
+        Workload::GoContention,
     ];
 
     /// Whether `go build` builds it.
@@ -148,6 +153,7 @@ impl Workload {
                 | Workload::GoHandlers
                 | Workload::GoHeap
                 | Workload::GoHeapStripped
+                | Workload::GoContention
         )
     }
 
@@ -186,6 +192,7 @@ impl Workload {
             Workload::ChanBlockGo => "chan_block.go",
             Workload::GoHandlers => "go_handlers.go",
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",
+            Workload::GoContention => "go_contention.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")

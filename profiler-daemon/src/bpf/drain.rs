@@ -45,6 +45,8 @@ pub struct SampleId {
     pub cond: u64,
     /// The goroutine's pprof label set (an id of `GoLabelSets`; 0: none).
     pub go_labels: u64,
+    /// A goroutine's park: its `waitReason` number plus one (0: none).
+    pub go_wait: u16,
 }
 
 impl SampleId {
@@ -135,6 +137,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         object: 0,
         cond: 0,
         go_labels: key.go_labels,
+        go_wait: 0,
     }
 }
 
@@ -187,6 +190,7 @@ mod tests {
             object: 0,
             cond: 0,
             go_labels: 0,
+            go_wait: 0,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

@@ -19,21 +19,35 @@ const G_M: u16 = 48;
 /// it is not a Go executable; labels not read (`NONE`) for a release whose
 /// layout is not known.
 pub fn go_executable(tgid: u32) -> Option<GoRuntime> {
+    let (is_go, minor) = read_executable(tgid)?;
+    is_go.then(|| minor.map_or_else(GoRuntime::default, runtime_layout))
+}
+
+/// The minor number of the Go release that built process `tgid`'s
+/// executable; None when it is not Go (1.18 or later) or cannot be read.
+pub fn go_release(tgid: u32) -> Option<u32> {
+    read_executable(tgid)?.1
+}
+
+/// Whether process `tgid`'s executable is Go, and the minor number of the
+/// Go release that built it (Go 1.18 and later name it). Reads only the
+/// headers, the section names and the build information.
+fn read_executable(tgid: u32) -> Option<(bool, Option<u32>)> {
     let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
-    // Reads only the headers, the section names and the build information.
     let cache = object::ReadCache::new(exe);
     let file = object::File::parse(&cache).ok()?;
     let is_go = file
         .sections()
         .any(|s| matches!(s.name(), Ok(".gopclntab" | ".go.buildinfo")));
-    if !is_go {
-        return None;
-    }
-    let version = file
+    let minor = file
         .section_by_name(".go.buildinfo")
         .and_then(|section| section.data().ok())
-        .and_then(go_buildinfo::go_version);
-    Some(version.map_or_else(GoRuntime::default, |(_, minor)| runtime_layout(minor)))
+        .and_then(go_buildinfo::go_version)
+        .and_then(|version| match version {
+            (1, minor) => Some(minor),
+            _ => None,
+        });
+    Some((is_go, minor))
 }
 
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and

@@ -105,6 +105,7 @@ pub(crate) fn add_stack_sample<const N: usize>(
         object: 0,
         cond: 0,
         go_labels: 0,
+        go_wait: 0,
     });
 }
 

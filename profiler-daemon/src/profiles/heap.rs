@@ -237,6 +237,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         object: 0,
         cond: 0,
         go_labels: 0,
+        go_wait: 0,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -349,6 +350,7 @@ mod tests {
             object: 0,
             cond: 0,
             go_labels: 0,
+            go_wait: 0,
         }
     }
 

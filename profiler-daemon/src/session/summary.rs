@@ -104,14 +104,16 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
-/// The Go line of the exit summary: labels, and allocations the Go
-/// runtime sampled.
+/// The Go line of the exit summary: labels, allocations the Go runtime
+/// sampled, and goroutine parks the block profile left out.
 pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
     let c = probes.counters();
     tracing::info!(target: "profilerd::session",
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
+        go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
+            .load(std::sync::atomic::Ordering::Relaxed),
         go_label_sets_full = c[counter::GO_LABEL_SETS_FULL as usize],
         go_label_sets_kept = go_labels.len(),
         go_label_sets_dropped = go_labels.dropped,

@@ -55,12 +55,13 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     }
     let regs = ctx.regs;
     // SAFETY: plain helpers; checked context loads of the user's pt_regs.
-    let (function, now, r14, rax, sp, bp) = unsafe {
+    let (function, now, r14, rax, rcx, sp, bp) = unsafe {
         (
             bpf_get_attach_cookie(ctx.regs.cast()) & probe_cookie::FUNCTION,
             bpf_ktime_get_ns(),
             (*regs).r14,
             (*regs).rax,
+            (*regs).rcx,
             (*regs).rsp,
             (*regs).rbp,
         )
@@ -71,7 +72,9 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
             sp,
             bp,
             tid: pid_tgid as u32,
-            _pad: 0,
+            // gopark(unlockf, lock, reason waitReason, ...): a uint8 in
+            // RCX on every release read (1.19 to 1.27).
+            reason: (rcx & 0xff) as u32,
             comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         };
         let key = FutexKey {
@@ -117,7 +120,9 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
             kind: wait_event::BLOCK,
             tgid,
             tid: park.tid,
-            flags: wait_flags::RETURN_ADDRESS,
+            flags: wait_flags::RETURN_ADDRESS
+                | wait_flags::GO_WAIT_REASON
+                | park.reason << wait_flags::GO_REASON_SHIFT,
             value: waited,
             uaddr: 0,
             ip: 0,

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
@@ -21,6 +22,7 @@ use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
+use crate::procs::{go_runtime, go_wait_reasons};
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{
     Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, read_record, record,
@@ -44,6 +46,9 @@ pub(crate) struct Waits {
     pub(crate) block_rate_ns: u64,
     /// The kernel's walk hints, given each walk remembered for a wait.
     pub(crate) walk_hints: Option<AyaHashMap<MapData, WalkHintKey, WalkHint>>,
+    /// The Go release of each process whose goroutines parked (read once;
+    /// bounded by `GO_RELEASES_KEPT`).
+    go_releases: HashMap<u32, Option<u32>>,
 }
 
 impl Waits {
@@ -57,6 +62,7 @@ impl Waits {
             mutex: MutexTable::new(settings.mutex_fraction),
             block_rate_ns: settings.block_rate.as_nanos() as u64,
             walk_hints,
+            go_releases: HashMap::default(),
         }
     }
 
@@ -189,7 +195,15 @@ pub(crate) fn read_wait_events(
             object: event.uaddr,
             cond: event.cond,
             go_labels: 0,
+            go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
         };
+        if kind == wait_event::BLOCK
+            && let Some(reason) = go_wait_reasons::key_text(id.go_wait)
+            && !go_wait_reasons::counts_as_blocking(reason)
+        {
+            GO_PARKS_NOT_BLOCKING.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         if kind == wait_event::BLOCK {
             waits.mutex.note_cond_word(&id);
             waits.block.add(id, event.value, waits.block_rate_ns);
@@ -239,9 +253,33 @@ pub(crate) fn read_offcpu_event(
         object: 0,
         cond: 0,
         go_labels: 0,
+        go_wait: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
+
+/// A goroutine park's reason from a wait record's flags, as
+/// `SampleId::go_wait` keeps it (`go_wait_reasons::reason_key`; 0: not a
+/// park), the process's Go release read once (`releases`).
+fn go_wait_of(releases: &mut HashMap<u32, Option<u32>>, tgid: u32, flags: u32) -> u16 {
+    if flags & wait_flags::GO_WAIT_REASON == 0 {
+        return 0;
+    }
+    if releases.len() >= GO_RELEASES_KEPT {
+        releases.clear();
+    }
+    let release = *releases
+        .entry(tgid)
+        .or_insert_with(|| go_runtime::go_release(tgid));
+    go_wait_reasons::reason_key(release, (flags >> wait_flags::GO_REASON_SHIFT) as u8)
+}
+
+/// Processes whose Go release is remembered (the map is emptied when full).
+const GO_RELEASES_KEPT: usize = 4096;
+
+/// Goroutine parks left out of block profiles: their reason is one Go's
+/// own block profile does not count (a sleep, I/O, the runtime's own).
+pub static GO_PARKS_NOT_BLOCKING: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) fn build_wait_profile(
     kind: ProfileKind,
@@ -272,7 +310,16 @@ pub(crate) fn build_wait_profile(
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
             symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
-        let labels = sample_labels(settings, procs, id);
+        let mut labels = sample_labels(settings, procs, id);
+        if id.go_wait != 0 {
+            // As Go's goroutine profile names it; the number where the
+            // release's table does not have it.
+            let text = go_wait_reasons::key_text(id.go_wait).map_or_else(
+                || go_wait_reasons::key_number(id.go_wait).to_string(),
+                str::to_owned,
+            );
+            labels.push(("wait_reason".to_string(), text));
+        }
         let labels: Vec<(&str, &str)> = labels
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -305,6 +352,7 @@ mod tests {
             object: 0,
             cond: 0,
             go_labels: 0,
+            go_wait: 0,
         }
     }
 
@@ -337,6 +385,7 @@ mod tests {
             object,
             cond,
             go_labels: 0,
+            go_wait: 0,
             ..id(frame)
         };
         // A wait inside pthread_cond_wait on word 0x1008 of condition

@@ -110,6 +110,7 @@ impl MutexTable {
                         Arc::new(SampleId {
                             cond,
                             go_labels: 0,
+                            go_wait: 0,
                             ..(*id).clone()
                         }),
                         weight,
