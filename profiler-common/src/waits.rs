@@ -144,8 +144,32 @@ pub mod go_fn {
     pub const GOPARK: u64 = 0;
     /// `runtime.ready`: a parked goroutine is made runnable.
     pub const READY: u64 = 1;
+    /// `runtime.readyWithTime(s *sudog, ...)`: a semaphore's releaser
+    /// readies the waiter `s.g` (sync.Mutex, RWMutex, WaitGroup, Cond), on
+    /// its own goroutine's stack. The cookie also carries the wait reasons
+    /// whose release Go's mutex profile counts ([`mutex_reasons`]).
+    pub const READY_WITH_TIME: u64 = 2;
+    /// The cookie's bits that name the function.
+    pub const FUNCTION: u64 = 0xff;
     /// Symbol names, indexed by the constants above.
-    pub const NAMES: [&str; 2] = ["runtime.gopark", "runtime.ready"];
+    pub const NAMES: [&str; 3] = ["runtime.gopark", "runtime.ready", "runtime.readyWithTime"];
+
+    /// The cookie of `readyWithTime` for a release whose sync.Mutex and
+    /// sync.RWMutex waiters park with the `waitReason`s `reasons`.
+    pub const fn mutex_reasons(reasons: [u8; 3]) -> u64 {
+        READY_WITH_TIME
+            | (reasons[0] as u64) << 8
+            | (reasons[1] as u64) << 16
+            | (reasons[2] as u64) << 24
+    }
+
+    /// Whether a `readyWithTime` cookie names `reason` as a mutex wait.
+    pub const fn is_mutex_reason(cookie: u64, reason: u8) -> bool {
+        reason != 0
+            && (((cookie >> 8) & 0xff) as u8 == reason
+                || ((cookie >> 16) & 0xff) as u8 == reason
+                || ((cookie >> 24) & 0xff) as u8 == reason)
+    }
 }
 
 /// A parked goroutine (the `GO_PARKED` map, by process and `g` address):

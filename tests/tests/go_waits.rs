@@ -1,9 +1,12 @@
-//! Goroutine waits in the block profile of Go programs read from outside:
-//! a park counts when Go's own block profile would count it (channels,
-//! select, the sync package), not a sleep, and carries its `wait_reason`
-//! label. Per site, the delay is held against the block profile Go's
-//! runtime/pprof wrote of the same run (at `SetBlockProfileRate(1)`) and
-//! against what the program timed, on Go 1.19 and a current Go.
+//! Goroutine waits in the block and mutex profiles of Go programs read
+//! from outside: a park counts when Go's own block profile would count it
+//! (channels, select, the sync package), not a sleep, and carries its
+//! `wait_reason` label; a sync.Mutex waiter's delay is charged to the
+//! goroutine that unlocked it, as Go's mutex profile charges it. Per site,
+//! the delay is held against the block and mutex profiles Go's
+//! runtime/pprof wrote of the same run (at `SetBlockProfileRate(1)` and
+//! `SetMutexProfileFraction(1)`) and against what the program timed, on
+//! Go 1.19 and a current Go.
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
@@ -62,9 +65,28 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             &["3", own.to_str().expect("UTF-8 path")],
             &out,
             99,
-            &["--profiles", "block", "--block-rate", "1ns"],
+            &[
+                "--profiles",
+                "block,mutex",
+                "--block-rate",
+                "1ns",
+                "--mutex-fraction",
+                "1",
+            ],
         );
         let files = read_profiles(&out, "block");
+        let mutex_files = read_profiles(&out, "mutex");
+        let ours_mutex: Vec<FlatSample> = flatten_all(&mutex_files)
+            .into_iter()
+            .filter(|s| s.pid() == pid)
+            .collect();
+        let theirs_mutex = flatten(
+            &pprof_proto::decode(
+                &std::fs::read(own.with_extension("pprof.mutex"))
+                    .expect("the program's own mutex profile"),
+            )
+            .expect("Go's own mutex profile decodes"),
+        );
         let ours: Vec<FlatSample> = flatten_all(&files)
             .into_iter()
             .filter(|s| s.pid() == pid)
@@ -120,6 +142,34 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         assert!(
             recv_labeled >= 0.99 && lock_labeled >= 0.99,
             "{version}: wait_reason chan receive on {recv_labeled:.3} of main.recvWait's delay, {lock_reason} on {lock_labeled:.3} of main.lockWait's{diag}"
+        );
+        // The mutex profile: the waiter's delay at the unlocker's stack.
+        let (unlock, go_unlock) = (
+            delay_of(&ours_mutex, "main.holdLock"),
+            delay_of(&theirs_mutex, "main.holdLock"),
+        );
+        let through_unlock: i64 = ours_mutex
+            .iter()
+            .filter(|s| s.has_function("main.holdLock") && s.has_function("sync.(*Mutex).Unlock"))
+            .map(|s| s.values[1])
+            .sum();
+        let unlock_labeled = reason_share(&ours_mutex, "main.holdLock", lock_reason);
+        let mutex_diag = format!(
+            "\n{}\n{}",
+            pprof_tops(&mutex_files, Some(pid)),
+            daemon.describe()
+        );
+        println!(
+            "{version}: mutex delay at main.holdLock profilerd {unlock} runtime/pprof {go_unlock}; through sync.(*Mutex).Unlock {through_unlock}; {unlock_labeled:.3} labeled {lock_reason}; {} runtime futexes left out",
+            daemon.summary_field("go_runtime_futexes")
+        );
+        assert!(
+            off(unlock, go_unlock) <= GO_TOLERANCE,
+            "{version}: mutex delay at main.holdLock {unlock}, runtime/pprof {go_unlock} (allowed ±{GO_TOLERANCE}){mutex_diag}"
+        );
+        assert!(
+            through_unlock as f64 >= 0.99 * unlock as f64 && unlock_labeled >= 0.99,
+            "{version}: of main.holdLock's mutex delay {unlock}, {through_unlock} through sync.(*Mutex).Unlock and {unlock_labeled:.3} labeled {lock_reason}{mutex_diag}"
         );
     }
 }

@@ -13,6 +13,7 @@
 // usage: go_contention SECONDS PROFILE [--wait-stdin]
 //
 //	PROFILE       where runtime/pprof writes the program's own block profile
+//	              (and PROFILE.mutex its mutex profile, at fraction 1)
 //	--wait-stdin  print "ready pid=P", then read one byte (or EOF) from
 //	              stdin before starting, so that a profiler can attach first
 //
@@ -61,6 +62,20 @@ func holdLock(d time.Duration) {
 	mu.Unlock()
 }
 
+// write writes the runtime's profile `name` to `path`.
+func write(name, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "profile:", err)
+		os.Exit(1)
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "profile:", err)
+		os.Exit(1)
+	}
+	f.Close()
+}
+
 // spin works for d.
 func spin(d time.Duration) {
 	end := time.Now().Add(d)
@@ -84,6 +99,7 @@ func main() {
 		os.Exit(2)
 	}
 	runtime.SetBlockProfileRate(1)
+	runtime.SetMutexProfileFraction(1)
 	if len(os.Args) > 3 && os.Args[3] == "--wait-stdin" {
 		fmt.Printf("ready pid=%d\n", os.Getpid())
 		buf := make([]byte, 1)
@@ -139,16 +155,8 @@ func main() {
 	}()
 	wg.Wait()
 	close(stop)
-	f, err := os.Create(os.Args[2])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "profile:", err)
-		os.Exit(1)
-	}
-	if err := pprof.Lookup("block").WriteTo(f, 0); err != nil {
-		fmt.Fprintln(os.Stderr, "profile:", err)
-		os.Exit(1)
-	}
-	f.Close()
+	write("block", os.Args[2])
+	write("mutex", os.Args[2]+".mutex")
 	fmt.Printf("pid=%d recv_ns=%d recv_waits=%d lock_ns=%d lock_waits=%d sleep_ns=%d\n",
 		os.Getpid(), recvNs, recvWaits, lockNs, lockWaits, sleepNs)
 }

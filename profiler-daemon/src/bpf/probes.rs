@@ -385,7 +385,7 @@ impl Probes {
             )?),
             None => None,
         };
-        let go_parks = match config.block {
+        let go_parks = match config.block || config.mutex_fraction.is_some() {
             true => Some(entry_only(
                 "go_park_probe",
                 "Go runtime",

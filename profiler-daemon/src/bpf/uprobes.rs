@@ -423,7 +423,9 @@ impl UprobeLinks {
                     let names: Vec<&str> = p
                         .single_stepped
                         .iter()
-                        .map(|&f| self.names.get(f as usize).copied().unwrap_or("?"))
+                        // The low byte names the function; Go's cookies
+                        // carry a release's facts above it.
+                        .map(|&f| self.names.get((f & 0xff) as usize).copied().unwrap_or("?"))
                         .collect();
                     format!("; single-stepped: {}", names.join(", "))
                 }

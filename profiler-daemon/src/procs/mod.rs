@@ -1,12 +1,10 @@
 //! The processes the daemon profiles: their table (mapped objects, images,
 //! lifetimes, fed by process events), the labels their environment
 //! gives them (container, pod, systemd unit), and what the kernel needs
-//! to read of a Go process (`go_runtime`) and what its goroutines park
-//! for (`go_wait_reasons`).
+//! to read of a Go process (`go_runtime`).
 
 pub mod environment;
 pub(crate) mod go_runtime;
-pub(crate) mod go_wait_reasons;
 mod lineage;
 pub(crate) mod objects;
 pub(crate) mod process;

@@ -26,7 +26,7 @@ use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{Thread, event_user_stack, read_record, record};
 use crate::profiles::rescale::heap_scale;
-use crate::profiles::samples::{prefetch_user_stack, push_stack, sample_labels};
+use crate::profiles::samples::{hide_go_runtime, prefetch_user_stack, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -315,23 +315,6 @@ fn go_mem_profile_rate(heap: &mut HeapTable, tgid: u32) -> u64 {
         heap.go_rates_assumed += 1;
         go_runtime::DEFAULT_MEM_PROFILE_RATE
     })
-}
-
-/// Drops the runtime's own frames at the leaf end of a stack the Go
-/// runtime sampled (the allocator and the profiler), as Go's heap profile
-/// does (`runtime/pprof`'s `writeHeapProto`): up to the first frame that is
-/// not all `runtime.` functions; a stack of nothing else keeps them all.
-fn hide_go_runtime(frames: &mut Vec<Frame>) {
-    let is_runtime = |frame: &Frame| {
-        !frame.lines.is_empty()
-            && frame
-                .lines
-                .iter()
-                .all(|line| line.function.starts_with("runtime."))
-    };
-    if let Some(first) = frames.iter().position(|f| !is_runtime(f)) {
-        frames.drain(..first);
-    }
 }
 
 #[cfg(test)]

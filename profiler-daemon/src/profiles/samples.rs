@@ -163,6 +163,24 @@ pub(crate) fn sample_labels(
     labels
 }
 
+/// Drops the runtime's own frames at the leaf end of a stack recorded
+/// inside Go's runtime (its allocator and profiler, its semaphores), as
+/// Go's own profiles do (`runtime/pprof`'s `writeHeapProto`): up to the
+/// first frame that is not all `runtime.` functions; a stack of nothing
+/// else keeps them all.
+pub(crate) fn hide_go_runtime(frames: &mut Vec<Frame>) {
+    let is_runtime = |frame: &Frame| {
+        !frame.lines.is_empty()
+            && frame
+                .lines
+                .iter()
+                .all(|line| line.function.starts_with("runtime."))
+    };
+    if let Some(first) = frames.iter().position(|f| !is_runtime(f)) {
+        frames.drain(..first);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

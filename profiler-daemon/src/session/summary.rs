@@ -114,6 +114,8 @@ pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
         go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
             .load(std::sync::atomic::Ordering::Relaxed),
+        go_runtime_futexes = crate::profiles::waits::GO_RUNTIME_FUTEXES
+            .load(std::sync::atomic::Ordering::Relaxed),
         go_label_sets_full = c[counter::GO_LABEL_SETS_FULL as usize],
         go_label_sets_kept = go_labels.len(),
         go_label_sets_dropped = go_labels.dropped,

@@ -161,13 +161,8 @@ fn begin_wake(uaddr: u64) {
     };
     // SAFETY: plain helpers.
     let (now, cpu) = unsafe { (bpf_ktime_get_ns(), bpf_get_smp_processor_id()) };
-    let Some(seq) = WAKE_SEQ.get_ptr_mut(0) else {
+    let Some(wake_id) = next_wake_id(cpu) else {
         return;
-    };
-    // SAFETY: this CPU's slot; programs do not nest on a CPU.
-    let wake_id = unsafe {
-        *seq += 1;
-        (u64::from(cpu) << 48) | (*seq & 0xffff_ffff_ffff)
     };
     let key = FutexKey {
         tgid,
@@ -195,6 +190,17 @@ fn begin_wake(uaddr: u64) {
         _pad: 0,
     };
     set_futex_call(call);
+}
+
+/// A new wake-up id, unique across CPUs (`cpu`: the current one).
+#[inline(always)]
+pub(crate) fn next_wake_id(cpu: u32) -> Option<u64> {
+    let seq = WAKE_SEQ.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot; programs do not nest on a CPU.
+    unsafe {
+        *seq += 1;
+        Some((u64::from(cpu) << 48) | (*seq & 0xffff_ffff_ffff))
+    }
 }
 
 /// Notes the futex call the current thread is entering.

@@ -1,26 +1,36 @@
-//! Go's park points for the block profile (runtime.gopark and
-//! runtime.ready): goroutine waits that never reach a futex.
+//! Go's park points for the block and mutex profiles (runtime.gopark,
+//! runtime.ready and runtime.readyWithTime): goroutine waits that never
+//! reach a futex.
 
 use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_user as read_user,
-        generated::{bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns},
+        generated::{
+            bpf_get_attach_cookie, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        },
     },
     macros::map,
     maps::LruHashMap,
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey, MAX_STACK_DEPTH, WaitHead, WaitStack,
-    counter, go_fn, probe_cookie, sampling::keep_block_event, wait_event, wait_flags,
+    COMM_LEN, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey, MAX_STACK_DEPTH, MutexDelay,
+    WaitHead, WaitStack, counter, go_fn, probe_cookie,
+    sampling::{keep_block_event, keep_mutex_event},
+    wait_event, wait_flags,
 };
 
 use crate::{
     counters::count,
-    globals::{BLOCK_ON, BLOCK_RATE_NS, SELF_TGID, WAIT_EVENTS_RING, global, global_u8},
+    globals::{
+        BLOCK_ON, BLOCK_RATE_NS, MUTEX_FRACTION, MUTEX_ON, SELF_TGID, WAIT_EVENTS_RING, global,
+        global_u8,
+    },
     klog::{self, klog, why},
     maps::wake_flag,
     process::is_target,
+    programs::futex::next_wake_id,
+    stack::walk_user_stack,
     waits::WAIT_EVENTS,
 };
 
@@ -28,8 +38,9 @@ use crate::{
 #[map]
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
 
-/// Go's park points for the block profile, attached to runtime.gopark and
-/// runtime.ready of Go executables (the cookie says which). A goroutine
+/// Go's park points for the block and mutex profiles, attached to
+/// runtime.gopark, runtime.ready and runtime.readyWithTime of Go
+/// executables (the cookie says which). A goroutine
 /// that parks (channel, select, sync) is remembered by its `g` (R14 in
 /// Go's register ABI) with its stack registers; when another goroutine
 /// readies it (`gp` in RAX), the wait is kept by Go's block rule and its
@@ -45,7 +56,8 @@ pub fn go_park_probe(ctx: *mut core::ffi::c_void) -> u32 {
 
 #[inline(always)]
 fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
-    if global_u8(&BLOCK_ON) == 0 {
+    let (block_on, mutex_on) = (global_u8(&BLOCK_ON) != 0, global_u8(&MUTEX_ON) != 0);
+    if !block_on && !mutex_on {
         return Ok(0);
     }
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -55,7 +67,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     }
     let regs = ctx.regs;
     // SAFETY: plain helpers; checked context loads of the user's pt_regs.
-    let (function, now, r14, rax, rcx, sp, bp) = unsafe {
+    let (cookie, now, r14, rax, rcx, sp, bp) = unsafe {
         (
             bpf_get_attach_cookie(ctx.regs.cast()) & probe_cookie::FUNCTION,
             bpf_ktime_get_ns(),
@@ -66,6 +78,17 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
             (*regs).rbp,
         )
     };
+    let function = cookie & go_fn::FUNCTION;
+    if function == go_fn::READY_WITH_TIME {
+        if mutex_on {
+            // readyWithTime(s *sudog, ...): the waiter is s.g, the first
+            // field of a sudog in every release.
+            // SAFETY: a checked read of user memory.
+            let g = unsafe { read_user(rax as *const u64) }.map_err(|_| 0u32)?;
+            on_release(&ctx, tgid, pid_tgid as u32, cookie, g, now);
+        }
+        return Ok(0);
+    }
     if function == go_fn::GOPARK {
         let park = GoPark {
             start_ns: now,
@@ -93,6 +116,9 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: copied out before the entry is removed.
     let park = (unsafe { GO_PARKED.get(key) }).copied().ok_or(0u32)?;
     let _ = GO_PARKED.remove(key);
+    if !block_on {
+        return Ok(0);
+    }
     count(counter::FUTEX_WAITS);
     let waited = now.saturating_sub(park.start_ns);
     // SAFETY: plain helper.
@@ -101,6 +127,77 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         send_go_block(tgid, &park, waited);
     }
     Ok(0)
+}
+
+/// A semaphore's release readies goroutine `g` (parked, with a reason the
+/// cookie names as a mutex wait): one in MUTEX_FRACTION such releases is
+/// kept, as Go's mutex profile keeps them, charging the waiter's delay to
+/// the releasing goroutine's stack (`sync.(*Mutex).Unlock` and its
+/// caller), which is the current one.
+#[inline(always)]
+fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, now: u64) {
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: g,
+    };
+    // SAFETY: copied out; `ready` removes the entry after this.
+    let Some(park) = (unsafe { GO_PARKED.get(key) }).copied() else {
+        return;
+    };
+    if !go_fn::is_mutex_reason(cookie, park.reason as u8) {
+        return;
+    }
+    // SAFETY: plain helpers.
+    let (random, cpu) = unsafe { (bpf_get_prandom_u32(), bpf_get_smp_processor_id()) };
+    if !keep_mutex_event(global(&MUTEX_FRACTION), random) {
+        return;
+    }
+    let Some(wake_id) = next_wake_id(cpu) else {
+        return;
+    };
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+        count(counter::WAIT_EVENTS_LOST);
+        klog!(why::GO_WAIT_LOST, tgid, tid, wake_id);
+        return;
+    };
+    let out = entry.as_mut_ptr();
+    let regs = ctx.regs;
+    // SAFETY: the entry is ours until submitted; register reads are
+    // context loads.
+    unsafe {
+        (*out).head = WaitHead {
+            kind: wait_event::MUTEX_WAKE,
+            tgid,
+            tid,
+            flags: wait_flags::GO_WAIT_REASON | park.reason << wait_flags::GO_REASON_SHIFT,
+            value: wake_id,
+            uaddr: 0,
+            ip: (*regs).rip,
+            sp: (*regs).rsp,
+            bp: (*regs).rbp,
+            hint_id: 0,
+            time_ns: now,
+            cond: 0,
+            comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+        };
+        (*out).stack_len = 0;
+        (*out).frames_len = walk_user_stack(regs.cast(), (*out).frames.as_mut_ptr());
+    }
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+    let delay = MutexDelay {
+        kind: wait_event::MUTEX_DELAY,
+        tgid,
+        wake_id,
+        delay_ns: now.saturating_sub(park.start_ns),
+    };
+    if WAIT_EVENTS
+        .output::<MutexDelay>(&delay, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
+        .is_err()
+    {
+        count(counter::WAIT_EVENTS_LOST);
+        klog!(why::GO_WAIT_LOST, tgid, tid, wake_id);
+    }
 }
 
 /// Sends a kept goroutine wait with its frames: the return address at

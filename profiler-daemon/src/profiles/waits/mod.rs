@@ -20,15 +20,18 @@ use crate::bpf::drain::{SampleId, Stack};
 use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
+use crate::model::go_wait_reasons;
 use crate::model::profile_kind::ProfileKind;
+use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
-use crate::procs::{go_runtime, go_wait_reasons};
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{
     Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, read_record, record,
 };
 use crate::profiles::rescale::{block_event, mutex_event};
-use crate::profiles::samples::{is_tracing_frame, prefetch_user_stack, push_stack, sample_labels};
+use crate::profiles::samples::{
+    hide_go_runtime, is_tracing_frame, prefetch_user_stack, push_stack, sample_labels,
+};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
 
@@ -277,6 +280,20 @@ fn go_wait_of(releases: &mut HashMap<u32, Option<u32>>, tgid: u32, flags: u32) -
 /// Processes whose Go release is remembered (the map is emptied when full).
 const GO_RELEASES_KEPT: usize = 4096;
 
+/// Futex waits and wake-ups of Go's runtime itself left out of block and
+/// mutex profiles.
+pub static GO_RUNTIME_FUTEXES: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a futex wait's or wake-up's stack (leaf first) is the Go
+/// runtime's own futex call.
+fn is_go_runtime_futex(frames: &[Frame]) -> bool {
+    frames
+        .iter()
+        .find(|f| !f.lines.is_empty() || f.mapping.is_some())
+        .and_then(|f| f.lines.last())
+        .is_some_and(|line| line.function == "runtime.futex")
+}
+
 /// Goroutine parks left out of block profiles: their reason is one Go's
 /// own block profile does not count (a sleep, I/O, the runtime's own).
 pub static GO_PARKS_NOT_BLOCKING: AtomicU64 = AtomicU64::new(0);
@@ -310,6 +327,19 @@ pub(crate) fn build_wait_profile(
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
             symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
         });
+        if id.go_wait == 0 && is_go_runtime_futex(&frames) {
+            // The Go runtime's own futex (an idle thread's sleep, or the
+            // wake-up that lends it a goroutine readied elsewhere): not a
+            // wait of the program's, and never in Go's own profiles.
+            GO_RUNTIME_FUTEXES.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        if kind == ProfileKind::Mutex && id.go_wait != 0 {
+            // A goroutine's release, recorded inside the runtime's
+            // semaphore code: from the sync package's frames on, as Go's
+            // mutex profile shows it.
+            hide_go_runtime(&mut frames);
+        }
         let mut labels = sample_labels(settings, procs, id);
         if id.go_wait != 0 {
             // As Go's goroutine profile names it; the number where the

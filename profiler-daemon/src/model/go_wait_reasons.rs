@@ -59,6 +59,29 @@ pub fn key_number(key: u16) -> u8 {
 /// Marks a [`reason_key`] of a release not in the tables.
 const UNKNOWN_RELEASE: u16 = 0x8000;
 
+/// The reasons sync.Mutex and sync.RWMutex waiters of Go release
+/// 1.`minor` park with (Go's mutex profile counts their release):
+/// `sync.Mutex.Lock`, `sync.RWMutex.RLock` and `sync.RWMutex.Lock` from
+/// 1.21; before, `semacquire`, which other semaphores (sync.WaitGroup)
+/// share. None for a release not in the tables.
+pub fn mutex_reasons(minor: u32) -> Option<[u8; 3]> {
+    let table = TABLES[table_of(minor)?];
+    let number = |text: &str| {
+        table
+            .iter()
+            .position(|t| *t == text)
+            .and_then(|n| u8::try_from(n).ok())
+    };
+    match number("sync.Mutex.Lock") {
+        Some(lock) => Some([
+            lock,
+            number("sync.RWMutex.RLock")?,
+            number("sync.RWMutex.Lock")?,
+        ]),
+        None => number("semacquire").map(|n| [n; 3]),
+    }
+}
+
 /// Whether Go's block profile counts a park for `reason`: channel
 /// operations, select, and the sync package's waits (semaphores,
 /// sync.Cond, sync.Mutex, sync.RWMutex, sync.WaitGroup), as the runtime
@@ -347,6 +370,17 @@ mod tests {
         assert_eq!(key_number(unknown), 7);
         assert_ne!(reason_key(Some(19), 0), 0, "reason 0 is still a park");
         assert_eq!(key_text(reason_key(Some(19), 0)), None);
+    }
+
+    #[test]
+    fn mutex_waits_have_their_own_reasons_from_go_1_21() {
+        assert_eq!(mutex_reasons(19), Some([18; 3]), "semacquire");
+        assert_eq!(mutex_reasons(21), Some([21, 22, 23]));
+        let [lock, rlock, wlock] = mutex_reasons(27).expect("known");
+        assert_eq!(reason_text(27, lock), Some("sync.Mutex.Lock"));
+        assert_eq!(reason_text(27, rlock), Some("sync.RWMutex.RLock"));
+        assert_eq!(reason_text(27, wlock), Some("sync.RWMutex.Lock"));
+        assert_eq!(mutex_reasons(40), None);
     }
 
     #[test]
