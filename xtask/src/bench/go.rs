@@ -9,7 +9,9 @@
 //! labels: the difference is what reading a goroutine's labels costs.
 //! `tests/workloads/go_heap.go` (allocation-heavy) runs bare and under
 //! `--profiles heap` the same way: the Go runtime's sampled allocations
-//! recorded from outside.
+//! recorded from outside; `tests/workloads/go_pingpong.go`
+//! (channel-heavy) bare and under `--profiles block,mutex`: Go's park
+//! points probed.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -41,6 +43,13 @@ const CPU: Mode<'static> = Mode {
     daemon_args: &["--cpu-frequency", HZ],
     work_field: "spins",
     program: "cpu_sample",
+    empty_probe: None,
+};
+
+const BLOCK: Mode<'static> = Mode {
+    daemon_args: &["--profiles", "block,mutex"],
+    work_field: "rounds",
+    program: "go_park_probe",
     empty_probe: None,
 };
 
@@ -106,6 +115,50 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
         );
     }
     out += &measure_heap(root, bin, work, seconds, &gos)?;
+    out += &measure_channels(root, bin, work, seconds, &gos)?;
+    Ok(out)
+}
+
+/// The channel-heavy run: `go_pingpong.go` bare and under `profilerd --pid
+/// P --profiles block,mutex` at the default rates.
+fn measure_channels(
+    root: &Path,
+    bin: &Path,
+    work: &Path,
+    seconds: u64,
+    gos: &[(&str, PathBuf)],
+) -> Result<String> {
+    let mut out = format!(
+        "\nChannel-heavy: `go_pingpong.go` (two goroutines hand a token over unbuffered \
+         channels as fast as they can: every hand-off a park and a ready) bare and under \
+         `profilerd --pid P --profiles block,mutex` at the default rates, alternately, \
+         {ROUNDS} rounds; BPF time per `go_park_probe` run.\n\n\
+         | Go | round trips/s bare | round trips/s profiled | slowdown | go_park_probe ns/run | runs per second |\n\
+         |---|---|---|---|---|---|\n"
+    );
+    for (version, go) in gos {
+        let exe = build(go, root, work, "go_pingpong.go")?;
+        let (mut bare, mut profiled) = (Vec::new(), Vec::new());
+        for round in 0..ROUNDS {
+            eprintln!("bench --go: channels, {version}, round {}", round + 1);
+            bare.push(run(&exe, &[], None, &BLOCK, work, seconds)?);
+            profiled.push(run(&exe, &[], Some(bin), &BLOCK, work, seconds)?);
+        }
+        let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
+        let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
+        let per_second: Vec<f64> = profiled
+            .iter()
+            .map(|r| r.bpf_runs as f64 / seconds as f64)
+            .collect();
+        out += &format!(
+            "| {version} | {} | {} | {:.2}% | {} | {} |\n",
+            spread(&rates(&bare)),
+            spread(&rates(&profiled)),
+            (1.0 - median(&rates(&profiled)) / median(&rates(&bare))) * 100.0,
+            spread(&ns),
+            spread(&per_second),
+        );
+    }
     Ok(out)
 }
 
