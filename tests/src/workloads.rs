@@ -101,6 +101,8 @@ pub enum Workload {
     /// (sync.Mutex) and main.sleeper (time.Sleep), timing each; writes its
     /// own block profile at rate 1; `SECONDS PROFILE [--wait-stdin]`.
     GoContention,
+    /// The same, linked without symbol table and DWARF (`-s -w`).
+    GoContentionStripped,
 }
 
 /// The Go toolchains the tests build with: Debian's Go 1.19 and a current
@@ -121,7 +123,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 19] = [
+    pub const ALL: [Workload; 20] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -141,6 +143,7 @@ impl Workload {
         Workload::GoHeap,
         Workload::GoHeapStripped,
         Workload::GoContention,
+        Workload::GoContentionStripped,
     ];
 
     /// Whether `go build` builds it.
@@ -154,6 +157,7 @@ impl Workload {
                 | Workload::GoHeap
                 | Workload::GoHeapStripped
                 | Workload::GoContention
+                | Workload::GoContentionStripped
         )
     }
 
@@ -169,7 +173,9 @@ impl Workload {
             Workload::CpuRatioRust => format!("{stem}_rs"),
             Workload::CpuRatioGo => format!("{stem}_go"),
             Workload::CpuRatioGoStripped => format!("{stem}_go_stripped"),
-            Workload::GoHeapStripped => format!("{stem}_stripped"),
+            Workload::GoHeapStripped | Workload::GoContentionStripped => {
+                format!("{stem}_stripped")
+            }
             Workload::HeapSitesJemalloc => format!("{stem}_jemalloc"),
             _ => stem,
         }
@@ -192,7 +198,7 @@ impl Workload {
             Workload::ChanBlockGo => "chan_block.go",
             Workload::GoHandlers => "go_handlers.go",
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",
-            Workload::GoContention => "go_contention.go",
+            Workload::GoContention | Workload::GoContentionStripped => "go_contention.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")

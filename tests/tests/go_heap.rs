@@ -106,7 +106,8 @@ fn go_heap_is_the_same_without_its_optimizations() {
         "[debug]\ngo_special_kinds = false\nshort_records = false\n",
     )
     .expect("config file");
-    for (version, go) in go_versions() {
+    // One release: the paths switched are the same on both.
+    for (version, go) in go_versions().into_iter().skip(1) {
         let what = format!("{version} optimizations off");
         let tag = what.replace([' ', '='], "_");
         let exe = Workload::GoHeap.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);

@@ -6,7 +6,8 @@
 //! the delay is held against the block and mutex profiles Go's
 //! runtime/pprof wrote of the same run (at `SetBlockProfileRate(1)` and
 //! `SetMutexProfileFraction(1)`) and against what the program timed, on
-//! Go 1.19 and a current Go.
+//! Go 1.19 and a current Go, as built and stripped (`-s -w`: the park
+//! points found in Go's function table).
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
@@ -51,9 +52,16 @@ fn off(ours: i64, theirs: i64) -> f64 {
 fn goroutine_waits_agree_with_go_and_with_the_program() {
     require_root();
     let tmp = temp_dir();
-    for (version, go) in go_versions() {
+    for ((version, go), workload) in go_versions().into_iter().flat_map(|v| {
+        [
+            (v.clone(), Workload::GoContention),
+            (v, Workload::GoContentionStripped),
+        ]
+    }) {
+        let stripped = workload == Workload::GoContentionStripped;
+        let version = format!("{version}{}", if stripped { " stripped" } else { "" });
         let tag = version.replace(' ', "_");
-        let exe = Workload::GoContention.build_with_go(tmp.path(), &format!("waits_{tag}"), &go);
+        let exe = workload.build_with_go(tmp.path(), &format!("waits_{tag}"), &go);
         let own = tmp.path().join(format!("own-{tag}.pprof"));
         let out = tmp.path().join(format!("out-{tag}"));
         let WholeLife {
@@ -111,7 +119,7 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             field(&report, "lock_ns") as i64,
         );
         // Go 1.19 parks a sync.Mutex waiter as any semaphore waiter.
-        let lock_reason = if version == "go1.19" {
+        let lock_reason = if version.starts_with("go1.19") {
             "semacquire"
         } else {
             "sync.Mutex.Lock"
