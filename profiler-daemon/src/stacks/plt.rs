@@ -117,7 +117,7 @@ pub struct ObjectLayout {
     sections: Vec<CodeSection>,
     /// Sorted by file offset; read at the first lookup in a PLT section.
     stubs: Option<Vec<Stub>>,
-    /// A Go binary's function table (go_pclntab.rs).
+    /// A Go binary's function table (model/go_pclntab.rs).
     go_pclntab: Option<PclntabSection>,
 }
 
