@@ -181,3 +181,47 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         );
     }
 }
+
+/// The mutex profile alone (no block profile): the parks its releases
+/// need are still remembered, and the delay at the unlocker is the same.
+#[test]
+fn goroutine_mutex_profile_alone() {
+    require_root();
+    let tmp = temp_dir();
+    let (version, go) = go_versions().into_iter().last().expect("a current Go");
+    let exe = Workload::GoContention.build_with_go(tmp.path(), "mutex_alone", &go);
+    let own = tmp.path().join("own.pprof");
+    let out = tmp.path().join("out");
+    let WholeLife { pid, daemon, .. } = profile_whole_life(
+        &exe,
+        &["3", own.to_str().expect("UTF-8 path")],
+        &out,
+        99,
+        &["--profiles", "mutex", "--mutex-fraction", "1"],
+    );
+    let files = read_profiles(&out, "mutex");
+    let ours: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    let theirs = flatten(
+        &pprof_proto::decode(
+            &std::fs::read(own.with_extension("pprof.mutex"))
+                .expect("the program's own mutex profile"),
+        )
+        .expect("Go's own mutex profile decodes"),
+    );
+    let (unlock, go_unlock) = (
+        delay_of(&ours, "main.holdLock"),
+        delay_of(&theirs, "main.holdLock"),
+    );
+    println!(
+        "{version}, mutex alone: delay at main.holdLock profilerd {unlock} runtime/pprof {go_unlock}"
+    );
+    assert!(
+        off(unlock, go_unlock) <= GO_TOLERANCE,
+        "{version}, mutex alone: delay at main.holdLock {unlock}, runtime/pprof {go_unlock} (allowed ±{GO_TOLERANCE})\n{}\n{}",
+        pprof_tops(&files, Some(pid)),
+        daemon.describe()
+    );
+}

@@ -306,7 +306,9 @@ impl Probes {
         for (name, on) in [
             ("HEAP_THREADS", config.heap_sample_bytes.is_some()),
             ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
-            ("GO_PARKED", config.block),
+            // Parks are remembered for the mutex profile's releases too.
+            ("GO_PARKED", config.block || config.mutex_fraction.is_some()),
+            ("GO_FREEING", config.heap_sample_bytes.is_some()),
             ("WALK_HINTS", waits_on),
         ] {
             if !on {
