@@ -10,6 +10,25 @@ const BUILDINFO_INLINE: u8 = 2;
 /// Where the inline version string starts.
 const BUILDINFO_STRINGS: usize = 32;
 
+/// Whether `file` is Go code: it has Go's function table or build
+/// information (the cheap test that most files fail).
+pub fn is_go<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> bool {
+    use object::Object;
+    [".gopclntab", ".data.rel.ro.gopclntab", ".go.buildinfo"]
+        .iter()
+        .any(|name| file.section_by_name(name).is_some())
+}
+
+/// The minor number of the Go 1.x release that built `file`, from its
+/// build information; None where it names none (not Go, or before 1.18).
+pub fn go_release<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> Option<u32> {
+    use object::{Object, ObjectSection};
+    match go_version(file.section_by_name(".go.buildinfo")?.data().ok()?)? {
+        (1, minor) => Some(minor),
+        _ => None,
+    }
+}
+
 /// The (major, minor) Go release in a `.go.buildinfo` section (Go 1.18
 /// and later write it inline: a varint length, then `go1.N[.P]`).
 pub fn go_version(data: &[u8]) -> Option<(u32, u32)> {

@@ -7,7 +7,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSegment, ObjectSymbol};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
@@ -36,18 +36,7 @@ fn read_executable(tgid: u32) -> Option<(bool, Option<u32>)> {
     let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
     let cache = object::ReadCache::new(exe);
     let file = object::File::parse(&cache).ok()?;
-    let is_go = file
-        .sections()
-        .any(|s| matches!(s.name(), Ok(".gopclntab" | ".go.buildinfo")));
-    let minor = file
-        .section_by_name(".go.buildinfo")
-        .and_then(|section| section.data().ok())
-        .and_then(go_buildinfo::go_version)
-        .and_then(|version| match version {
-            (1, minor) => Some(minor),
-            _ => None,
-        });
-    Some((is_go, minor))
+    Some((go_buildinfo::is_go(&file), go_buildinfo::go_release(&file)))
 }
 
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and

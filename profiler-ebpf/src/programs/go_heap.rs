@@ -13,14 +13,13 @@ use aya_ebpf::{
     maps::LruHashMap,
     programs::ProbeContext,
 };
-use profiler_common::{GO_FREEING_ENTRIES, LiveKey, alloc_fn, counter, go_heap_fn, probe_cookie};
+use profiler_common::{GO_FREEING_ENTRIES, alloc_fn, counter, go_heap_fn, probe_cookie};
 
 use crate::{
     counters::count,
     globals::{SELF_TGID, global},
-    klog::{self, klog, why},
-    process::{anchor_young_image, note_process},
-    programs::heap::{HEAP_LIVE, retire, send_heap_alloc},
+    klog,
+    programs::heap::{keep_sample, retire},
 };
 
 /// The object whose special record each sweeping thread is freeing (by
@@ -93,7 +92,8 @@ fn try_go_heap(ctx: ProbeContext) -> Result<u32, u32> {
     if addr == 0 {
         return Ok(0);
     }
-    record_sample(&ctx, tgid, tid, addr, size);
+    count(counter::GO_HEAP_SAMPLES);
+    keep_sample(&ctx, tgid, tid, alloc_fn::GO_RUNTIME as u32, addr, size);
     Ok(0)
 }
 
@@ -103,40 +103,4 @@ fn try_go_heap(ctx: ProbeContext) -> Result<u32, u32> {
 fn special_kind(special: u64, kind_offset: u64) -> Option<u8> {
     // SAFETY: a checked read of user memory.
     unsafe { read_user((special + kind_offset) as *const u8) }.ok()
-}
-
-/// A sampled allocation of `size` bytes at `addr`: kept live, and sent
-/// with the allocating goroutine's stack.
-#[inline(always)]
-fn record_sample(ctx: &ProbeContext, tgid: u32, tid: u32, addr: u64, size: u64) {
-    count(counter::HEAP_SAMPLES);
-    count(counter::GO_HEAP_SAMPLES);
-    // So that the daemon snapshots the process and hears of its exit.
-    let image_since = note_process(tgid);
-    anchor_young_image(ctx.as_ptr(), tgid, image_since);
-    let key = LiveKey {
-        tgid,
-        _pad: 0,
-        addr,
-    };
-    let live = HEAP_LIVE.insert(key, size, 0).is_ok();
-    if !live {
-        count(counter::HEAP_LIVE_FULL);
-        klog!(why::HEAP_LIVE_FULL, tgid, tid, addr);
-    }
-    if !send_heap_alloc(
-        ctx,
-        tgid,
-        tid,
-        alloc_fn::GO_RUNTIME as u32,
-        addr,
-        size,
-        live,
-    ) {
-        count(counter::HEAP_ALLOCS_LOST);
-        klog!(why::HEAP_ALLOC_LOST, tgid, tid, addr, size);
-        if live {
-            let _ = HEAP_LIVE.remove(key);
-        }
-    }
 }

@@ -37,7 +37,7 @@ pub(crate) static HEAP_THREADS: LruHashMap<u32, HeapThread> =
 
 /// Sampled allocations still live, by process and address.
 #[map]
-pub(crate) static HEAP_LIVE: HashMap<LiveKey, u64> =
+static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
 
 #[map]
@@ -252,6 +252,21 @@ fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
     if addr == 0 {
         return;
     }
+    keep_sample(ctx, tgid, tid, function, addr, state.pending_size);
+}
+
+/// A sampled allocation of `size` bytes at `addr` (by `function`, an
+/// `alloc_fn`): kept in the live set, and sent with the current thread's
+/// stack; a loss is counted and the address forgotten.
+#[inline(always)]
+pub(crate) fn keep_sample(
+    ctx: &ProbeContext,
+    tgid: u32,
+    tid: u32,
+    function: u32,
+    addr: u64,
+    size: u64,
+) {
     count(counter::HEAP_SAMPLES);
     // So that the daemon snapshots the process and hears of its exit.
     let image_since = note_process(tgid);
@@ -261,14 +276,14 @@ fn on_return(ctx: &ProbeContext, state: &mut HeapThread, tgid: u32, tid: u32) {
         _pad: 0,
         addr,
     };
-    let live = HEAP_LIVE.insert(key, state.pending_size, 0).is_ok();
+    let live = HEAP_LIVE.insert(key, size, 0).is_ok();
     if !live {
         count(counter::HEAP_LIVE_FULL);
         klog!(why::HEAP_LIVE_FULL, tgid, tid, addr);
     }
-    if !send_heap_alloc(ctx, tgid, tid, function, addr, state.pending_size, live) {
+    if !send_heap_alloc(ctx, tgid, tid, function, addr, size, live) {
         count(counter::HEAP_ALLOCS_LOST);
-        klog!(why::HEAP_ALLOC_LOST, tgid, tid, addr, state.pending_size);
+        klog!(why::HEAP_ALLOC_LOST, tgid, tid, addr, size);
         if live {
             let _ = HEAP_LIVE.remove(key);
         }
@@ -308,7 +323,7 @@ pub(crate) fn retire(tgid: u32, addr: u64) {
 
 /// Sends a sampled allocation with the stack of the current thread.
 #[inline(always)]
-pub(crate) fn send_heap_alloc(
+fn send_heap_alloc(
     ctx: &ProbeContext,
     tgid: u32,
     tid: u32,

@@ -99,15 +99,13 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             profiled.push(run(&handlers, &[&own], Some(bin), &CPU, work, seconds)?);
             plain.push(run(&ratio, &[], Some(bin), &CPU, work, seconds)?);
         }
-        let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
         let ns = |runs: &[RunFigures]| runs.iter().map(|r| r.bpf_ns).collect::<Vec<_>>();
-        let (bare_rate, profiled_rate) = (median(&rates(&bare)), median(&rates(&profiled)));
         let (labeled_ns, plain_ns) = (median(&ns(&profiled)), median(&ns(&plain)));
         out += &format!(
             "| {version} | {} | {} | {:.2}% | {} | {} | {:.0} ns | {} |\n",
             spread(&rates(&bare)),
             spread(&rates(&profiled)),
-            (1.0 - profiled_rate / bare_rate) * 100.0,
+            slowdown(&bare, &profiled),
             spread(&ns(&profiled)),
             spread(&ns(&plain)),
             labeled_ns - plain_ns,
@@ -144,19 +142,9 @@ fn measure_channels(
             bare.push(run(&exe, &[], None, &BLOCK, work, seconds)?);
             profiled.push(run(&exe, &[], Some(bin), &BLOCK, work, seconds)?);
         }
-        let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
-        let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
-        let per_second: Vec<f64> = profiled
-            .iter()
-            .map(|r| r.bpf_runs as f64 / seconds as f64)
-            .collect();
         out += &format!(
-            "| {version} | {} | {} | {:.2}% | {} | {} |\n",
-            spread(&rates(&bare)),
-            spread(&rates(&profiled)),
-            (1.0 - median(&rates(&profiled)) / median(&rates(&bare))) * 100.0,
-            spread(&ns),
-            spread(&per_second),
+            "| {version} | {} |\n",
+            profiled_columns(&bare, &profiled, seconds)
         );
     }
     Ok(out)
@@ -203,21 +191,11 @@ fn measure_heap(
                 seconds,
             )?);
         }
-        let rates = |runs: &[RunFigures]| runs.iter().map(|r| r.rate).collect::<Vec<_>>();
-        let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
-        let per_second: Vec<f64> = profiled
-            .iter()
-            .map(|r| r.bpf_runs as f64 / seconds as f64)
-            .collect();
         out += &format!(
-            "| {version} | {} | {} | {:.2}% | {} | {} | {} | {:.1}% |\n",
-            spread(&rates(&bare)),
-            spread(&rates(&profiled)),
-            (1.0 - median(&rates(&profiled)) / median(&rates(&bare))) * 100.0,
-            spread(&ns),
-            spread(&per_second),
+            "| {version} | {} | {} | {:.1}% |\n",
+            profiled_columns(&bare, &profiled, seconds),
             spread(&rates(&every)),
-            (1.0 - median(&rates(&every)) / median(&rates(&bare))) * 100.0,
+            slowdown(&bare, &every),
         );
     }
     Ok(out)
@@ -248,6 +226,35 @@ fn mallocgc_probe_offset(exe: &Path) -> Result<u64> {
         bail!("runtime.mallocgc does not start with Go's stack check");
     }
     Ok(offset + 4)
+}
+
+/// Work per second of each run.
+fn rates(runs: &[RunFigures]) -> Vec<f64> {
+    runs.iter().map(|r| r.rate).collect()
+}
+
+/// How much slower `runs` did their work than `bare` (percent of the
+/// medians).
+fn slowdown(bare: &[RunFigures], runs: &[RunFigures]) -> f64 {
+    (1.0 - median(&rates(runs)) / median(&rates(bare))) * 100.0
+}
+
+/// The columns of a probe's cost: work per second bare and profiled, the
+/// slowdown, the probe's BPF time per run and its runs per second.
+fn profiled_columns(bare: &[RunFigures], profiled: &[RunFigures], seconds: u64) -> String {
+    let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
+    let per_second: Vec<f64> = profiled
+        .iter()
+        .map(|r| r.bpf_runs as f64 / seconds as f64)
+        .collect();
+    format!(
+        "{} | {} | {:.2}% | {} | {}",
+        spread(&rates(bare)),
+        spread(&rates(profiled)),
+        slowdown(bare, profiled),
+        spread(&ns),
+        spread(&per_second),
+    )
 }
 
 /// `go build` of a workload of tests/workloads into `work`.

@@ -10,14 +10,6 @@ use crate::bpf::attach::placement;
 use crate::bpf::uprobes::ProbePoints;
 use crate::model::go_pclntab::Pclntab;
 
-/// Whether `file` is Go code: it has Go's function table or build
-/// information (the cheap test that most files fail).
-pub(crate) fn is_go(file: &object::File<'_>) -> bool {
-    file.section_by_name(".gopclntab").is_some()
-        || file.section_by_name(".data.rel.ro.gopclntab").is_some()
-        || file.section_by_name(".go.buildinfo").is_some()
-}
-
 /// The code of each of `names` in `file`, in order, as (entry address,
 /// length); None unless every one is found.
 pub(crate) fn functions(file: &object::File<'_>, names: &[&str]) -> Option<Vec<(u64, u64)>> {

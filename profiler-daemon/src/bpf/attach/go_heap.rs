@@ -7,12 +7,11 @@
 
 use std::path::Path;
 
-use object::{Object, ObjectSection};
 use profiler_common::go_heap_fn;
 
 use crate::bpf::attach::go_functions;
 use crate::bpf::uprobes::ProbePoints;
-use crate::model::go_buildinfo::go_version;
+use crate::model::go_buildinfo::{go_release, is_go};
 
 /// `mProf_Malloc` and `freeSpecial`, always probed.
 const FUNCTIONS: [&str; 2] = [
@@ -43,14 +42,10 @@ pub fn find_without_kinds(path: &Path) -> Result<Option<ProbePoints>, String> {
 fn find_with(path: &Path, kinds: bool) -> Result<Option<ProbePoints>, String> {
     let data = super::map_file(path)?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !go_functions::is_go(&file) {
+    if !is_go(&file) {
         return Ok(None);
     }
-    let Some((1, minor)) = file
-        .section_by_name(".go.buildinfo")
-        .and_then(|s| s.data().ok())
-        .and_then(go_version)
-    else {
+    let Some(minor) = go_release(&file) else {
         return Ok(None);
     };
     let malloc = malloc_form(minor);

@@ -8,12 +8,11 @@
 
 use std::path::Path;
 
-use object::{Object, ObjectSection};
 use profiler_common::go_fn;
 
 use crate::bpf::attach::go_functions;
 use crate::bpf::uprobes::ProbePoints;
-use crate::model::go_buildinfo::go_version;
+use crate::model::go_buildinfo::{go_release, is_go};
 use crate::model::go_wait_reasons::mutex_reasons;
 
 /// The probe points of `path`: None unless it defines gopark and ready;
@@ -22,7 +21,7 @@ use crate::model::go_wait_reasons::mutex_reasons;
 pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
     let data = super::map_file(path)?;
     let file = object::File::parse(&*data).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !go_functions::is_go(&file) {
+    if !is_go(&file) {
         return Ok(None);
     }
     let parks = [
@@ -32,11 +31,7 @@ pub fn find(path: &Path) -> Result<Option<ProbePoints>, String> {
     let Some(mut points) = go_functions::probe_points(&file, &data, &parks, |i| i as u64) else {
         return Ok(None);
     };
-    let reasons = file
-        .section_by_name(".go.buildinfo")
-        .and_then(|s| s.data().ok())
-        .and_then(go_version)
-        .and_then(|(_, minor)| mutex_reasons(minor));
+    let reasons = go_release(&file).and_then(mutex_reasons);
     if let Some(reasons) = reasons
         && let Some(release) = go_functions::probe_points(
             &file,
