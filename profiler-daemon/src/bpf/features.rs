@@ -140,7 +140,8 @@ impl KernelFeatures {
     pub fn assess(&self, kind: ProfileKind) -> Availability {
         let mut degraded = Vec::new();
         match kind {
-            ProfileKind::Cpu => {}
+            // The goroutine profile reads process memory: no probe.
+            ProfileKind::Cpu | ProfileKind::Goroutine => {}
             ProfileKind::Heap => {
                 if !self.uprobe_session {
                     if !self.uprobe_pmu {

@@ -80,7 +80,13 @@ pub fn add_go_labels(labels: &mut Vec<(String, String)>, sets: &mut GoLabelSets,
         sets.missing += 1;
         return;
     };
-    for (key, value) in &set.labels {
+    push_go_labels(labels, &set.labels);
+}
+
+/// Adds a goroutine's labels `set` to a sample's labels; a key that one of
+/// profilerd's own labels already has is kept under `go.` + key.
+pub fn push_go_labels(labels: &mut Vec<(String, String)>, set: &[(String, String)]) {
+    for (key, value) in set {
         let key = match labels.iter().any(|(k, _)| k == key) {
             true => format!("go.{key}"),
             false => key.clone(),

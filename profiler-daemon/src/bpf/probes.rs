@@ -655,6 +655,12 @@ impl Probes {
             })
     }
 
+    /// The processes in the target set: the `--pid`s, or the command and
+    /// the children it forked.
+    pub fn target_pids(&self) -> Vec<u32> {
+        self.targets.keys().filter_map(Result::ok).collect()
+    }
+
     /// The target map's descriptor, for a forked child to add itself before
     /// it execs (see `session::start_command`).
     pub fn targets_fd(&self) -> BorrowedFd<'_> {

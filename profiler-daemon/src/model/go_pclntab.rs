@@ -148,6 +148,19 @@ impl<'a> Pclntab<'a> {
         })
     }
 
+    /// Every function of the table: its entry address and its name, in
+    /// address order.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, &'a str)> + '_ {
+        (0..self.nfunc).filter_map(|i| {
+            let rel = u32_at(self.data, self.pcln + 8 * i)?;
+            let func =
+                self.pcln + usize::try_from(u32_at(self.data, self.pcln + 8 * i + 4)?).ok()?;
+            let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
+            let name = c_str(self.data, self.funcname + name_off)?;
+            Some((self.text_start + u64::from(rel), name))
+        })
+    }
+
     /// The `_func` record (its offset in the data) of the function whose
     /// code holds `pc`, the function's entry and `pc`, both as offsets
     /// from the text start.

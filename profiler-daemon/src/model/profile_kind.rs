@@ -1,4 +1,4 @@
-//! The five profile types: their names, sample types and period types as
+//! The six profile types: their names, sample types and period types as
 //! the product contract (docs/SPEC.md, "Output files") lists them.
 
 use std::fmt;
@@ -12,18 +12,22 @@ pub enum ProfileKind {
     Block,
     Mutex,
     Offcpu,
+    /// Live goroutines of Go processes, by stack and wait reason, read
+    /// from their memory at each window's end.
+    Goroutine,
 }
 
 /// A pprof `ValueType`: (type, unit).
 pub type ValueType = (&'static str, &'static str);
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 5] = [
+    pub const ALL: [ProfileKind; 6] = [
         ProfileKind::Cpu,
         ProfileKind::Heap,
         ProfileKind::Block,
         ProfileKind::Mutex,
         ProfileKind::Offcpu,
+        ProfileKind::Goroutine,
     ];
 
     /// The name used on the command line and as the output file prefix.
@@ -34,6 +38,7 @@ impl ProfileKind {
             ProfileKind::Block => "block",
             ProfileKind::Mutex => "mutex",
             ProfileKind::Offcpu => "offcpu",
+            ProfileKind::Goroutine => "goroutine",
         }
     }
 
@@ -51,6 +56,7 @@ impl ProfileKind {
                 &[("contentions", "count"), ("delay", "nanoseconds")]
             }
             ProfileKind::Offcpu => &[("events", "count"), ("offcpu", "nanoseconds")],
+            ProfileKind::Goroutine => &[("goroutine", "count")],
         }
     }
 
@@ -61,6 +67,7 @@ impl ProfileKind {
             ProfileKind::Heap => ("space", "bytes"),
             ProfileKind::Block | ProfileKind::Mutex => ("contentions", "count"),
             ProfileKind::Offcpu => ("offcpu", "nanoseconds"),
+            ProfileKind::Goroutine => ("goroutine", "count"),
         }
     }
 }
@@ -79,7 +86,7 @@ impl FromStr for ProfileKind {
             .into_iter()
             .find(|k| k.name() == s)
             .ok_or_else(|| {
-                format!("unknown profile type '{s}' (expected cpu, heap, block, mutex or offcpu)")
+                format!("unknown profile type '{s}' (expected cpu, heap, block, mutex, offcpu or goroutine)")
             })
     }
 }

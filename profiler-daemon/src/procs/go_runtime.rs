@@ -89,10 +89,20 @@ pub fn mem_profile_rate(tgid: u32) -> Option<u64> {
 /// What process `tgid` added to its executable's addresses when it mapped
 /// it: 0 for Go's default (not position-independent) executables.
 fn load_bias<'d, R: object::ReadRef<'d>>(tgid: u32, file: &object::File<'d, R>) -> Option<u64> {
-    let first = file
-        .segments()
-        .find(|segment| segment.file_range().0 == 0)?
-        .address();
+    load_bias_of(tgid, first_segment(file)?)
+}
+
+/// The address of the segment that maps the start of `file`.
+pub(crate) fn first_segment<'d, R: object::ReadRef<'d>>(file: &object::File<'d, R>) -> Option<u64> {
+    Some(
+        file.segments()
+            .find(|segment| segment.file_range().0 == 0)?
+            .address(),
+    )
+}
+
+/// As [`load_bias`], given the address of the executable's first segment.
+pub(crate) fn load_bias_of(tgid: u32, first: u64) -> Option<u64> {
     let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
     let maps = Process::new(tgid as i32).ok()?.maps().ok()?;
     let start = maps

@@ -1,10 +1,12 @@
 //! The processes the daemon profiles: their table (mapped objects, images,
 //! lifetimes, fed by process events), the labels their environment
 //! gives them (container, pod, systemd unit), and what the kernel needs
-//! to read of a Go process (`go_runtime`).
+//! to read of a Go process (`go_runtime`), and the goroutines read from
+//! a Go process's memory (`goroutines`).
 
 pub mod environment;
 pub(crate) mod go_runtime;
+pub(crate) mod goroutines;
 mod lineage;
 pub(crate) mod objects;
 pub(crate) mod process;

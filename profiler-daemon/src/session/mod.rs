@@ -22,12 +22,14 @@ use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
+use crate::model::profile_kind::ProfileKind;
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::go_runtime;
+use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
@@ -40,7 +42,7 @@ use crate::session::targets::{
     all_pids, check_privileges, kernel_log_readable, process_start, sleep_opt, start_command,
     wait_child, watch_ring,
 };
-use crate::session::window::{Window, write_window};
+use crate::session::window::{Sources, Window, write_window};
 use crate::stacks::budget::MemoryBudget;
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
@@ -187,6 +189,8 @@ struct Session {
     /// Each target with its start time: a new process that reuses the pid
     /// of an exited target is not that target.
     live_targets: HashMap<u32, Option<u64>>,
+    /// Reads Go processes' goroutines for the goroutine profile.
+    goroutines: GoroutineReader,
     reported: Losses,
 }
 
@@ -286,6 +290,7 @@ impl Session {
             retention,
             exec_rescan: Vec::new(),
             live_targets,
+            goroutines: GoroutineReader::default(),
             reported: Losses::default(),
         };
         Ok((session, rings))
@@ -447,19 +452,38 @@ impl Session {
 
     fn write_window(&mut self) {
         let mut closed = std::mem::replace(&mut self.window, Window::new());
+        let goroutine_pids = self.goroutine_pids();
         write_window(
             &self.settings,
             &self.publisher,
             &mut self.symbolizer,
             &mut self.procs,
-            &mut self.heap,
-            &mut self.waits,
+            Sources {
+                heap: &mut self.heap,
+                waits: &mut self.waits,
+                goroutines: &mut self.goroutines,
+                goroutine_pids: &goroutine_pids,
+            },
             &mut closed,
         );
         // Label sets live on into the next window (a sample drained then
         // may name a set recorded in this one).
         self.window.cpu.go_labels = std::mem::take(&mut closed.cpu.go_labels);
         self.window.cpu.go_labels.end_window();
+    }
+
+    /// The processes whose goroutines the goroutine profile reads: the
+    /// targets (`--pid`, or the command and its children), else every
+    /// process (those not Go are passed over, each executable looked at
+    /// once).
+    fn goroutine_pids(&self) -> Vec<u32> {
+        if !self.settings.profiles.contains(&ProfileKind::Goroutine) {
+            return Vec::new();
+        }
+        match self.settings.pids.is_empty() && self.settings.command.is_empty() {
+            true => all_pids(),
+            false => self.probes.target_pids(),
+        }
     }
 
     fn observe(&mut self) {
@@ -507,7 +531,11 @@ impl Session {
             &self.waits,
             &self.budget,
         );
-        log_go_summary(&self.probes, &self.window.cpu.go_labels);
+        log_go_summary(
+            &self.probes,
+            &self.window.cpu.go_labels,
+            self.goroutines.stats,
+        );
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);
         if !sinks.is_empty() {

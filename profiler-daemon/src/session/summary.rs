@@ -11,6 +11,7 @@ use crate::bpf::ring::WRAPPED_RECORDS;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
+use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::heap::HeapTable;
@@ -105,8 +106,9 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
 /// The Go line of the exit summary: labels, allocations the Go runtime
-/// sampled, and goroutine parks the block profile left out.
-pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
+/// sampled, goroutine parks the block profile left out, and goroutines
+/// read for the goroutine profile.
+pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets, goroutines: GoroutineStats) {
     let c = probes.counters();
     tracing::info!(target: "profilerd::session",
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
@@ -121,6 +123,10 @@ pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets) {
         go_label_sets_dropped = go_labels.dropped,
         go_label_sets_cut = go_labels.cut,
         go_label_sets_missing = go_labels.missing,
+        goroutines_read = goroutines.read,
+        goroutines_not_read = goroutines.not_read,
+        goroutine_releases_unknown = goroutines.unknown_release,
+        goroutine_lists_not_found = goroutines.no_goroutine_list,
         "go label summary"
     );
 }
@@ -284,6 +290,7 @@ pub(crate) fn describe(settings: &Settings) -> String {
                 humantime::format_duration(settings.block_rate)
             ),
             ProfileKind::Mutex => format!("mutex 1 in {}", settings.mutex_fraction),
+            ProfileKind::Goroutine => "goroutine".to_string(),
         })
         .collect();
     let unwind = match settings.unwind {

@@ -7,8 +7,10 @@ use crate::bpf::drain::CpuWindow;
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::publish::Publisher;
+use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::build_cpu_profile;
+use crate::profiles::goroutine::build_goroutine_profile;
 use crate::profiles::heap::{HeapTable, build_heap_profile};
 use crate::profiles::waits::{Waits, build_wait_profile};
 use crate::stacks::symbolize::Symbolizer;
@@ -30,16 +32,30 @@ impl Window {
     }
 }
 
+/// What the profiles other than CPU draw on at a window's close.
+pub(crate) struct Sources<'a> {
+    pub(crate) heap: &'a mut HeapTable,
+    pub(crate) waits: &'a mut Waits,
+    pub(crate) goroutines: &'a mut GoroutineReader,
+    /// The processes whose goroutines are read.
+    pub(crate) goroutine_pids: &'a [u32],
+}
+
 /// Symbolizes, builds and writes every enabled profile of a closed window.
 pub(crate) fn write_window(
     settings: &Settings,
     publisher: &Publisher,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
-    heap: &mut HeapTable,
-    waits: &mut Waits,
+    sources: Sources<'_>,
     window: &mut Window,
 ) {
+    let Sources {
+        heap,
+        waits,
+        goroutines,
+        goroutine_pids,
+    } = sources;
     let duration = window.started.elapsed();
     let time_nanos = window
         .start
@@ -62,6 +78,15 @@ pub(crate) fn write_window(
                 symbolizer,
                 procs,
                 heap,
+                time_nanos,
+                duration.as_nanos() as i64,
+            ),
+            ProfileKind::Goroutine => build_goroutine_profile(
+                settings,
+                symbolizer,
+                procs,
+                goroutines,
+                goroutine_pids,
                 time_nanos,
                 duration.as_nanos() as i64,
             ),

@@ -33,6 +33,7 @@ pub fn profile_name(kind: ProfileKind) -> &'static str {
         ProfileKind::Block => "block",
         ProfileKind::Mutex => "mutex",
         ProfileKind::Offcpu => "offcpu",
+        ProfileKind::Goroutine => "goroutines",
     }
 }
 

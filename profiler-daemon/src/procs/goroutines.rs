@@ -1,0 +1,544 @@
+//! The live goroutines of a Go process, read from its memory at a window's
+//! end, as Go's own goroutine profile lists them
+//! (`runtime.goroutineProfileWithLabels`): every goroutine of `runtime.allgs`
+//! that is not dead and not one of the runtime's own, with its stack, its
+//! state, the reason it waits and its pprof labels.
+//!
+//! Read from outside, without stopping the process: a parked goroutine's
+//! saved registers (`g.sched`) do not change while it stays parked, so its
+//! stack is exact; a goroutine running at that moment has no saved stack
+//! (Go clears it) and is reported as running, without frames.
+//!
+//! Where things are comes from the executable: `runtime.allgs` from its
+//! symbol table, or in a stripped binary from the code of
+//! `runtime.forEachG` (found through the pclntab), which loads the slice's
+//! pointer and length from two adjacent words; the runtime's functions,
+//! whose goroutines Go leaves out, from the pclntab. The `g` fields are
+//! per Go release, from the DWARF of a binary built by each release read.
+
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::sync::Arc;
+
+use foldhash::HashMap;
+use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+use object::{Object, ObjectSection, ObjectSymbol};
+use profiler_common::go_labels_form;
+
+use crate::model::go_buildinfo;
+use crate::model::go_pclntab::Pclntab;
+use crate::model::text::display_name;
+use crate::procs::go_runtime::{first_segment, load_bias_of, runtime_layout};
+
+/// Goroutines read at most per process and window; the rest are counted
+/// (`GoroutineStats::not_read`).
+pub const MAX_GOROUTINES: usize = 65_536;
+/// Frames read at most per goroutine.
+pub const MAX_FRAMES: usize = 128;
+/// Labels read at most per goroutine, and bytes per key or value.
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_BYTES: usize = 1024;
+/// Executables whose facts are kept (the table is emptied when full).
+const EXECUTABLES_KEPT: usize = 256;
+
+/// `_Gscan`: set on a status while the collector scans the goroutine.
+const G_SCAN: u32 = 0x1000;
+/// Goroutine states (`runtime/runtime2.go`).
+pub mod status {
+    pub const IDLE: u32 = 0;
+    pub const RUNNABLE: u32 = 1;
+    pub const RUNNING: u32 = 2;
+    pub const SYSCALL: u32 = 3;
+    pub const WAITING: u32 = 4;
+    pub const DEAD: u32 = 6;
+    pub const COPYSTACK: u32 = 8;
+    pub const PREEMPTED: u32 = 9;
+}
+
+/// Where a release keeps what is read of a goroutine (`runtime.g`), in
+/// bytes from its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoroutineLayout {
+    pub status: usize,
+    pub wait_reason: usize,
+    pub start_pc: usize,
+    pub labels: usize,
+    pub labels_form: u8,
+    /// `g.sched.sp`, `.pc` and `.bp`.
+    pub sched_sp: usize,
+    pub sched_pc: usize,
+    pub sched_bp: usize,
+}
+
+impl GoroutineLayout {
+    /// Bytes of a `g` read: up to the last field used.
+    fn span(&self) -> usize {
+        [
+            self.status + 4,
+            self.wait_reason + 1,
+            self.start_pc + 8,
+            self.labels + 8,
+            self.sched_bp + 8,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+/// The layout of release 1.`minor`, from the DWARF of a binary built by
+/// each of go1.19.8, 1.21.13, 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and
+/// 1.27.3 (`g.sched` at 56 in all; `gobuf.bp` at 48 until 1.24 and at 40
+/// from 1.25, which dropped `gobuf.ret`). None for a release not read.
+pub fn goroutine_layout(minor: u32) -> Option<GoroutineLayout> {
+    let (status, wait_reason, start_pc, sched_bp) = match minor {
+        19 => (144, 176, 312, 48),
+        21..=22 => (144, 176, 296, 48),
+        23..=24 => (152, 184, 304, 48),
+        25 => (144, 176, 296, 40),
+        26..=27 => (144, 176, 304, 40),
+        _ => return None,
+    };
+    let labels = runtime_layout(minor);
+    Some(GoroutineLayout {
+        status,
+        wait_reason,
+        start_pc,
+        labels: usize::from(labels.g_labels),
+        labels_form: labels.labels_form,
+        sched_sp: 56,
+        sched_pc: 56 + 8,
+        sched_bp: 56 + sched_bp,
+    })
+}
+
+/// A goroutine's pprof labels, sorted by key.
+pub type Labels = Arc<Vec<(String, String)>>;
+
+/// One goroutine as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Goroutine {
+    /// One of [`status`] (without `_Gscan`).
+    pub status: u32,
+    /// The `waitReason` number (meaningful while waiting).
+    pub wait_reason: u8,
+    /// Its stack, leaf first, as a frame-pointer walk gives it: the leaf
+    /// within its instruction, then return addresses; empty while it runs.
+    pub frames: Vec<u64>,
+    /// Its pprof labels, sorted by key (None: it has none).
+    pub labels: Option<Labels>,
+}
+
+/// Why a process's goroutines were not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unread {
+    /// Not a Go executable (or it cannot be read).
+    NotGo,
+    /// A Go release whose layout is not known.
+    UnknownRelease,
+    /// `runtime.allgs` was not found.
+    NoGoroutineList,
+    /// Its memory could not be read (it exited).
+    Gone,
+}
+
+/// What the reader counts, for the exit summary.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GoroutineStats {
+    /// Goroutines read (counted in a profile).
+    pub read: u64,
+    /// Goroutines beyond [`MAX_GOROUTINES`], or whose `g` could not be read.
+    pub not_read: u64,
+    /// Go processes of a release whose layout is not known.
+    pub unknown_release: u64,
+    /// Go processes whose goroutine list was not found.
+    pub no_goroutine_list: u64,
+}
+
+/// What is read once per executable.
+struct Executable {
+    /// The Go release's minor number.
+    release: u32,
+    layout: GoroutineLayout,
+    /// `runtime.allgs` in the file's addresses.
+    allgs: u64,
+    /// The address of the segment that maps the start of the file.
+    first_segment: u64,
+    /// Entries of the runtime's own functions (`runtime.*` but
+    /// `runtime.main`), sorted: a goroutine started at one is the
+    /// runtime's, and Go's profile leaves it out.
+    runtime_starts: Vec<u64>,
+}
+
+/// Reads the goroutines of Go processes; keeps each executable's facts.
+#[derive(Default)]
+pub struct GoroutineReader {
+    executables: HashMap<(u64, u64), Result<Arc<Executable>, Unread>>,
+    pub stats: GoroutineStats,
+}
+
+impl GoroutineReader {
+    /// The goroutines of process `tgid` now, at most [`MAX_GOROUTINES`],
+    /// with the minor number of the Go release that built it.
+    pub fn read(&mut self, tgid: u32) -> Result<(u32, Vec<Goroutine>), Unread> {
+        let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).map_err(|_| Unread::Gone)?;
+        if self.executables.len() >= EXECUTABLES_KEPT {
+            self.executables.clear();
+        }
+        let exe = self
+            .executables
+            .entry((meta.dev(), meta.ino()))
+            .or_insert_with(|| read_executable(tgid))
+            .clone();
+        let exe = match exe {
+            Ok(exe) => exe,
+            Err(why) => {
+                match why {
+                    Unread::UnknownRelease => self.stats.unknown_release += 1,
+                    Unread::NoGoroutineList => self.stats.no_goroutine_list += 1,
+                    _ => {}
+                }
+                return Err(why);
+            }
+        };
+        let bias = load_bias_of(tgid, exe.first_segment).ok_or(Unread::Gone)?;
+        let mem = Memory::open(tgid).ok_or(Unread::Gone)?;
+        let (list, len) = mem.pair(exe.allgs.wrapping_add(bias)).ok_or(Unread::Gone)?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let wanted = len.min(MAX_GOROUTINES);
+        self.stats.not_read += (len - wanted) as u64;
+        let mut pointers = vec![0u8; wanted * 8];
+        if wanted > 0 && !mem.read(list, &mut pointers) {
+            return Err(Unread::Gone);
+        }
+        let mut labels = LabelCache::default();
+        let mut out = Vec::new();
+        let mut g = vec![0u8; exe.layout.span()];
+        for pointer in pointers.chunks_exact(8) {
+            let at = u64::from_le_bytes(pointer.try_into().unwrap_or_default());
+            if !mem.read(at, &mut g) {
+                self.stats.not_read += 1;
+                continue;
+            }
+            if let Some(goroutine) = read_goroutine(&mem, &exe, bias, &g, &mut labels) {
+                out.push(goroutine);
+            }
+        }
+        self.stats.read += out.len() as u64;
+        Ok((exe.release, out))
+    }
+}
+
+/// One goroutine of `g`'s bytes; None when it is dead or the runtime's.
+fn read_goroutine(
+    mem: &Memory,
+    exe: &Executable,
+    bias: u64,
+    g: &[u8],
+    labels: &mut LabelCache,
+) -> Option<Goroutine> {
+    let layout = &exe.layout;
+    let status = u32_at(g, layout.status)? & !G_SCAN;
+    if matches!(status, status::DEAD | status::IDLE) {
+        return None;
+    }
+    let start = u64_at(g, layout.start_pc)?;
+    if exe
+        .runtime_starts
+        .binary_search(&start.wrapping_sub(bias))
+        .is_ok()
+    {
+        return None;
+    }
+    let (sp, pc, bp) = (
+        u64_at(g, layout.sched_sp)?,
+        u64_at(g, layout.sched_pc)?,
+        u64_at(g, layout.sched_bp)?,
+    );
+    let frames = match sp {
+        // Running: Go keeps no registers for it.
+        0 => Vec::new(),
+        _ => walk(mem, pc, sp, bp, pc == start),
+    };
+    let wait_reason = g.get(layout.wait_reason).copied().unwrap_or(0);
+    let labels = labels.get(mem, layout, u64_at(g, layout.labels)?);
+    Some(Goroutine {
+        status,
+        wait_reason,
+        frames,
+        labels,
+    })
+}
+
+/// The stack of a goroutine parked with `pc`, `sp` and `bp` saved, leaf
+/// first: `pc` (a return address, into the function that saved it, unless
+/// the goroutine never ran: then its function's entry, and its return
+/// address, into `runtime.goexit`, at `sp`), then the return addresses of
+/// the frame-pointer chain.
+fn walk(mem: &Memory, pc: u64, sp: u64, mut bp: u64, at_entry: bool) -> Vec<u64> {
+    let mut frames = Vec::with_capacity(32);
+    if at_entry {
+        frames.push(pc);
+        if let Some(ret) = mem.u64(sp) {
+            frames.push(ret);
+        }
+        return frames;
+    }
+    frames.push(pc.saturating_sub(1));
+    while frames.len() < MAX_FRAMES && bp != 0 {
+        let Some((next, ret)) = mem.pair(bp) else {
+            break;
+        };
+        if ret == 0 {
+            break;
+        }
+        frames.push(ret);
+        // The chain runs up the stack; anything else is not a frame.
+        if next <= bp {
+            break;
+        }
+        bp = next;
+    }
+    frames
+}
+
+/// Label sets by the address `g.labels` holds: goroutines that share a set
+/// (those started under one `pprof.Do`) share one reading.
+#[derive(Default)]
+struct LabelCache {
+    sets: HashMap<u64, Option<Labels>>,
+}
+
+impl LabelCache {
+    fn get(&mut self, mem: &Memory, layout: &GoroutineLayout, at: u64) -> Option<Labels> {
+        if at == 0 {
+            return None;
+        }
+        self.sets
+            .entry(at)
+            .or_insert_with(|| {
+                let mut labels = match layout.labels_form {
+                    go_labels_form::LIST => list_labels(mem, at),
+                    go_labels_form::MAP => map_labels(mem, at),
+                    _ => None,
+                }?;
+                labels.sort();
+                Some(Arc::new(labels))
+            })
+            .clone()
+    }
+}
+
+/// Go 1.24 and later: `labels` points to a slice of `{key, value string}`.
+fn list_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
+    let (list, len) = mem.pair(at)?;
+    let len = usize::try_from(len).ok()?.min(MAX_LABELS);
+    let mut entries = vec![0u8; len * 32];
+    if !mem.read(list, &mut entries) {
+        return None;
+    }
+    entries
+        .chunks_exact(32)
+        .map(|entry| {
+            Some((
+                mem.string(u64_at(entry, 0)?, u64_at(entry, 8)?)?,
+                mem.string(u64_at(entry, 16)?, u64_at(entry, 24)?)?,
+            ))
+        })
+        .collect()
+}
+
+/// Go 1.19 to 1.23: `labels` points to a `map[string]string` (`hmap`: the
+/// bucket count's log at 9, the buckets at 16; a bucket holds 8 top
+/// hashes, 8 keys, 8 values and the overflow bucket's address, 272 bytes).
+fn map_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
+    /// A slot whose top hash is below this is empty (`minTopHash`).
+    const MIN_TOP_HASH: u8 = 5;
+    const BUCKET: usize = 272;
+    let mut header = [0u8; 24];
+    if !mem.read(at, &mut header) {
+        return None;
+    }
+    // Label maps are small; a larger count is not a label map.
+    let log_buckets = header[9].min(4);
+    let buckets = u64_at(&header, 16)?;
+    let mut labels = Vec::new();
+    let mut bucket = [0u8; BUCKET];
+    for index in 0..1u64 << log_buckets {
+        let mut next = buckets.checked_add(index * BUCKET as u64)?;
+        // A bucket and at most a few overflow buckets.
+        for _ in 0..4 {
+            if next == 0 || !mem.read(next, &mut bucket) {
+                break;
+            }
+            for slot in 0..8 {
+                if bucket[slot] < MIN_TOP_HASH || labels.len() >= MAX_LABELS {
+                    continue;
+                }
+                let key = 8 + 16 * slot;
+                let value = 8 + 128 + 16 * slot;
+                labels.push((
+                    mem.string(u64_at(&bucket, key)?, u64_at(&bucket, key + 8)?)?,
+                    mem.string(u64_at(&bucket, value)?, u64_at(&bucket, value + 8)?)?,
+                ));
+            }
+            next = u64_at(&bucket, BUCKET - 8)?;
+        }
+    }
+    Some(labels)
+}
+
+/// The facts of process `tgid`'s executable.
+fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
+    let file = std::fs::File::open(format!("/proc/{tgid}/exe")).map_err(|_| Unread::NotGo)?;
+    // SAFETY: a read-only private mapping of an executable file, which is
+    // replaced rather than rewritten while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|_| Unread::NotGo)?;
+    let file = object::File::parse(&*map).map_err(|_| Unread::NotGo)?;
+    if !go_buildinfo::is_go(&file) {
+        return Err(Unread::NotGo);
+    }
+    let release = go_buildinfo::go_release(&file).ok_or(Unread::UnknownRelease)?;
+    let layout = goroutine_layout(release).ok_or(Unread::UnknownRelease)?;
+    let section = file
+        .section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
+        .ok_or(Unread::NoGoroutineList)?;
+    let text = file.section_by_name(".text").map_or(0, |t| t.address());
+    let table = section
+        .data()
+        .ok()
+        .and_then(|data| Pclntab::parse(data, text))
+        .ok_or(Unread::NoGoroutineList)?;
+    let allgs = file
+        .symbols()
+        .find(|s| s.name() == Ok("runtime.allgs"))
+        .map(|s| s.address())
+        .or_else(|| allgs_from_code(&file, &table))
+        .ok_or(Unread::NoGoroutineList)?;
+    let mut runtime_starts: Vec<u64> = table
+        .functions()
+        .filter(|(_, name)| name.starts_with("runtime.") && *name != "runtime.main")
+        .map(|(entry, _)| entry)
+        .collect();
+    runtime_starts.sort_unstable();
+    Ok(Arc::new(Executable {
+        release,
+        layout,
+        allgs,
+        first_segment: first_segment(&file).ok_or(Unread::NotGo)?,
+        runtime_starts,
+    }))
+}
+
+/// `runtime.allgs` in a binary without a symbol table: `runtime.forEachG`
+/// loads the slice's pointer and its length, two adjacent words, by
+/// RIP-relative moves (go1.19 to 1.27); the first such pair is the slice.
+fn allgs_from_code(file: &object::File<'_>, table: &Pclntab<'_>) -> Option<u64> {
+    let (entry, size) = table.function_named("runtime.forEachG")?;
+    let code = code_of(file, entry, size)?;
+    let mut loads = Vec::new();
+    let mut decoder = Decoder::with_ip(64, code, entry, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let instruction = decoder.decode();
+        if instruction.mnemonic() == Mnemonic::Mov
+            && instruction.op_count() == 2
+            && instruction.op1_kind() == OpKind::Memory
+            && instruction.memory_base() == Register::RIP
+        {
+            loads.push(instruction.ip_rel_memory_address());
+        }
+    }
+    loads.iter().copied().find(|&at| loads.contains(&(at + 8)))
+}
+
+/// The bytes of the code at `address`, `size` long, from the file.
+fn code_of<'d>(file: &object::File<'d>, address: u64, size: u64) -> Option<&'d [u8]> {
+    file.sections().find_map(|section| {
+        let start = section.address();
+        if address < start || address + size > start + section.size() {
+            return None;
+        }
+        let data = section.data().ok()?;
+        let from = usize::try_from(address - start).ok()?;
+        data.get(from..from + usize::try_from(size).ok()?)
+    })
+}
+
+/// A process's memory, read through `/proc/PID/mem`.
+struct Memory {
+    file: std::fs::File,
+}
+
+impl Memory {
+    fn open(tgid: u32) -> Option<Memory> {
+        Some(Memory {
+            file: std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?,
+        })
+    }
+
+    fn read(&self, at: u64, buf: &mut [u8]) -> bool {
+        // The first page is never mapped: a null or tiny pointer is none.
+        at >= 4096 && self.file.read_exact_at(buf, at).is_ok()
+    }
+
+    fn u64(&self, at: u64) -> Option<u64> {
+        let mut word = [0u8; 8];
+        self.read(at, &mut word).then(|| u64::from_le_bytes(word))
+    }
+
+    /// Two adjacent words.
+    fn pair(&self, at: u64) -> Option<(u64, u64)> {
+        let mut words = [0u8; 16];
+        if !self.read(at, &mut words) {
+            return None;
+        }
+        Some((u64_at(&words, 0)?, u64_at(&words, 8)?))
+    }
+
+    /// A Go string's text (at most `MAX_LABEL_BYTES`), as every label
+    /// value is shown.
+    fn string(&self, at: u64, len: u64) -> Option<String> {
+        let len = usize::try_from(len).ok()?.min(MAX_LABEL_BYTES);
+        let mut bytes = vec![0u8; len];
+        if len > 0 && !self.read(at, &mut bytes) {
+            return None;
+        }
+        Some(display_name(&bytes))
+    }
+}
+
+fn u64_at(data: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn u32_at(data: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_of_the_releases_read() {
+        let l19 = goroutine_layout(19).expect("1.19");
+        assert_eq!((l19.status, l19.sched_bp, l19.labels), (144, 104, 360));
+        let l25 = goroutine_layout(25).expect("1.25");
+        assert_eq!((l25.start_pc, l25.sched_bp), (296, 96));
+        assert_eq!(
+            goroutine_layout(27).expect("1.27").labels_form,
+            go_labels_form::LIST
+        );
+        assert!(goroutine_layout(20).is_none());
+        assert!(goroutine_layout(28).is_none());
+        // A read covers the last field.
+        assert_eq!(l19.span(), 368);
+    }
+
+    #[test]
+    fn a_process_that_is_not_go_is_said_so() {
+        let mut reader = GoroutineReader::default();
+        assert_eq!(reader.read(std::process::id()).err(), Some(Unread::NotGo));
+        assert_eq!(reader.read(u32::MAX - 1).err(), Some(Unread::Gone));
+    }
+}
