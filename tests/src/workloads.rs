@@ -103,6 +103,12 @@ pub enum Workload {
     GoContention,
     /// The same, linked without symbol table and DWARF (`-s -w`).
     GoContentionStripped,
+    /// `go_goroutines.go`: goroutines parked in seven known ways (three
+    /// under pprof labels); writes its own goroutine profile once they
+    /// are; `SECONDS PROFILE [--wait-stdin]`.
+    GoGoroutines,
+    /// The same, linked without symbol table and DWARF (`-s -w`).
+    GoGoroutinesStripped,
 }
 
 /// The Go toolchains the tests build with: Debian's Go 1.19 and a current
@@ -123,7 +129,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 20] = [
+    pub const ALL: [Workload; 22] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -144,6 +150,8 @@ impl Workload {
         Workload::GoHeapStripped,
         Workload::GoContention,
         Workload::GoContentionStripped,
+        Workload::GoGoroutines,
+        Workload::GoGoroutinesStripped,
     ];
 
     /// Whether `go build` builds it.
@@ -158,6 +166,19 @@ impl Workload {
                 | Workload::GoHeapStripped
                 | Workload::GoContention
                 | Workload::GoContentionStripped
+                | Workload::GoGoroutines
+                | Workload::GoGoroutinesStripped
+        )
+    }
+
+    /// Whether it is linked without symbol table and DWARF (`-s -w`).
+    pub fn is_stripped(self) -> bool {
+        matches!(
+            self,
+            Workload::CpuRatioGoStripped
+                | Workload::GoHeapStripped
+                | Workload::GoContentionStripped
+                | Workload::GoGoroutinesStripped
         )
     }
 
@@ -173,7 +194,9 @@ impl Workload {
             Workload::CpuRatioRust => format!("{stem}_rs"),
             Workload::CpuRatioGo => format!("{stem}_go"),
             Workload::CpuRatioGoStripped => format!("{stem}_go_stripped"),
-            Workload::GoHeapStripped | Workload::GoContentionStripped => {
+            Workload::GoHeapStripped
+            | Workload::GoContentionStripped
+            | Workload::GoGoroutinesStripped => {
                 format!("{stem}_stripped")
             }
             Workload::HeapSitesJemalloc => format!("{stem}_jemalloc"),
@@ -199,6 +222,7 @@ impl Workload {
             Workload::GoHandlers => "go_handlers.go",
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",
             Workload::GoContention | Workload::GoContentionStripped => "go_contention.go",
+            Workload::GoGoroutines | Workload::GoGoroutinesStripped => "go_goroutines.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")
@@ -210,7 +234,11 @@ impl Workload {
     pub fn build_with_go(self, dir: &Path, exe_name: &str, go: &Path) -> PathBuf {
         assert!(self.is_go(), "{self:?} is not a Go workload");
         let out = dir.join(exe_name);
-        compile_linking(self.go_build(dir, go), &self.source(), &out, &[])
+        compile_linking(self.go_build(dir, go), &self.source(), &out, &[]);
+        if self.is_stripped() {
+            assert_no_symbol_table(&out);
+        }
+        out
     }
 
     /// `go build` of this Go workload by `go`: a single file outside any
@@ -226,10 +254,7 @@ impl Workload {
                 dir.join(format!("gocache{}", go.to_string_lossy().replace('/', "_"))),
             )
             .env("GOPATH", dir.join("gopath"));
-        if matches!(
-            self,
-            Workload::CpuRatioGoStripped | Workload::GoHeapStripped
-        ) {
+        if self.is_stripped() {
             c.arg("-ldflags=-s -w");
         }
         c.current_dir(dir);
@@ -338,6 +363,19 @@ pub fn compile_linking(mut cmd: Command, src: &Path, out: &Path, libs: &[&str]) 
         String::from_utf8_lossy(&output.stderr)
     );
     out.to_path_buf()
+}
+
+/// Fails unless the ELF file at `path` is without a symbol table, as a
+/// stripped workload must be for its test to test the stripped case: no
+/// section is named `.symtab` (the name would be in the section-name
+/// table).
+pub fn assert_no_symbol_table(path: &Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    assert!(
+        !bytes.windows(8).any(|w| w == b".symtab\0"),
+        "{} has a symbol table: it was not stripped",
+        path.display()
+    );
 }
 
 /// The `comm` the kernel gives a process running `exe`: its file name,

@@ -347,15 +347,17 @@ fn list_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
         .collect()
 }
 
-/// Go 1.19 to 1.23: `labels` points to a `map[string]string` (`hmap`: the
-/// bucket count's log at 9, the buckets at 16; a bucket holds 8 top
-/// hashes, 8 keys, 8 values and the overflow bucket's address, 272 bytes).
+/// Go 1.19 to 1.23: `labels` points to a `map[string]string`, itself the
+/// address of the map's header (`hmap`: the bucket count's log at 9, the
+/// buckets at 16; a bucket holds 8 top hashes, 8 keys, 8 values and the
+/// overflow bucket's address, 272 bytes).
 fn map_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
     /// A slot whose top hash is below this is empty (`minTopHash`).
     const MIN_TOP_HASH: u8 = 5;
     const BUCKET: usize = 272;
+    let hmap = mem.u64(at)?;
     let mut header = [0u8; 24];
-    if !mem.read(at, &mut header) {
+    if !mem.read(hmap, &mut header) {
         return None;
     }
     // Label maps are small; a larger count is not a label map.

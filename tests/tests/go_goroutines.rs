@@ -1,0 +1,240 @@
+//! The goroutine profile of Go programs read from outside: at each window,
+//! the program's live goroutines by stack, wait reason and pprof labels,
+//! held against the goroutine profile Go's runtime/pprof wrote of the same
+//! moment (counts per site exact) and against Go's own goroutine dump
+//! (`debug=2`: each goroutine's wait reason), on Go 1.19 and a current Go,
+//! as built and stripped (`-s -w`: the goroutine list found from the
+//! runtime's code).
+
+use std::collections::BTreeMap;
+
+use profiler_tests::daemon::require_root;
+use profiler_tests::profiles::{FlatSample, flatten, read_profiles};
+use profiler_tests::temp_dir;
+use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
+
+/// The workload's parked goroutines: (site, count, wait reason on Go 1.19,
+/// on current Go).
+const SITES: [(&str, i64, &str, &str); 7] = [
+    ("main.recvWait", 3, "chan receive", "chan receive"),
+    ("main.sendWait", 2, "chan send", "chan send"),
+    ("main.lockWait", 5, "semacquire", "sync.Mutex.Lock"),
+    ("main.selectWait", 4, "select", "select"),
+    ("main.condWait", 2, "sync.Cond.Wait", "sync.Cond.Wait"),
+    ("main.groupWait", 3, "semacquire", "sync.WaitGroup.Wait"),
+    ("main.sleeper", 6, "sleep", "sleep"),
+];
+
+/// The first `main.` function of a sample's stack (leaf first), but for
+/// the main goroutine's (it writes Go's profile in one, sleeps in the
+/// other): its site.
+fn site(sample: &FlatSample) -> Option<&str> {
+    if is_main(sample) {
+        return None;
+    }
+    sample
+        .frames
+        .iter()
+        .map(|f| f.function.as_str())
+        .find(|name| name.starts_with("main."))
+}
+
+/// Goroutines per site.
+fn per_site(samples: &[FlatSample]) -> BTreeMap<String, i64> {
+    let mut sites = BTreeMap::new();
+    for s in samples {
+        let name = site(s).unwrap_or("<other>");
+        *sites.entry(name.to_string()).or_default() += s.values[0];
+    }
+    sites
+}
+
+/// Go's own dump (`debug=2`): per site, the wait reasons of its
+/// goroutines (`goroutine 7 [chan receive]:` then the stack, leaf first).
+fn dump_reasons(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut reasons: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for block in text.split("\n\n") {
+        let Some(header) = block.lines().next() else {
+            continue;
+        };
+        let Some(reason) = header
+            .split_once('[')
+            .and_then(|(_, rest)| rest.split([',', ']']).next())
+        else {
+            continue;
+        };
+        let site = block
+            .lines()
+            .skip(1)
+            .step_by(2)
+            .filter_map(|line| line.split('(').next())
+            .find(|name| name.starts_with("main."));
+        if let Some(site) = site
+            && !block.contains("main.main(")
+        {
+            reasons
+                .entry(site.to_string())
+                .or_default()
+                .push(reason.to_string());
+        }
+    }
+    reasons
+}
+
+#[test]
+fn goroutines_agree_with_go_to_the_goroutine() {
+    require_root();
+    let tmp = temp_dir();
+    for ((version, go), workload) in go_versions().into_iter().flat_map(|v| {
+        [
+            (v.clone(), Workload::GoGoroutines),
+            (v, Workload::GoGoroutinesStripped),
+        ]
+    }) {
+        let stripped = workload == Workload::GoGoroutinesStripped;
+        let version = format!("{version}{}", if stripped { " stripped" } else { "" });
+        let tag = version.replace(' ', "_");
+        let exe = workload.build_with_go(tmp.path(), &format!("goroutines_{tag}"), &go);
+        let own = tmp.path().join(format!("own-{tag}.pprof"));
+        let out = tmp.path().join(format!("out-{tag}"));
+        let WholeLife {
+            pid,
+            report,
+            daemon,
+        } = profile_whole_life(
+            &exe,
+            &["5", own.to_str().expect("UTF-8 path")],
+            &out,
+            99,
+            &["--profiles", "goroutine"],
+        );
+        let theirs = flatten(
+            &pprof_proto::decode(&std::fs::read(&own).expect("Go's profile"))
+                .expect("Go's profile decodes"),
+        );
+        let dump = std::fs::read_to_string(own.with_extension("pprof.txt")).expect("Go's dump");
+        let go_sites = per_site(&theirs);
+        let go_reasons = dump_reasons(&dump);
+        let diag = format!("\n{}", daemon.describe());
+        // Go's profile of the moment its goroutines were parked.
+        for &(site, count, _, _) in &SITES {
+            assert_eq!(
+                go_sites.get(site).copied(),
+                Some(count),
+                "{version}: runtime/pprof's own count at {site} ({go_sites:?})"
+            );
+        }
+        let files = read_profiles(&out, "goroutine");
+        let windows: Vec<Vec<FlatSample>> = files
+            .iter()
+            .map(|f| {
+                flatten(&f.profile)
+                    .into_iter()
+                    .filter(|s| s.pid() == pid)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|w| !w.is_empty())
+            .collect();
+        println!(
+            "{version}: {} windows with the program's goroutines; runtime/pprof {go_sites:?}; NumGoroutine {}",
+            windows.len(),
+            field(&report, "goroutines")
+        );
+        // Parked from 0.3 s to 5.3 s after the daemon's start: the windows
+        // that close at 2 s and 4 s see every one of them.
+        assert!(
+            windows.len() >= 2,
+            "{version}: {} goroutine windows with pid {pid}, expected at least 2{diag}",
+            windows.len()
+        );
+        for (i, window) in windows.iter().take(2).enumerate() {
+            let ours = per_site(window);
+            println!("{version}: window {i}: {ours:?}");
+            let stacks: Vec<String> = window
+                .iter()
+                .map(|s| format!("{} x{} {:?}", s.stack_text(), s.values[0], s.labels))
+                .collect();
+            let stacks = stacks.join("\n  ");
+            for &(site, count, reason_19, reason_now) in &SITES {
+                assert_eq!(
+                    ours.get(site).copied(),
+                    Some(count),
+                    "{version}: window {i}: goroutines at {site}, against runtime/pprof's {count}:\n  {stacks}{diag}"
+                );
+                // Each with Go's own wait reason, as its dump gives it.
+                let want = if version.starts_with("go1.19") {
+                    reason_19
+                } else {
+                    reason_now
+                };
+                let dumped = &go_reasons[site];
+                assert!(
+                    dumped.iter().all(|r| r == want),
+                    "{version}: Go's dump gives {site} the reasons {dumped:?}, expected {want}"
+                );
+                let reasons: Vec<&str> = window
+                    .iter()
+                    .filter(|s| site_is(s, site))
+                    .map(|s| s.label("wait_reason").unwrap_or("<none>"))
+                    .collect();
+                assert!(
+                    reasons.iter().all(|&r| r == want),
+                    "{version}: window {i}: {site} has the wait reasons {reasons:?}, Go's dump {want}{diag}"
+                );
+            }
+            // Every goroutine but main's is at a site: the runtime's own
+            // goroutines are left out, as Go leaves them out.
+            let total: i64 = window.iter().map(|s| s.values[0]).sum();
+            let main: i64 = window
+                .iter()
+                .filter(|s| is_main(s))
+                .map(|s| s.values[0])
+                .sum();
+            let expected: i64 = SITES.iter().map(|s| s.1).sum();
+            assert_eq!(
+                (total, main),
+                (expected + 1, 1),
+                "{version}: window {i}: goroutines in all and in main.main:\n  {stacks}{diag}"
+            );
+            // The labels pprof.Do set, per goroutine.
+            let mut shards: Vec<&str> = window
+                .iter()
+                .filter(|s| site_is(s, "main.recvWait"))
+                .map(|s| {
+                    assert_eq!(s.label("role"), Some("receiver"), "{version}: {stacks}");
+                    s.label("shard").unwrap_or("<none>")
+                })
+                .collect();
+            shards.sort();
+            assert_eq!(shards, ["0", "1", "2"], "{version}: the shard labels");
+            assert!(
+                window
+                    .iter()
+                    .filter(|s| !site_is(s, "main.recvWait"))
+                    .all(|s| s.label("role").is_none()),
+                "{version}: labels on goroutines that have none:\n  {stacks}"
+            );
+            // Every stack reaches runtime.goexit (or runtime.main), as Go's
+            // do.
+            assert!(
+                window.iter().all(|s| !s.has_function("[truncated]")),
+                "{version}: truncated goroutine stacks:\n  {stacks}"
+            );
+        }
+        assert!(
+            daemon.summary_field("goroutines_read")
+                >= 2 * (SITES.iter().map(|s| s.1).sum::<i64>() as u64 + 1),
+            "{version}: goroutines read{diag}"
+        );
+    }
+}
+
+/// Whether it is the main goroutine's sample (`main.main` itself, not a
+/// function literal of it).
+fn is_main(sample: &FlatSample) -> bool {
+    sample.frames.iter().any(|f| f.function == "main.main")
+}
+
+fn site_is(sample: &FlatSample, want: &str) -> bool {
+    site(sample) == Some(want)
+}
