@@ -171,6 +171,13 @@ impl Workload {
         )
     }
 
+    /// Whether `prebuild-workloads` builds it: the Go workloads that the
+    /// tests build per Go toolchain ([`Workload::build_with_go`], which
+    /// never copies a prebuilt one) are left out.
+    pub fn is_prebuilt(self) -> bool {
+        !self.is_go() || self == Workload::ChanBlockGo
+    }
+
     /// Whether it is linked without symbol table and DWARF (`-s -w`).
     pub fn is_stripped(self) -> bool {
         matches!(
@@ -266,6 +273,10 @@ impl Workload {
     pub fn build(self, dir: &Path, exe_name: &str) -> PathBuf {
         let out = dir.join(exe_name);
         if let Some(prebuilt) = std::env::var_os(PREBUILT_ENV) {
+            assert!(
+                self.is_prebuilt(),
+                "{self:?} is not built beforehand (Workload::is_prebuilt): build it with build_with_go"
+            );
             let from = Path::new(&prebuilt).join(self.prebuilt_name());
             std::fs::copy(&from, &out).unwrap_or_else(|e| {
                 panic!(

@@ -210,38 +210,132 @@ impl GoroutineReader {
         if wanted > 0 && !mem.read(list, &mut pointers) {
             return Err(Unread::Gone);
         }
+        let pointers: Vec<u64> = pointers
+            .chunks_exact(8)
+            .map(|p| u64::from_le_bytes(p.try_into().unwrap_or_default()))
+            .collect();
         let mut labels = LabelCache::default();
         let mut out = Vec::new();
-        let mut g = vec![0u8; exe.layout.span()];
-        for pointer in pointers.chunks_exact(8) {
-            let at = u64::from_le_bytes(pointer.try_into().unwrap_or_default());
-            if !mem.read(at, &mut g) {
-                self.stats.not_read += 1;
-                continue;
-            }
-            if let Some(goroutine) = read_goroutine(&mem, &exe, bias, &g, &mut labels) {
-                out.push(goroutine);
-            }
+        for batch in pointers.chunks(BATCH) {
+            self.stats.not_read += read_batch(&mem, &exe, bias, batch, &mut labels, &mut out);
         }
         self.stats.read += out.len() as u64;
         Ok((exe.release, out))
     }
 }
 
-/// One goroutine of `g`'s bytes; None when it is dead or the runtime's.
-fn read_goroutine(
+/// Goroutines read per batch: their `g`s in one system call, then their
+/// stacks in as few as the byte bound allows.
+const BATCH: usize = 256;
+/// Bytes of a goroutine's stack read in one piece, from its saved stack
+/// pointer up: a walk that leaves them reads word by word.
+const STACK_PIECE: usize = 16 * 1024;
+/// Bytes of stacks read per system call at most.
+const STACKS_PER_READ: usize = 1024 * 1024;
+
+/// A goroutine's registers as its `g` saved them.
+struct Parked {
+    status: u32,
+    wait_reason: u8,
+    start: u64,
+    sp: u64,
+    pc: u64,
+    bp: u64,
+    /// The top of its stack (`g.stack.hi`).
+    stack_hi: u64,
+    labels: Option<Labels>,
+}
+
+/// Reads the goroutines at `pointers` into `out` (those dead or the
+/// runtime's left out); returns how many could not be read.
+fn read_batch(
+    mem: &Memory,
+    exe: &Executable,
+    bias: u64,
+    pointers: &[u64],
+    labels: &mut LabelCache,
+    out: &mut Vec<Goroutine>,
+) -> u64 {
+    let layout = &exe.layout;
+    let span = layout.span();
+    let mut bytes = Vec::new();
+    let ranges: Vec<(u64, usize)> = pointers.iter().map(|&at| (at, span)).collect();
+    let read = mem.read_many(&ranges, &mut bytes);
+    let mut lost = read.iter().filter(|ok| !**ok).count() as u64;
+    let mut parked = Vec::with_capacity(pointers.len());
+    for (g, _) in bytes.chunks_exact(span).zip(&read).filter(|(_, ok)| **ok) {
+        match parse_g(mem, exe, bias, g, labels) {
+            Some(Ok(p)) => parked.push(p),
+            Some(Err(())) => lost += 1,
+            None => {}
+        }
+    }
+    // Their stacks, each from its saved stack pointer up.
+    let mut from = 0;
+    while from < parked.len() {
+        let mut ranges = Vec::new();
+        let mut total = 0;
+        for p in &parked[from..] {
+            let len = match p.sp {
+                0 => 0,
+                sp => usize::try_from(p.stack_hi.saturating_sub(sp))
+                    .unwrap_or(0)
+                    .min(STACK_PIECE),
+            };
+            if total + len > STACKS_PER_READ && !ranges.is_empty() {
+                break;
+            }
+            total += len;
+            ranges.push((p.sp, len));
+        }
+        let mut stacks = Vec::new();
+        let read = mem.read_many(&ranges, &mut stacks);
+        let mut at = 0;
+        for ((p, &(sp, len)), ok) in parked[from..].iter().zip(&ranges).zip(read) {
+            let piece = StackPiece {
+                base: sp,
+                bytes: if ok { &stacks[at..at + len] } else { &[] },
+            };
+            at += len;
+            let frames = match p.sp {
+                // Running: Go keeps no registers for it.
+                0 => Vec::new(),
+                _ => walk(mem, &piece, p.pc, p.sp, p.bp, p.pc == p.start),
+            };
+            out.push(Goroutine {
+                status: p.status,
+                wait_reason: p.wait_reason,
+                frames,
+                labels: p.labels.clone(),
+            });
+        }
+        from += ranges.len();
+    }
+    lost
+}
+
+/// The registers of the goroutine in `g`'s bytes: None when it is dead or
+/// the runtime's; an error when its fields cannot be read.
+fn parse_g(
     mem: &Memory,
     exe: &Executable,
     bias: u64,
     g: &[u8],
     labels: &mut LabelCache,
-) -> Option<Goroutine> {
+) -> Option<Result<Parked, ()>> {
     let layout = &exe.layout;
-    let status = u32_at(g, layout.status)? & !G_SCAN;
+    let field = |at| u64_at(g, at).ok_or(());
+    let status = match u32_at(g, layout.status) {
+        Some(status) => status & !G_SCAN,
+        None => return Some(Err(())),
+    };
     if matches!(status, status::DEAD | status::IDLE) {
         return None;
     }
-    let start = u64_at(g, layout.start_pc)?;
+    let start = match field(layout.start_pc) {
+        Ok(start) => start,
+        Err(()) => return Some(Err(())),
+    };
     if exe
         .runtime_starts
         .binary_search(&start.wrapping_sub(bias))
@@ -249,24 +343,43 @@ fn read_goroutine(
     {
         return None;
     }
-    let (sp, pc, bp) = (
-        u64_at(g, layout.sched_sp)?,
-        u64_at(g, layout.sched_pc)?,
-        u64_at(g, layout.sched_bp)?,
-    );
-    let frames = match sp {
-        // Running: Go keeps no registers for it.
-        0 => Vec::new(),
-        _ => walk(mem, pc, sp, bp, pc == start),
-    };
-    let wait_reason = g.get(layout.wait_reason).copied().unwrap_or(0);
-    let labels = labels.get(mem, layout, u64_at(g, layout.labels)?);
-    Some(Goroutine {
-        status,
-        wait_reason,
-        frames,
-        labels,
-    })
+    Some((|| {
+        Ok(Parked {
+            status,
+            wait_reason: g.get(layout.wait_reason).copied().ok_or(())?,
+            start,
+            sp: field(layout.sched_sp)?,
+            pc: field(layout.sched_pc)?,
+            bp: field(layout.sched_bp)?,
+            stack_hi: field(G_STACK_HI)?,
+            labels: labels.get(mem, layout, field(layout.labels)?),
+        })
+    })())
+}
+
+/// `g.stack.hi`: the first field of every release's `g` is its stack's
+/// bounds (lo, hi).
+const G_STACK_HI: usize = 8;
+
+/// A goroutine's stack as read in one piece from `base` up.
+struct StackPiece<'a> {
+    base: u64,
+    bytes: &'a [u8],
+}
+
+impl StackPiece<'_> {
+    /// Two adjacent words at `at`, from the piece when it holds them, else
+    /// from the process.
+    fn pair(&self, mem: &Memory, at: u64) -> Option<(u64, u64)> {
+        let inside = at
+            .checked_sub(self.base)
+            .and_then(|off| usize::try_from(off).ok())
+            .filter(|&off| off + 16 <= self.bytes.len());
+        match inside {
+            Some(off) => Some((u64_at(self.bytes, off)?, u64_at(self.bytes, off + 8)?)),
+            None => mem.pair(at),
+        }
+    }
 }
 
 /// The stack of a goroutine parked with `pc`, `sp` and `bp` saved, leaf
@@ -274,18 +387,25 @@ fn read_goroutine(
 /// the goroutine never ran: then its function's entry, and its return
 /// address, into `runtime.goexit`, at `sp`), then the return addresses of
 /// the frame-pointer chain.
-fn walk(mem: &Memory, pc: u64, sp: u64, mut bp: u64, at_entry: bool) -> Vec<u64> {
+fn walk(
+    mem: &Memory,
+    piece: &StackPiece<'_>,
+    pc: u64,
+    sp: u64,
+    mut bp: u64,
+    at_entry: bool,
+) -> Vec<u64> {
     let mut frames = Vec::with_capacity(32);
     if at_entry {
         frames.push(pc);
-        if let Some(ret) = mem.u64(sp) {
+        if let Some((ret, _)) = piece.pair(mem, sp) {
             frames.push(ret);
         }
         return frames;
     }
     frames.push(pc.saturating_sub(1));
     while frames.len() < MAX_FRAMES && bp != 0 {
-        let Some((next, ret)) = mem.pair(bp) else {
+        let Some((next, ret)) = piece.pair(mem, bp) else {
             break;
         };
         if ret == 0 {
@@ -466,16 +586,80 @@ fn code_of<'d>(file: &object::File<'d>, address: u64, size: u64) -> Option<&'d [
     })
 }
 
-/// A process's memory, read through `/proc/PID/mem`.
+/// A process's memory, read through `/proc/PID/mem` and, many pieces at
+/// once, `process_vm_readv`.
 struct Memory {
+    pid: libc::pid_t,
     file: std::fs::File,
 }
+
+/// Pieces per `process_vm_readv` (the kernel's `UIO_MAXIOV`).
+const IOV_MAX: usize = 1024;
 
 impl Memory {
     fn open(tgid: u32) -> Option<Memory> {
         Some(Memory {
+            pid: libc::pid_t::try_from(tgid).ok()?,
             file: std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?,
         })
+    }
+
+    /// Reads every (address, length) of `ranges` into `out`, one after the
+    /// other; returns, per range, whether it was read (a range that was not
+    /// is left zero). The kernel stops a call at the first range it cannot
+    /// read: the rest are asked again.
+    fn read_many(&self, ranges: &[(u64, usize)], out: &mut Vec<u8>) -> Vec<bool> {
+        let total = ranges.iter().map(|r| r.1).sum();
+        out.clear();
+        out.resize(total, 0);
+        let mut ok = vec![false; ranges.len()];
+        let mut starts = Vec::with_capacity(ranges.len());
+        let mut at = 0;
+        for r in ranges {
+            starts.push(at);
+            at += r.1;
+        }
+        let mut next = 0;
+        while next < ranges.len() {
+            let end = (next + IOV_MAX).min(ranges.len());
+            let mut local = Vec::with_capacity(end - next);
+            let mut remote = Vec::with_capacity(end - next);
+            for i in next..end {
+                let (address, len) = ranges[i];
+                local.push(libc::iovec {
+                    // SAFETY: within `out`, which is `total` long.
+                    iov_base: unsafe { out.as_mut_ptr().add(starts[i]) }.cast(),
+                    iov_len: len,
+                });
+                remote.push(libc::iovec {
+                    iov_base: address as *mut libc::c_void,
+                    iov_len: len,
+                });
+            }
+            // SAFETY: every local piece is writable memory of `out`; the
+            // kernel checks the remote ones.
+            let got = unsafe {
+                libc::process_vm_readv(
+                    self.pid,
+                    local.as_ptr(),
+                    local.len() as libc::c_ulong,
+                    remote.as_ptr(),
+                    remote.len() as libc::c_ulong,
+                    0,
+                )
+            };
+            let mut got = usize::try_from(got).unwrap_or(0);
+            let mut i = next;
+            // Whole ranges first: the call stops at a range boundary.
+            while i < end && ranges[i].1 <= got {
+                got -= ranges[i].1;
+                ok[i] = ranges[i].0 >= 4096;
+                i += 1;
+            }
+            // Range i failed (or was cut): skip it.
+            next = i + 1;
+        }
+        ok
     }
 
     fn read(&self, at: u64, buf: &mut [u8]) -> bool {

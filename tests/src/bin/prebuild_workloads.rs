@@ -1,5 +1,6 @@
 //! `prebuild_workloads DIR`: builds every workload of `tests/workloads/`
-//! into DIR under its prebuilt name, as the tests build them, for machines
+//! that the tests may copy (`Workload::is_prebuilt`) into DIR under its
+//! prebuilt name, as the tests build them, for machines
 //! that run the tests without compilers (the kernel matrix's VMs, which
 //! name DIR in `$PROFILERD_TEST_WORKLOADS`).
 
@@ -23,7 +24,7 @@ fn main() -> ExitCode {
         eprintln!("prebuild_workloads: creating {}: {e}", dir.display());
         return ExitCode::FAILURE;
     }
-    for w in Workload::ALL {
+    for w in Workload::ALL.into_iter().filter(|w| w.is_prebuilt()) {
         // Workload::build panics with the compiler's output on failure.
         let exe = w.build(&dir, &w.prebuilt_name());
         println!("{}", exe.display());

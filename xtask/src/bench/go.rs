@@ -37,6 +37,8 @@ struct Mode<'a> {
     /// An empty uprobe at this file offset of the workload instead of the
     /// daemon.
     empty_probe: Option<u64>,
+    /// The daemon's `--interval`.
+    interval: &'a str,
 }
 
 const CPU: Mode<'static> = Mode {
@@ -44,6 +46,7 @@ const CPU: Mode<'static> = Mode {
     work_field: "spins",
     program: "cpu_sample",
     empty_probe: None,
+    interval: "10s",
 };
 
 const BLOCK: Mode<'static> = Mode {
@@ -51,6 +54,15 @@ const BLOCK: Mode<'static> = Mode {
     work_field: "rounds",
     program: "go_park_probe",
     empty_probe: None,
+    interval: "10s",
+};
+
+const GOROUTINE: Mode<'static> = Mode {
+    daemon_args: &["--profiles", "goroutine"],
+    work_field: "goroutines",
+    program: "",
+    empty_probe: None,
+    interval: "1s",
 };
 
 const HEAP: Mode<'static> = Mode {
@@ -58,6 +70,7 @@ const HEAP: Mode<'static> = Mode {
     work_field: "rounds",
     program: "go_heap_probe",
     empty_probe: None,
+    interval: "10s",
 };
 
 /// One profiled or bare run of a workload.
@@ -71,6 +84,10 @@ struct RunFigures {
     bpf_runs: u64,
     /// Samples that carried a label set (profiled runs).
     labeled: u64,
+    /// The daemon's time to build each goroutine profile (ms).
+    goroutine_build_ms: Vec<f64>,
+    /// The workload's own report line.
+    report: String,
 }
 
 pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<String> {
@@ -114,6 +131,62 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
     }
     out += &measure_heap(root, bin, work, seconds, &gos)?;
     out += &measure_channels(root, bin, work, seconds, &gos)?;
+    out += &measure_goroutines(root, bin, work, seconds, &gos)?;
+    Ok(out)
+}
+
+/// Goroutines parked eight calls deep: `go_parked.go` under `profilerd
+/// --pid P --profiles goroutine --interval 1s`, the daemon's time to read
+/// them and build each window's profile, against the program's own
+/// goroutine profile (runtime/pprof, which stops the world for it).
+fn measure_goroutines(
+    root: &Path,
+    bin: &Path,
+    work: &Path,
+    seconds: u64,
+    gos: &[(&str, PathBuf)],
+) -> Result<String> {
+    let mut out = format!(
+        "\nGoroutines: `go_parked.go N` (N goroutines parked eight calls deep, half under \
+         pprof labels) under `profilerd --pid P --profiles goroutine --interval 1s`; the \
+         daemon's time to read the goroutines and build one window's profile (median of \
+         the windows of {ROUNDS} runs), against the program's own `pprof.Lookup(\"goroutine\")\
+         .WriteTo` (median of 5 in each run; the world is stopped meanwhile).\n\n\
+         | Go | goroutines | profilerd: read and build per window (ms) | runtime/pprof in the program (ms) | ratio |\n\
+         |---|---|---|---|---|\n"
+    );
+    for (version, go) in gos {
+        let exe = build(go, root, work, "go_parked.go")?;
+        for n in [1_000u32, 10_000, 100_000] {
+            let (mut built, mut own) = (Vec::new(), Vec::new());
+            for round in 0..ROUNDS {
+                eprintln!(
+                    "bench --go: goroutines, {version}, {n}, round {}",
+                    round + 1
+                );
+                let n = n.to_string();
+                let run = run(&exe, &[&n], Some(bin), &GOROUTINE, work, seconds)?;
+                built.extend(run.goroutine_build_ms);
+                own.extend(
+                    run.report
+                        .split_whitespace()
+                        .find_map(|w| w.strip_prefix("own_profile_us="))
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .map(|us| us / 1e3),
+                );
+            }
+            // Windows that closed after the workload exited read nothing.
+            let largest = built.iter().copied().fold(0.0, f64::max);
+            built.retain(|&ms| ms >= largest / 20.0);
+            let (ours, theirs) = (median(&built), median(&own));
+            out += &format!(
+                "| {version} | {n} | {} | {} | {:.1} |\n",
+                spread(&built),
+                spread(&own),
+                ours / theirs.max(1e-9)
+            );
+        }
+    }
     Ok(out)
 }
 
@@ -314,7 +387,7 @@ fn run(
                 "--pid".to_string(),
                 pid.to_string(),
                 "--interval".into(),
-                "10s".into(),
+                mode.interval.into(),
                 "--output-dir".into(),
                 out.to_string_lossy().into_owned(),
             ];
@@ -360,6 +433,8 @@ fn run(
         bpf_ns: 0.0,
         bpf_runs: 0,
         labeled: 0,
+        goroutine_build_ms: Vec::new(),
+        report: report.clone(),
     };
     if let Some(daemon) = daemon {
         // --pid: the daemon exits once its target is gone.
@@ -379,6 +454,14 @@ fn run(
                     .and_then(|v| v.parse().ok())
             })
             .unwrap_or(0);
+        figures.goroutine_build_ms = log
+            .iter()
+            .filter(|l| l.contains("/goroutine-"))
+            .filter_map(|l| {
+                let (_, after) = l.split_once("built in ")?;
+                after.split_whitespace().next()?.parse().ok()
+            })
+            .collect();
         let _ = fs::remove_dir_all(work.join("go-profiles"));
     }
     Ok(figures)
