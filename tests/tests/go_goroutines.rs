@@ -6,7 +6,7 @@
 //! as built and stripped (`-s -w`: the goroutine list found from the
 //! runtime's code).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, read_profiles};
@@ -37,6 +37,27 @@ fn site(sample: &FlatSample) -> Option<&str> {
         .iter()
         .map(|f| f.function.as_str())
         .find(|name| name.starts_with("main."))
+}
+
+/// Per site, the stacks from the leaf to the site's function (inlined
+/// frames included): Go's own end differently below it (Go leaves out
+/// `runtime.goexit` and the wrappers of `go` statements).
+fn site_stacks(samples: &[FlatSample]) -> BTreeMap<String, BTreeSet<Vec<String>>> {
+    let mut stacks: BTreeMap<String, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for s in samples {
+        let Some(name) = site(s) else {
+            continue;
+        };
+        let to_site: Vec<String> = s
+            .frames
+            .iter()
+            .map(|f| f.function.clone())
+            .take_while(|f| f != name)
+            .chain([name.to_string()])
+            .collect();
+        stacks.entry(name.to_string()).or_default().insert(to_site);
+    }
+    stacks
 }
 
 /// Goroutines per site.
@@ -180,6 +201,16 @@ fn goroutines_agree_with_go_to_the_goroutine() {
                 assert!(
                     reasons.iter().all(|&r| r == want),
                     "{version}: window {i}: {site} has the wait reasons {reasons:?}, Go's dump {want}{diag}"
+                );
+            }
+            // The same stacks as Go's, frame for frame (a stripped
+            // binary's inlined frames from the pclntab's inline tree).
+            let (ours_stacks, go_stacks) = (site_stacks(window), site_stacks(&theirs));
+            for &(site, ..) in &SITES {
+                assert_eq!(
+                    ours_stacks.get(site),
+                    go_stacks.get(site),
+                    "{version}: window {i}: the stacks of {site}, against runtime/pprof's"
                 );
             }
             // Every goroutine but main's is at a site: the runtime's own

@@ -31,7 +31,75 @@ const FUNC_NAMEOFF: usize = 4;
 const FUNC_PCSP: usize = 16;
 const FUNC_PCFILE: usize = 20;
 const FUNC_PCLN: usize = 24;
+const FUNC_NPCDATA: usize = 28;
 const FUNC_CUOFFSET: usize = 32;
+/// The pc-value table (`_PCDATA_InlTreeIndex`) that gives, per pc, the
+/// entry of the inline tree inlined there (-1: none).
+const PCDATA_INL_TREE_INDEX: usize = 2;
+/// The function data (`_FUNCDATA_InlTree`) that is the inline tree.
+const FUNCDATA_INL_TREE: usize = 3;
+/// Levels of inlining followed at most.
+const MAX_INLINE_DEPTH: usize = 32;
+
+/// The data Go's inline trees are in: a binary's `go:func.*` data, from
+/// `runtime.firstmoduledata.gofunc` (each function's tree is an offset
+/// from it).
+pub struct InlineTrees<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> InlineTrees<'a> {
+    /// The inline trees of the Go binary `file`: found through the module
+    /// data, the record (in `.go.module` from Go 1.27, else `.noptrdata`)
+    /// that starts with the pclntab's address and names `gofunc` at an
+    /// offset per release (from the DWARF of go1.19.8, 1.21.13 to 1.26.6
+    /// and 1.27.3; the word before it, `rodata`, is checked to be
+    /// `.rodata`'s address). None for other releases or a layout that does
+    /// not check.
+    pub fn find(file: &object::File<'a>) -> Option<InlineTrees<'a>> {
+        use object::{Object, ObjectSection};
+        let gofunc_at = match crate::model::go_buildinfo::go_release(file)? {
+            18..=19 => 304,
+            20..=26 => 320,
+            27 => 344,
+            _ => return None,
+        };
+        let pclntab = file
+            .section_by_name(".gopclntab")
+            .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?
+            .address();
+        let ro_start = file.section_by_name(".rodata")?.address();
+        // Its own section from Go 1.27, in `.noptrdata` before.
+        let gofunc = [".go.module", ".noptrdata"]
+            .iter()
+            .filter_map(|name| file.section_by_name(name)?.data().ok())
+            .find_map(|module| gofunc_in(module, pclntab, gofunc_at, ro_start))?;
+        // In `.rodata` up to Go 1.26, in the pclntab's section from 1.27.
+        file.sections().find_map(|section| {
+            let from = gofunc.checked_sub(section.address())?;
+            if from >= section.size() {
+                return None;
+            }
+            let data = section.data().ok()?;
+            Some(InlineTrees {
+                data: data.get(usize::try_from(from).ok()?..)?,
+            })
+        })
+    }
+}
+
+/// `gofunc` of the module data in `module` (the record that starts with
+/// the pclntab's address, with `.rodata`'s address just before `gofunc`).
+fn gofunc_in(module: &[u8], pclntab: u64, gofunc_at: usize, ro_start: u64) -> Option<u64> {
+    (0..module.len().saturating_sub(gofunc_at + 7))
+        .step_by(8)
+        .filter(|&at| u64_at(module, at) == Some(pclntab))
+        .find_map(|at| {
+            (u64_at(module, at + gofunc_at - 8)? == ro_start)
+                .then(|| u64_at(module, at + gofunc_at))
+                .flatten()
+        })
+}
 
 /// Where a Go binary's function table is: the section's file offset and
 /// size, and the address of the text its entries are relative to.
@@ -45,6 +113,9 @@ pub struct PclntabSection {
 /// A parsed pclntab over the section's bytes.
 pub struct Pclntab<'a> {
     data: &'a [u8],
+    /// The Go 1.18/1.19 layout (magic 0xfffffff0): a `_func` header of 40
+    /// bytes and 20-byte inline-tree entries, else 44 and 16.
+    old: bool,
     quantum: u64,
     nfunc: usize,
     text_start: u64,
@@ -67,6 +138,7 @@ impl<'a> Pclntab<'a> {
         let header_text = u64_at(data, 24)?;
         let table = Pclntab {
             data,
+            old: magic == MAGIC_118,
             quantum: u64::from(*data.get(6)?).max(1),
             nfunc: word(0)?,
             // The section's text address when the header's is not set
@@ -90,18 +162,55 @@ impl<'a> Pclntab<'a> {
         ordered.then_some(table)
     }
 
-    /// The function whose code holds address `pc` (of the file's address
-    /// space), with its file and line there.
-    pub fn lookup(&self, pc: u64) -> Option<Line> {
-        let (func, start, rel) = self.func_at(pc)?;
+    /// The functions at address `pc`, innermost first: those inlined there
+    /// (from the function's inline tree in `trees`), then the function
+    /// whose code it is; empty when no function holds `pc`.
+    pub fn lookup_inlined(&self, pc: u64, trees: Option<&InlineTrees<'_>>) -> Vec<Line> {
+        let Some((func, start, mut rel)) = self.func_at(pc) else {
+            return Vec::new();
+        };
+        let mut lines = Vec::new();
+        for _ in 0..MAX_INLINE_DEPTH {
+            let (file, line) = self.place(func, start, rel);
+            match trees.and_then(|trees| self.inlined_call(func, start, rel, trees)) {
+                Some((function, parent_pc)) => {
+                    lines.push(Line {
+                        function: function.to_owned(),
+                        file,
+                        line,
+                    });
+                    // The call's place in its caller.
+                    rel = start + parent_pc;
+                }
+                None => break,
+            }
+        }
+        let (file, line) = self.place(func, start, rel);
+        if let Some(function) = self.func_name(func) {
+            lines.push(Line {
+                function: function.to_owned(),
+                file,
+                line,
+            });
+        }
+        lines
+    }
+
+    /// The name of the function of `_func` record `func`.
+    fn func_name(&self, func: usize) -> Option<&'a str> {
         let name_off = usize::try_from(i32_at(self.data, func + FUNC_NAMEOFF)?).ok()?;
-        let function = c_str(self.data, self.funcname + name_off)?;
-        let line = self
-            .pc_value(u32_at(self.data, func + FUNC_PCLN)?, start, rel)
+        c_str(self.data, self.funcname + name_off)
+    }
+
+    /// The file and line at `rel` (an offset from the text start) in the
+    /// function of record `func` starting at `start`.
+    fn place(&self, func: usize, start: u64, rel: u64) -> (Option<String>, u32) {
+        let line = u32_at(self.data, func + FUNC_PCLN)
+            .and_then(|table| self.pc_value(table, start, rel))
             .and_then(|l| u32::try_from(l).ok())
             .unwrap_or(0);
-        let file = self
-            .pc_value(u32_at(self.data, func + FUNC_PCFILE)?, start, rel)
+        let file = u32_at(self.data, func + FUNC_PCFILE)
+            .and_then(|table| self.pc_value(table, start, rel))
             .and_then(|fileno| {
                 let cu_index = u64::from(u32_at(self.data, func + FUNC_CUOFFSET)?)
                     + u64::try_from(fileno).ok()?;
@@ -111,11 +220,42 @@ impl<'a> Pclntab<'a> {
                     off => c_str(self.data, self.filetab + off as usize),
                 }
             });
-        Some(Line {
-            function: function.to_owned(),
-            file: file.map(str::to_owned),
-            line,
-        })
+        (file.map(str::to_owned), line)
+    }
+
+    /// The call inlined at `rel` in the function of record `func`: the
+    /// inlined function's name and the call's offset in its caller (from
+    /// the function's entry); None where nothing is inlined.
+    fn inlined_call(
+        &self,
+        func: usize,
+        start: u64,
+        rel: u64,
+        trees: &InlineTrees<'_>,
+    ) -> Option<(&'a str, u64)> {
+        let header = if self.old { 40 } else { 44 };
+        let npcdata = usize::try_from(u32_at(self.data, func + FUNC_NPCDATA)?).ok()?;
+        let nfuncdata = usize::from(*self.data.get(func + header - 1)?);
+        if npcdata <= PCDATA_INL_TREE_INDEX || nfuncdata <= FUNCDATA_INL_TREE {
+            return None;
+        }
+        let index_table = u32_at(self.data, func + header + 4 * PCDATA_INL_TREE_INDEX)?;
+        let index = usize::try_from(self.pc_value(index_table, start, rel)?).ok()?;
+        let tree = u32_at(
+            self.data,
+            func + header + 4 * npcdata + 4 * FUNCDATA_INL_TREE,
+        )?;
+        if tree == u32::MAX {
+            return None;
+        }
+        // inlinedCall: {parent int16, funcID, _, file, line, func_ (name),
+        // parentPc} in Go 1.18/1.19; {funcID, _ [3], nameOff, parentPc,
+        // startLine} from 1.20.
+        let (size, name_at, parent_at) = if self.old { (20, 12, 16) } else { (16, 4, 8) };
+        let entry = usize::try_from(tree).ok()? + index * size;
+        let name_off = usize::try_from(i32_at(trees.data, entry + name_at)?).ok()?;
+        let parent_pc = u64::try_from(i32_at(trees.data, entry + parent_at)?).ok()?;
+        Some((c_str(self.data, self.funcname + name_off)?, parent_pc))
     }
 
     /// The SP delta at address `pc`: the bytes its function has pushed
@@ -214,25 +354,30 @@ impl<'a> Pclntab<'a> {
 /// Names what it can of `offsets` (file offsets of code, each with its
 /// address in the file's address space) from the pclntab of the Go binary
 /// at `path`; one answer per offset, None where it has none.
-pub fn lookup_file(path: &Path, section: PclntabSection, addrs: &[u64]) -> Vec<Option<Line>> {
-    with_table(path, section, |table| {
-        addrs.iter().map(|&pc| table.lookup(pc)).collect()
+pub fn lookup_file(path: &Path, section: PclntabSection, addrs: &[u64]) -> Vec<Vec<Line>> {
+    with_table(path, section, true, |table, trees| {
+        addrs
+            .iter()
+            .map(|&pc| table.lookup_inlined(pc, trees))
+            .collect()
     })
-    .unwrap_or_else(|| vec![None; addrs.len()])
+    .unwrap_or_else(|| vec![Vec::new(); addrs.len()])
 }
 
 /// The SP delta ([`Pclntab::sp_delta`]) at address `pc` of the Go binary
 /// at `path`.
 pub fn sp_delta_in_file(path: &Path, section: PclntabSection, pc: u64) -> Option<u64> {
-    with_table(path, section, |table| table.sp_delta(pc))?
+    with_table(path, section, false, |table, _| table.sp_delta(pc))?
 }
 
-/// Runs `read` over the pclntab of the file at `path`; None when the file
-/// or its table cannot be read.
+/// Runs `read` over the pclntab of the file at `path` (and its inline
+/// trees, when wanted and found); None when the file or its table cannot
+/// be read.
 fn with_table<T>(
     path: &Path,
     section: PclntabSection,
-    read: impl FnOnce(&Pclntab<'_>) -> T,
+    want_trees: bool,
+    read: impl FnOnce(&Pclntab<'_>, Option<&InlineTrees<'_>>) -> T,
 ) -> Option<T> {
     let file = std::fs::File::open(path).ok()?;
     // SAFETY: a read-only private mapping of an executable file, which
@@ -242,7 +387,13 @@ fn with_table<T>(
     let start = usize::try_from(section.offset).ok()?;
     let len = usize::try_from(section.size).ok()?;
     let data = map.get(start..start.saturating_add(len))?;
-    Some(read(&Pclntab::parse(data, section.text_addr)?))
+    let table = Pclntab::parse(data, section.text_addr)?;
+    let file = match want_trees {
+        true => object::File::parse(&*map).ok(),
+        false => None,
+    };
+    let trees = file.as_ref().and_then(InlineTrees::find);
+    Some(read(&table, trees.as_ref()))
 }
 
 fn u32_at(data: &[u8], at: usize) -> Option<u32> {
@@ -340,16 +491,28 @@ mod tests {
     fn names_file_and_line_of_each_function() {
         let data = table_bytes();
         let t = Pclntab::parse(&data, 0).expect("a 1.20 table");
-        let a = t.lookup(0x1005).expect("in main.a");
+        let a = t.lookup_inlined(0x1005, None).pop().expect("in main.a");
         assert_eq!(
             (a.function.as_str(), a.file.as_deref(), a.line),
             ("main.a", Some("/src/main.go"), 10)
         );
-        assert_eq!(t.lookup(0x1020).expect("in main.a").line, 12);
-        let b = t.lookup(0x1040).expect("main.b starts");
+        assert_eq!(
+            t.lookup_inlined(0x1020, None)
+                .pop()
+                .expect("in main.a")
+                .line,
+            12
+        );
+        let b = t.lookup_inlined(0x1040, None).pop().expect("main.b starts");
         assert_eq!(b.function, "main.b");
-        assert!(t.lookup(0x1080).is_none(), "past the last function");
-        assert!(t.lookup(0xfff).is_none(), "before the text");
+        assert!(
+            t.lookup_inlined(0x1080, None).pop().is_none(),
+            "past the last function"
+        );
+        assert!(
+            t.lookup_inlined(0xfff, None).pop().is_none(),
+            "before the text"
+        );
     }
 
     #[test]

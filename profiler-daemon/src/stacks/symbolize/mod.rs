@@ -448,10 +448,10 @@ impl Symbolizer {
                 true => Vec::new(),
                 false => go_pclntab::lookup_file(&path, section, &addrs),
             };
-            for (&(i, _), line) in missed.iter().zip(named) {
-                if let Some(line) = line {
+            for (&(i, _), lines) in missed.iter().zip(named) {
+                if !lines.is_empty() {
                     self.stats.go_pclntab += 1;
-                    results[i] = Some(Arc::from([line]));
+                    results[i] = Some(Arc::from(lines));
                 }
             }
         }
