@@ -22,9 +22,10 @@ const GO_TOLERANCE: f64 = 0.15;
 /// program's own count; sites with fewer samples get four standard
 /// deviations of their sample count.
 const TRUTH_TOLERANCE: f64 = 0.15;
-/// The rate the unstripped builds set (`runtime.MemProfileRate`).
+/// The rate the stripped builds set (`runtime.MemProfileRate`, found in
+/// their code: they have no symbol table), and the builds of the A/B.
 const SET_RATE: u64 = 128 * 1024;
-/// Go's default `MemProfileRate`, which the stripped builds keep.
+/// Go's default `MemProfileRate`, which the unstripped builds keep.
 const DEFAULT_RATE: u64 = 512 * 1024;
 
 /// A site of go_heap.go: its function, the report field with its bytes,
@@ -79,8 +80,8 @@ fn go_heap_agrees_with_go_and_with_the_program() {
     let tmp = temp_dir();
     for (version, go) in go_versions() {
         for (workload, rate) in [
-            (Workload::GoHeap, SET_RATE),
-            (Workload::GoHeapStripped, DEFAULT_RATE),
+            (Workload::GoHeap, DEFAULT_RATE),
+            (Workload::GoHeapStripped, SET_RATE),
         ] {
             let what = format!("{version} {workload:?}");
             let tag = what.replace(' ', "_");
@@ -168,6 +169,12 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path, config: Option<&Path
     assert!(
         go_samples > 0,
         "{what}: no allocation of the Go runtime recorded{diag}"
+    );
+    // The program's own rate was read, not Go's default assumed.
+    assert_eq!(
+        daemon.summary_field("go_rates_assumed"),
+        0,
+        "{what}: windows rescaled by an assumed MemProfileRate{diag}"
     );
     // Frees are told by the special record's kind unless that is off.
     let at_profile_free = daemon.summary_field("go_frees_at_profile_free");

@@ -7,11 +7,13 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
 use crate::model::go_buildinfo;
+use crate::model::go_pclntab::Pclntab;
+use crate::procs::go_code;
 
 /// `g.m`, the same in every release read.
 const G_M: u16 = 48;
@@ -67,29 +69,55 @@ pub fn runtime_layout(minor: u32) -> GoRuntime {
 /// on average.
 pub const DEFAULT_MEM_PROFILE_RATE: u64 = 512 * 1024;
 
+/// Where executables keep `runtime.MemProfileRate` (an address in the
+/// file's space, and the file's first segment's), by (device, inode):
+/// each is read once.
+pub type RateAddresses = foldhash::HashMap<(u64, u64), Option<(u64, u64)>>;
+
+/// Executables whose rate's address is kept (emptied when full).
+const RATE_ADDRESSES_KEPT: usize = 256;
+
 /// The `runtime.MemProfileRate` Go process `tgid` samples its allocations
-/// by now, read from its memory at the variable's address in the
-/// executable's symbol table; None when the executable has none
-/// (stripped) or the process cannot be read.
-pub fn mem_profile_rate(tgid: u32) -> Option<u64> {
-    let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
-    let cache = object::ReadCache::new(exe);
-    let file = object::File::parse(&cache).ok()?;
-    let address = file
-        .symbols()
-        .find(|s| s.name() == Ok("runtime.MemProfileRate"))?
-        .address();
-    let address = address.checked_add(load_bias(tgid, &file)?)?;
+/// by now, read from its memory at the variable's address: from the
+/// executable's symbol table, or in a stripped one from the runtime's
+/// code (`go_code::mem_profile_rate`). None when neither gives it or the
+/// process cannot be read.
+pub fn mem_profile_rate(tgid: u32, known: &mut RateAddresses) -> Option<u64> {
+    let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
+    if known.len() >= RATE_ADDRESSES_KEPT {
+        known.clear();
+    }
+    let (address, first) = (*known
+        .entry((exe.dev(), exe.ino()))
+        .or_insert_with(|| rate_address(tgid)))?;
+    let address = address.checked_add(load_bias_of(tgid, first)?)?;
     let mem = std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?;
     let mut word = [0u8; 8];
     std::os::unix::fs::FileExt::read_exact_at(&mem, &mut word, address).ok()?;
     u64::try_from(i64::from_le_bytes(word)).ok()
 }
 
-/// What process `tgid` added to its executable's addresses when it mapped
-/// it: 0 for Go's default (not position-independent) executables.
-fn load_bias<'d, R: object::ReadRef<'d>>(tgid: u32, file: &object::File<'d, R>) -> Option<u64> {
-    load_bias_of(tgid, first_segment(file)?)
+/// `runtime.MemProfileRate`'s address in process `tgid`'s executable, and
+/// the executable's first segment's.
+fn rate_address(tgid: u32) -> Option<(u64, u64)> {
+    let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
+    // SAFETY: a read-only private mapping of an executable file, which is
+    // replaced rather than rewritten while mapped.
+    let map = unsafe { memmap2::Mmap::map(&exe) }.ok()?;
+    let file = object::File::parse(&*map).ok()?;
+    let address = file
+        .symbols()
+        .find(|s| s.name() == Ok("runtime.MemProfileRate"))
+        .map(|s| s.address())
+        .or_else(|| {
+            let section = file
+                .section_by_name(".gopclntab")
+                .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?;
+            let text = file.section_by_name(".text").map_or(0, |t| t.address());
+            let table = Pclntab::parse(section.data().ok()?, text)?;
+            go_code::mem_profile_rate(&file, &table)
+        })?;
+    Some((address, first_segment(&file)?))
 }
 
 /// The address of the segment that maps the start of `file`.
@@ -101,7 +129,9 @@ pub(crate) fn first_segment<'d, R: object::ReadRef<'d>>(file: &object::File<'d, 
     )
 }
 
-/// As [`load_bias`], given the address of the executable's first segment.
+/// What process `tgid` added to its executable's addresses when it mapped
+/// it (0 for Go's default, not position-independent, executables), given
+/// the address of the executable's first segment.
 pub(crate) fn load_bias_of(tgid: u32, first: u64) -> Option<u64> {
     let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
     let maps = Process::new(tgid as i32).ok()?.maps().ok()?;

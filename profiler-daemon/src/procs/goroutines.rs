@@ -20,13 +20,13 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 
 use foldhash::HashMap;
-use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
 use object::{Object, ObjectSection, ObjectSymbol};
 use profiler_common::go_labels_form;
 
 use crate::model::go_buildinfo;
 use crate::model::go_pclntab::Pclntab;
 use crate::model::text::display_name;
+use crate::procs::go_code;
 use crate::procs::go_runtime::{first_segment, load_bias_of, runtime_layout};
 
 /// Goroutines read at most per process and window; the rest are counted
@@ -535,7 +535,7 @@ fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
         .symbols()
         .find(|s| s.name() == Ok("runtime.allgs"))
         .map(|s| s.address())
-        .or_else(|| allgs_from_code(&file, &table))
+        .or_else(|| go_code::allgs(&file, &table))
         .ok_or(Unread::NoGoroutineList)?;
     let mut runtime_starts: Vec<u64> = table
         .functions()
@@ -550,40 +550,6 @@ fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
         first_segment: first_segment(&file).ok_or(Unread::NotGo)?,
         runtime_starts,
     }))
-}
-
-/// `runtime.allgs` in a binary without a symbol table: `runtime.forEachG`
-/// loads the slice's pointer and its length, two adjacent words, by
-/// RIP-relative moves (go1.19 to 1.27); the first such pair is the slice.
-fn allgs_from_code(file: &object::File<'_>, table: &Pclntab<'_>) -> Option<u64> {
-    let (entry, size) = table.function_named("runtime.forEachG")?;
-    let code = code_of(file, entry, size)?;
-    let mut loads = Vec::new();
-    let mut decoder = Decoder::with_ip(64, code, entry, DecoderOptions::NONE);
-    while decoder.can_decode() {
-        let instruction = decoder.decode();
-        if instruction.mnemonic() == Mnemonic::Mov
-            && instruction.op_count() == 2
-            && instruction.op1_kind() == OpKind::Memory
-            && instruction.memory_base() == Register::RIP
-        {
-            loads.push(instruction.ip_rel_memory_address());
-        }
-    }
-    loads.iter().copied().find(|&at| loads.contains(&(at + 8)))
-}
-
-/// The bytes of the code at `address`, `size` long, from the file.
-fn code_of<'d>(file: &object::File<'d>, address: u64, size: u64) -> Option<&'d [u8]> {
-    file.sections().find_map(|section| {
-        let start = section.address();
-        if address < start || address + size > start + section.size() {
-            return None;
-        }
-        let data = section.data().ok()?;
-        let from = usize::try_from(address - start).ok()?;
-        data.get(from..from + usize::try_from(size).ok()?)
-    })
 }
 
 /// A process's memory, read through `/proc/PID/mem` and, many pieces at

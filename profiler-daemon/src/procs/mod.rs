@@ -5,6 +5,7 @@
 //! a Go process's memory (`goroutines`).
 
 pub mod environment;
+pub(crate) mod go_code;
 pub(crate) mod go_runtime;
 pub(crate) mod goroutines;
 mod lineage;

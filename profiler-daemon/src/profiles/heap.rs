@@ -70,6 +70,8 @@ pub struct HeapTable {
     /// The identities of allocations the Go runtime sampled (by its own
     /// rate), not profilerd's allocator probes.
     go_runtime: HashSet<Arc<SampleId>>,
+    /// Where Go executables keep their `MemProfileRate`.
+    go_rate_addresses: go_runtime::RateAddresses,
     /// Frees of addresses the table did not know (their allocation was
     /// lost, or made before the probes were attached).
     pub unknown_frees: u64,
@@ -311,7 +313,7 @@ pub(crate) fn build_heap_profile(
 /// `MemProfileRate`, or Go's default where that cannot be read (a stripped
 /// executable), counted in `go_rates_assumed`.
 fn go_mem_profile_rate(heap: &mut HeapTable, tgid: u32) -> u64 {
-    go_runtime::mem_profile_rate(tgid).unwrap_or_else(|| {
+    go_runtime::mem_profile_rate(tgid, &mut heap.go_rate_addresses).unwrap_or_else(|| {
         heap.go_rates_assumed += 1;
         go_runtime::DEFAULT_MEM_PROFILE_RATE
     })

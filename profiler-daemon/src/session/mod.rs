@@ -535,6 +535,7 @@ impl Session {
             &self.probes,
             &self.window.cpu.go_labels,
             self.goroutines.stats,
+            self.heap.go_rates_assumed,
         );
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);

@@ -108,12 +108,18 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 /// The Go line of the exit summary: labels, allocations the Go runtime
 /// sampled, goroutine parks the block profile left out, and goroutines
 /// read for the goroutine profile.
-pub(crate) fn log_go_summary(probes: &Probes, go_labels: &GoLabelSets, goroutines: GoroutineStats) {
+pub(crate) fn log_go_summary(
+    probes: &Probes,
+    go_labels: &GoLabelSets,
+    goroutines: GoroutineStats,
+    go_rates_assumed: u64,
+) {
     let c = probes.counters();
     tracing::info!(target: "profilerd::session",
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
+        go_rates_assumed,
         go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
             .load(std::sync::atomic::Ordering::Relaxed),
         go_runtime_futexes = crate::profiles::waits::GO_RUNTIME_FUTEXES
