@@ -172,11 +172,24 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             delay_of(&ours_mutex, "main.holdLock"),
             delay_of(&theirs_mutex, "main.holdLock"),
         );
-        let through_unlock: i64 = ours_mutex
-            .iter()
-            .filter(|s| s.has_function("main.holdLock") && s.has_function("sync.(*Mutex).Unlock"))
-            .map(|s| s.values[1])
-            .sum();
+        // Starting at sync.(*Mutex).Unlock, as Go's own samples start.
+        let at_unlock = |samples: &[FlatSample]| -> i64 {
+            samples
+                .iter()
+                .filter(|s| {
+                    s.has_function("main.holdLock")
+                        && s.frames.first().map(|f| f.function.as_str())
+                            == Some("sync.(*Mutex).Unlock")
+                })
+                .map(|s| s.values[1])
+                .sum()
+        };
+        let (through_unlock, go_through_unlock) =
+            (at_unlock(&ours_mutex), at_unlock(&theirs_mutex));
+        assert!(
+            go_through_unlock as f64 >= 0.99 * go_unlock as f64,
+            "{version}: runtime/pprof's mutex samples at main.holdLock start at sync.(*Mutex).Unlock for {go_through_unlock} of {go_unlock}"
+        );
         let unlock_labeled = reason_share(&ours_mutex, "main.holdLock", lock_reason);
         let mutex_diag = format!(
             "\n{}\n{}",
@@ -184,7 +197,7 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             daemon.describe()
         );
         println!(
-            "{version}: mutex delay at main.holdLock profilerd {unlock} runtime/pprof {go_unlock}; through sync.(*Mutex).Unlock {through_unlock}; {unlock_labeled:.3} labeled {lock_reason}; {} runtime futexes left out",
+            "{version}: mutex delay at main.holdLock profilerd {unlock} runtime/pprof {go_unlock}; starting at sync.(*Mutex).Unlock {through_unlock}; {unlock_labeled:.3} labeled {lock_reason}; {} runtime futexes left out",
             daemon.summary_field("go_runtime_futexes")
         );
         assert!(
@@ -195,7 +208,7 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         // binary has its frame from the pclntab's inline tree.
         assert!(
             through_unlock as f64 >= 0.99 * unlock as f64 && unlock_labeled >= 0.99,
-            "{version}: of main.holdLock's mutex delay {unlock}, {through_unlock} through sync.(*Mutex).Unlock and {unlock_labeled:.3} labeled {lock_reason}{mutex_diag}"
+            "{version}: of main.holdLock's mutex delay {unlock}, {through_unlock} starting at sync.(*Mutex).Unlock and {unlock_labeled:.3} labeled {lock_reason}{mutex_diag}"
         );
     }
 }

@@ -181,6 +181,36 @@ pub(crate) fn hide_go_runtime(frames: &mut Vec<Frame>) {
     }
 }
 
+/// Drops, at the leaf end of a goroutine's release of a sync.Mutex or
+/// sync.RWMutex waiter, the sync package's own release path (its
+/// semaphore call, the slow unlock, and from Go 1.24 the `internal/sync`
+/// mutex under `sync.Mutex`), inlined lines included, so that the sample
+/// starts at the exported method the program called
+/// (`sync.(*Mutex).Unlock`), as Go's mutex profile starts it.
+pub(crate) fn hide_sync_release(frames: &mut Vec<Frame>) {
+    let internal = |line: &Line| {
+        let name = line.function.as_str();
+        name.starts_with("internal/sync.")
+            || name.starts_with("sync.runtime_")
+            || name.ends_with(").unlockSlow")
+            || name.ends_with(").rUnlockSlow")
+    };
+    while let Some(first) = frames.first() {
+        let inner = first.lines.iter().take_while(|l| internal(l)).count();
+        if inner == 0 {
+            break;
+        }
+        if inner == first.lines.len() {
+            frames.remove(0);
+            continue;
+        }
+        // Lines are innermost first: the frame keeps its callers' lines.
+        let kept: Vec<Line> = first.lines[inner..].to_vec();
+        frames[0].lines = Arc::from(kept);
+        break;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -230,6 +260,50 @@ mod tests {
         // The outermost of inlined lines decides.
         assert!(is_stack_root(&frame(&["inlined_helper", "start_thread"])));
         assert!(!is_stack_root(&frame(&[])));
+    }
+
+    #[test]
+    fn a_goroutine_release_starts_at_the_exported_unlock() {
+        let names = |frames: &[Frame]| -> Vec<Vec<String>> {
+            frames
+                .iter()
+                .map(|f| f.lines.iter().map(|l| l.function.clone()).collect())
+                .collect()
+        };
+        // Go 1.27: the internal mutex inlined under sync's.
+        let mut frames = vec![
+            frame(&["internal/sync.runtime_Semrelease"]),
+            frame(&["internal/sync.(*Mutex).unlockSlow"]),
+            frame(&[
+                "internal/sync.(*Mutex).Unlock",
+                "sync.(*Mutex).Unlock",
+                "main.holdLock",
+            ]),
+            frame(&["main.main"]),
+        ];
+        hide_sync_release(&mut frames);
+        assert_eq!(
+            names(&frames),
+            [
+                vec!["sync.(*Mutex).Unlock", "main.holdLock"],
+                vec!["main.main"]
+            ]
+        );
+        // Go 1.19.
+        let mut frames = vec![
+            frame(&["sync.runtime_Semrelease"]),
+            frame(&["sync.(*Mutex).unlockSlow"]),
+            frame(&["sync.(*Mutex).Unlock", "main.holdLock"]),
+        ];
+        hide_sync_release(&mut frames);
+        assert_eq!(
+            names(&frames),
+            [vec!["sync.(*Mutex).Unlock", "main.holdLock"]]
+        );
+        // Nothing of the sync package: unchanged.
+        let mut frames = vec![frame(&["main.f"])];
+        hide_sync_release(&mut frames);
+        assert_eq!(names(&frames), [vec!["main.f"]]);
     }
 
     #[test]

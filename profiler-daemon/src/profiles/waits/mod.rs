@@ -31,7 +31,8 @@ use crate::profiles::records::{
 };
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
-    hide_go_runtime, is_tracing_frame, prefetch_user_stack, push_stack, sample_labels,
+    hide_go_runtime, hide_sync_release, is_tracing_frame, prefetch_user_stack, push_stack,
+    sample_labels,
 };
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::unwind::Unwinder;
@@ -339,9 +340,10 @@ pub(crate) fn build_wait_profile(
         }
         if kind == ProfileKind::Mutex && id.go_wait != 0 {
             // A goroutine's release, recorded inside the runtime's
-            // semaphore code: from the sync package's frames on, as Go's
+            // semaphore code: from the exported sync method on, as Go's
             // mutex profile shows it.
             hide_go_runtime(&mut frames);
+            hide_sync_release(&mut frames);
         }
         let mut labels = sample_labels(settings, procs, id);
         if id.go_wait != 0 {
