@@ -195,6 +195,8 @@ pub struct Probes {
     go_programs: ProgramArray<MapData>,
     /// Whether `go_sample` is loaded (or failed to, said once).
     go_sample_tried: bool,
+    /// Whether Go processes' labels are read (`[debug] go_labels`).
+    go_labels: bool,
     possible_cpus: usize,
     proc_events: Option<Ring>,
     stack_samples: Option<Ring>,
@@ -456,6 +458,7 @@ impl Probes {
             go_label_sets,
             go_programs,
             go_sample_tried: false,
+            go_labels: config.stack_switches.go_labels,
             possible_cpus,
             proc_events: Some(proc_events),
             stack_samples: Some(stack_samples),
@@ -761,7 +764,10 @@ impl Probes {
     /// pointers instead of sending stack copies; `process` gives the range
     /// of its executable's code, for the words a leaf's caller may be in
     /// (`SampleKey::leaf_words`).
-    pub fn mark_frame_pointer_process(&mut self, tgid: u32, process: FpProcess) {
+    pub fn mark_frame_pointer_process(&mut self, tgid: u32, mut process: FpProcess) {
+        if !self.go_labels {
+            process.go.labels_form = profiler_common::go_labels_form::NONE;
+        }
         if let Err(e) = self.fp_processes.insert(tgid, process, 0) {
             tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
         }

