@@ -1,6 +1,5 @@
 //! The pprof labels of the goroutine a Go thread runs, read at a CPU sample
-//! as Go's own profiler reads them (and those of a parked goroutine that
-//! is readied, for its block sample): the goroutine in R14 (where Go code
+//! as Go's own profiler reads them: the goroutine in R14 (where Go code
 //! keeps it), its M, the M's current goroutine (`m.curg`, the one a
 //! system-stack sample is charged to), and that goroutine's `labels`.
 //! Offsets and the labels' form come from the daemon per process
@@ -103,26 +102,7 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
     if curg_m != m {
         return None;
     }
-    let id = label_set_at(go, curg)?;
-    count(counter::GO_LABELED_SAMPLES);
-    Some(id)
-}
-
-/// The id of the label set of goroutine `g` (a `*g` the runtime passed, of
-/// a goroutine parked or about to run), recording the set's text if it is
-/// new; 0 when it has none or it cannot be read.
-#[inline(always)]
-pub(crate) fn goroutine_label_set(go: &GoRuntime, g: u64) -> u64 {
-    if go.labels_form == go_labels_form::NONE {
-        return 0;
-    }
-    label_set_at(go, g).unwrap_or(0)
-}
-
-/// The label set of goroutine `g` (see `try_label_set`).
-#[inline(always)]
-fn label_set_at(go: &GoRuntime, g: u64) -> Option<u64> {
-    let labels: u64 = read(g.wrapping_add(u64::from(go.g_labels)))?;
+    let labels: u64 = read(curg.wrapping_add(u64::from(go.g_labels)))?;
     if labels == 0 {
         return None;
     }
@@ -150,6 +130,7 @@ fn label_set_at(go: &GoRuntime, g: u64) -> Option<u64> {
         return None;
     }
     let id = id.max(1);
+    count(counter::GO_LABELED_SAMPLES);
     // SAFETY: presence check only.
     if unsafe { GO_LABEL_SETS.get(id).is_none() } {
         record(scratch, cut);
