@@ -47,7 +47,7 @@ pub struct StackSwitches {
     /// also probing `runtime.mProf_Free`: the same frees for one probe
     /// fewer. Not a stack optimization either.
     pub go_special_kinds: bool,
-    /// Go goroutines' pprof labels are read at CPU and block samples. A
+    /// Go goroutines' pprof labels are read at CPU samples. A
     /// feature, not an optimization: switched off only to measure what
     /// reading them costs (`cargo xtask bench --go`).
     pub go_labels: bool,

@@ -37,8 +37,12 @@ pub const MAX_FRAMES: usize = 128;
 /// Labels read at most per goroutine, and bytes per key or value.
 const MAX_LABELS: usize = 64;
 const MAX_LABEL_BYTES: usize = 1024;
-/// Executables whose facts are kept (the table is emptied when full).
+/// Go executables whose facts are kept (the table is emptied when full):
+/// a few KiB each (their runtime functions' entries).
 const EXECUTABLES_KEPT: usize = 256;
+/// Executables known not to be Go (16 bytes each; emptied when full), so
+/// that a node's other software is looked at once, not every window.
+const NOT_GO_KEPT: usize = 16_384;
 
 /// `_Gscan`: set on a status while the collector scans the goroutine.
 const G_SCAN: u32 = 0x1000;
@@ -148,9 +152,11 @@ pub struct GoroutineStats {
     pub read: u64,
     /// Goroutines beyond [`MAX_GOROUTINES`], or whose `g` could not be read.
     pub not_read: u64,
-    /// Go processes of a release whose layout is not known.
+    /// Windows in which a Go process went unread: its release's layout is
+    /// not known.
     pub unknown_release: u64,
-    /// Go processes whose goroutine list was not found.
+    /// Windows in which a Go process went unread: its goroutine list was
+    /// not found.
     pub no_goroutine_list: u64,
 }
 
@@ -173,6 +179,7 @@ struct Executable {
 #[derive(Default)]
 pub struct GoroutineReader {
     executables: HashMap<(u64, u64), Result<Arc<Executable>, Unread>>,
+    not_go: foldhash::HashSet<(u64, u64)>,
     pub stats: GoroutineStats,
 }
 
@@ -181,14 +188,32 @@ impl GoroutineReader {
     /// with the minor number of the Go release that built it.
     pub fn read(&mut self, tgid: u32) -> Result<(u32, Vec<Goroutine>), Unread> {
         let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).map_err(|_| Unread::Gone)?;
-        if self.executables.len() >= EXECUTABLES_KEPT {
-            self.executables.clear();
+        let key = (meta.dev(), meta.ino());
+        if self.not_go.contains(&key) {
+            return Err(Unread::NotGo);
         }
-        let exe = self
-            .executables
-            .entry((meta.dev(), meta.ino()))
-            .or_insert_with(|| read_executable(tgid))
-            .clone();
+        let exe = match self.executables.get(&key) {
+            Some(exe) => exe.clone(),
+            None => {
+                let exe = read_executable(tgid);
+                // Gone before its file was read: nothing learnt of it.
+                if exe.as_ref().err() == Some(&Unread::Gone) {
+                    return Err(Unread::Gone);
+                }
+                if exe.as_ref().err() == Some(&Unread::NotGo) {
+                    if self.not_go.len() >= NOT_GO_KEPT {
+                        self.not_go.clear();
+                    }
+                    self.not_go.insert(key);
+                    return Err(Unread::NotGo);
+                }
+                if self.executables.len() >= EXECUTABLES_KEPT {
+                    self.executables.clear();
+                }
+                self.executables.insert(key, exe.clone());
+                exe
+            }
+        };
         let exe = match exe {
             Ok(exe) => exe,
             Err(why) => {
@@ -511,10 +536,10 @@ fn map_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
 
 /// The facts of process `tgid`'s executable.
 fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
-    let file = std::fs::File::open(format!("/proc/{tgid}/exe")).map_err(|_| Unread::NotGo)?;
+    let file = std::fs::File::open(format!("/proc/{tgid}/exe")).map_err(|_| Unread::Gone)?;
     // SAFETY: a read-only private mapping of an executable file, which is
     // replaced rather than rewritten while mapped.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|_| Unread::NotGo)?;
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|_| Unread::Gone)?;
     let file = object::File::parse(&*map).map_err(|_| Unread::NotGo)?;
     if !go_buildinfo::is_go(&file) {
         return Err(Unread::NotGo);
@@ -691,6 +716,10 @@ mod tests {
     fn a_process_that_is_not_go_is_said_so() {
         let mut reader = GoroutineReader::default();
         assert_eq!(reader.read(std::process::id()).err(), Some(Unread::NotGo));
+        // Remembered as not Go, apart from the Go executables' facts.
+        assert_eq!((reader.not_go.len(), reader.executables.len()), (1, 0));
+        assert_eq!(reader.read(std::process::id()).err(), Some(Unread::NotGo));
         assert_eq!(reader.read(u32::MAX - 1).err(), Some(Unread::Gone));
+        assert_eq!((reader.not_go.len(), reader.executables.len()), (1, 0));
     }
 }
