@@ -64,10 +64,7 @@ impl<'a> InlineTrees<'a> {
             27 => 344,
             _ => return None,
         };
-        let pclntab = file
-            .section_by_name(".gopclntab")
-            .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?
-            .address();
+        let pclntab = pclntab_section(file)?.address();
         let ro_start = file.section_by_name(".rodata")?.address();
         // Its own section from Go 1.27, in `.noptrdata` before.
         let gofunc = [".go.module", ".noptrdata"]
@@ -126,7 +123,21 @@ pub struct Pclntab<'a> {
     pcln: usize,
 }
 
+/// The section of the Go binary `file` that holds its pclntab.
+fn pclntab_section<'a, 'f>(file: &'f object::File<'a>) -> Option<object::Section<'a, 'f>> {
+    use object::Object;
+    file.section_by_name(".gopclntab")
+        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
+}
+
 impl<'a> Pclntab<'a> {
+    /// The pclntab of the Go binary `file`, relative to its `.text`.
+    pub fn of_file(file: &object::File<'a>) -> Option<Pclntab<'a>> {
+        use object::{Object, ObjectSection};
+        let text = file.section_by_name(".text").map_or(0, |t| t.address());
+        Pclntab::parse(pclntab_section(file)?.data().ok()?, text)
+    }
+
     /// Parses the header of a pclntab section; None for a layout it does
     /// not read or a header that does not fit the section.
     pub fn parse(data: &'a [u8], text_addr: u64) -> Option<Pclntab<'a>> {

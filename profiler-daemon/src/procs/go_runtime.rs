@@ -7,7 +7,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSegment, ObjectSymbol};
 use procfs::process::{MMPermissions, MMapPath, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
@@ -109,14 +109,7 @@ fn rate_address(tgid: u32) -> Option<(u64, u64)> {
         .symbols()
         .find(|s| s.name() == Ok("runtime.MemProfileRate"))
         .map(|s| s.address())
-        .or_else(|| {
-            let section = file
-                .section_by_name(".gopclntab")
-                .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?;
-            let text = file.section_by_name(".text").map_or(0, |t| t.address());
-            let table = Pclntab::parse(section.data().ok()?, text)?;
-            go_code::mem_profile_rate(&file, &table)
-        })?;
+        .or_else(|| go_code::mem_profile_rate(&file, &Pclntab::of_file(&file)?))?;
     Some((address, first_segment(&file)?))
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::sync::Arc;
 
 use foldhash::HashMap;
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSymbol};
 use profiler_common::go_labels_form;
 
 use crate::model::go_buildinfo;
@@ -546,16 +546,7 @@ fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
     }
     let release = go_buildinfo::go_release(&file).ok_or(Unread::UnknownRelease)?;
     let layout = goroutine_layout(release).ok_or(Unread::UnknownRelease)?;
-    let section = file
-        .section_by_name(".gopclntab")
-        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))
-        .ok_or(Unread::NoGoroutineList)?;
-    let text = file.section_by_name(".text").map_or(0, |t| t.address());
-    let table = section
-        .data()
-        .ok()
-        .and_then(|data| Pclntab::parse(data, text))
-        .ok_or(Unread::NoGoroutineList)?;
+    let table = Pclntab::of_file(&file).ok_or(Unread::NoGoroutineList)?;
     let allgs = file
         .symbols()
         .find(|s| s.name() == Ok("runtime.allgs"))

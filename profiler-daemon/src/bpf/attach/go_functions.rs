@@ -4,7 +4,7 @@
 //! (`-ldflags='-s -w'`) keeps. Used by the park points of block profiles
 //! and the sampled-allocation points of heap profiles.
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use crate::bpf::attach::placement;
 use crate::bpf::uprobes::ProbePoints;
@@ -24,11 +24,7 @@ pub(crate) fn functions(file: &object::File<'_>, names: &[&str]) -> Option<Vec<(
     if by_symbol.is_some() {
         return by_symbol;
     }
-    let section = file
-        .section_by_name(".gopclntab")
-        .or_else(|| file.section_by_name(".data.rel.ro.gopclntab"))?;
-    let text = file.section_by_name(".text").map_or(0, |t| t.address());
-    let table = Pclntab::parse(section.data().ok()?, text)?;
+    let table = Pclntab::of_file(file)?;
     names
         .iter()
         .map(|name| table.function_named(name))
