@@ -325,6 +325,9 @@ fn in_user_mode(ctx: &PerfEventContext) -> bool {
     cs & 3 == 3
 }
 
+/// Frames hashed per step of [`record_stack`]'s loop.
+const HASH_STEP: usize = 8;
+
 /// Records the current user (`flags` = BPF_F_USER_STACK) or kernel stack
 /// and returns its hash, or STACK_NONE / STACK_LOST.
 #[inline(always)]
@@ -366,13 +369,29 @@ fn record_stack(
     let len = (bytes as usize / 8).min(MAX_STACK_DEPTH);
     buf.len = len as u64;
     // FxHash-style mixing of every frame; 64 bits keep collisions between
-    // the few thousand stacks of a window improbable.
+    // the few thousand stacks of a window improbable. Eight frames per
+    // step, those past the end masked to zero without a branch: a branch
+    // per frame had the verifier walk the loop once per possible length
+    // (14,000 of cpu_sample's 16,600 checked instructions, 10 ms of its
+    // load); per step of eight it walks it 16 times.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325 ^ len as u64;
-    for i in 0..MAX_STACK_DEPTH {
-        if i >= len {
+    // The length read back through the stack, so that LLVM knows nothing
+    // of its range and keeps the mask below as arithmetic: knowing it, it
+    // turns the mask into a comparison, which BPF has only as a branch.
+    // SAFETY: a local.
+    let opaque_len = unsafe { core::ptr::read_volatile(&(len as u64)) };
+    for step in 0..MAX_STACK_DEPTH.div_ceil(HASH_STEP) {
+        let first = step * HASH_STEP;
+        if first >= len {
             break;
         }
-        hash = (hash.rotate_left(5) ^ buf.ips[i]).wrapping_mul(0x517c_c1b7_2722_0a95);
+        for i in first..first + HASH_STEP {
+            // All ones for a frame of the stack (i < len: the difference
+            // wraps), zero past its end.
+            let keep = 0u64.wrapping_sub((i as u64).wrapping_sub(opaque_len) >> 63);
+            let ip = buf.ips.get(i).copied().unwrap_or(0);
+            hash = (hash.rotate_left(5) ^ (ip & keep)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
     }
     if hash <= STACK_LOST {
         hash += 2;
