@@ -120,6 +120,38 @@ pub fn go_versions() -> [(&'static str, PathBuf); 2] {
     ]
 }
 
+/// One build of a Go workload for a test that runs on each of
+/// [`go_versions`], as built and stripped.
+pub struct GoBuild {
+    /// The release and form, for messages: "go1.19", "current go stripped".
+    pub what: String,
+    /// `what` fit for a file name.
+    pub tag: String,
+    /// The toolchain.
+    pub go: PathBuf,
+    /// `built` or `stripped`, as given to [`go_builds`].
+    pub workload: Workload,
+}
+
+/// Each of [`go_versions`] with `built` and then with `stripped` (its
+/// `-s -w` form).
+pub fn go_builds(built: Workload, stripped: Workload) -> Vec<GoBuild> {
+    go_versions()
+        .into_iter()
+        .flat_map(|(version, go)| {
+            [(built, ""), (stripped, " stripped")].map(|(workload, form)| {
+                let what = format!("{version}{form}");
+                GoBuild {
+                    tag: what.replace(' ', "_"),
+                    what,
+                    go: go.clone(),
+                    workload,
+                }
+            })
+        })
+        .collect()
+}
+
 /// Names a directory of workloads built beforehand by `prebuild-workloads`;
 /// when set, [`Workload::build`] copies from it instead of compiling.
 pub const PREBUILT_ENV: &str = "PROFILERD_TEST_WORKLOADS";

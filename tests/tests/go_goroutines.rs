@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, read_profiles};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
+use profiler_tests::workloads::{
+    GoBuild, WholeLife, Workload, field, go_builds, profile_whole_life,
+};
 
 /// The workload's parked goroutines: (site, count, wait reason on Go 1.19,
 /// on current Go).
@@ -106,15 +108,13 @@ fn dump_reasons(text: &str) -> BTreeMap<String, Vec<String>> {
 fn goroutines_agree_with_go_to_the_goroutine() {
     require_root();
     let tmp = temp_dir();
-    for ((version, go), workload) in go_versions().into_iter().flat_map(|v| {
-        [
-            (v.clone(), Workload::GoGoroutines),
-            (v, Workload::GoGoroutinesStripped),
-        ]
-    }) {
-        let stripped = workload == Workload::GoGoroutinesStripped;
-        let version = format!("{version}{}", if stripped { " stripped" } else { "" });
-        let tag = version.replace(' ', "_");
+    for GoBuild {
+        what: version,
+        tag,
+        go,
+        workload,
+    } in go_builds(Workload::GoGoroutines, Workload::GoGoroutinesStripped)
+    {
         let exe = workload.build_with_go(tmp.path(), &format!("goroutines_{tag}"), &go);
         let own = tmp.path().join(format!("own-{tag}.pprof"));
         let out = tmp.path().join(format!("out-{tag}"));

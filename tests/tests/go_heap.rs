@@ -12,7 +12,9 @@ use std::path::Path;
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
-use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
+use profiler_tests::workloads::{
+    GoBuild, WholeLife, Workload, field, go_builds, go_versions, profile_whole_life,
+};
 use profiler_tests::{pprof_heap_tops, temp_dir};
 
 /// Per site, |profilerd / runtime/pprof - 1| bound (issue 20: ±15%). Both
@@ -78,16 +80,20 @@ fn off(ours: i64, theirs: i64) -> f64 {
 fn go_heap_agrees_with_go_and_with_the_program() {
     require_root();
     let tmp = temp_dir();
-    for (version, go) in go_versions() {
-        for (workload, rate) in [
-            (Workload::GoHeap, DEFAULT_RATE),
-            (Workload::GoHeapStripped, SET_RATE),
-        ] {
-            let what = format!("{version} {workload:?}");
-            let tag = what.replace(' ', "_");
-            let exe = workload.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);
-            check_run(&what, &exe, rate, &tmp.path().join(&tag), None);
-        }
+    for GoBuild {
+        what,
+        tag,
+        go,
+        workload,
+    } in go_builds(Workload::GoHeap, Workload::GoHeapStripped)
+    {
+        // The stripped build sets its own rate, found from its code.
+        let rate = match workload {
+            Workload::GoHeapStripped => SET_RATE,
+            _ => DEFAULT_RATE,
+        };
+        let exe = workload.build_with_go(tmp.path(), &format!("heap_{tag}"), &go);
+        check_run(&what, &exe, rate, &tmp.path().join(&tag), None);
     }
 }
 

@@ -11,7 +11,9 @@
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
-use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
+use profiler_tests::workloads::{
+    GoBuild, WholeLife, Workload, field, go_builds, go_versions, profile_whole_life,
+};
 use profiler_tests::{pprof_tops, temp_dir};
 
 /// Per site, |profilerd / runtime/pprof - 1| bound (issue 20: ±20%).
@@ -52,15 +54,13 @@ fn off(ours: i64, theirs: i64) -> f64 {
 fn goroutine_waits_agree_with_go_and_with_the_program() {
     require_root();
     let tmp = temp_dir();
-    for ((version, go), workload) in go_versions().into_iter().flat_map(|v| {
-        [
-            (v.clone(), Workload::GoContention),
-            (v, Workload::GoContentionStripped),
-        ]
-    }) {
-        let stripped = workload == Workload::GoContentionStripped;
-        let version = format!("{version}{}", if stripped { " stripped" } else { "" });
-        let tag = version.replace(' ', "_");
+    for GoBuild {
+        what: version,
+        tag,
+        go,
+        workload,
+    } in go_builds(Workload::GoContention, Workload::GoContentionStripped)
+    {
         let exe = workload.build_with_go(tmp.path(), &format!("waits_{tag}"), &go);
         let own = tmp.path().join(format!("own-{tag}.pprof"));
         let out = tmp.path().join(format!("out-{tag}"));
