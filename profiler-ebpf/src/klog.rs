@@ -3,10 +3,12 @@
 //! `profilerd::kernel`), when the daemon asks for it (`PROFILERD_LOG=debug`
 //! or `[debug] kernel_log = true`).
 //!
-//! Off by default, at no cost: the daemon then sets [`KERNEL_LOG`] (and
-//! aya-log's own `AYA_LOG_LEVEL`) to 0 before loading. Both are read-only
-//! globals, so the verifier knows that every note and every log call is
-//! unreachable and removes them.
+//! Off by default, at almost no cost: the daemon then sets [`KERNEL_LOG`]
+//! (and aya-log's own `AYA_LOG_LEVEL`) to 0 before loading. Both are
+//! read-only globals, so the verifier knows that every note and every log
+//! call is unreachable and removes them; what stays is the load-time walk
+//! over [`emit`]'s few hundred instructions, which is why it sends numbers
+//! and the daemon has the texts.
 //!
 //! On, a site only notes what happened ([`klog!`]: a kind from [`why`], the
 //! thread and up to four values) in a per-CPU list, and [`run`] sends the
@@ -195,7 +197,7 @@ fn flush() {
 /// (`profiler-daemon/src/bpf/log.rs`): one log call with a text per kind
 /// made this function 16,000 instructions, which the verifier walked in
 /// every program that calls it, logging on or off (2.5 ms of each small
-/// program's load, 16 of cpu_sample's). A function of its own, so that the
+/// program's load, about 3 of cpu_sample's). A function of its own, so that the
 /// verifier meets the same state after every note and checks the next
 /// note once.
 #[inline(never)]

@@ -1,7 +1,9 @@
 //! Kernel-side diagnostics: why the eBPF programs skip, drop, shorten or
 //! fall back (a stack copy that faulted, a walk hint that did not match, a
 //! full map or ring, a brief record sent), read from aya-log's `AYA_LOGS`
-//! ring and logged with target `profilerd::kernel` at debug level.
+//! ring and logged with target `profilerd::kernel` at debug level. The
+//! kernel sends a note as its kind and numbers; the text is written here
+//! (`Note`).
 //!
 //! Off by default: the kernel then drops every log site at load time
 //! (`profiler-ebpf/src/klog.rs`). On with `[debug] kernel_log = true`, or
@@ -10,9 +12,8 @@
 //! for these alone). The kernel sends at most a few lines of each kind per
 //! CPU per second and counts the rest (`kernel_logs_dropped`).
 
-use std::os::fd::{AsRawFd, RawFd};
-
 use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
 
 use aya::Ebpf;
 use aya_log::EbpfLogger;
