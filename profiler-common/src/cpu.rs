@@ -69,6 +69,11 @@ pub struct StackSample<const N: usize = STACK_COPY_BYTES> {
     /// When the sample was taken (ns, CLOCK_MONOTONIC): tells the daemon
     /// which image of the process ran, against the time of its exec.
     pub time_ns: u64,
+    /// When the image the kernel knew the process to run started (ns,
+    /// CLOCK_MONOTONIC; 0: unknown): an exec's start is known to the
+    /// kernel before its event reaches the daemon, which holds a sample
+    /// of an image it has not heard of until it has.
+    pub image_since: u64,
     /// User registers at the sample (from the interrupted context, or the
     /// task's saved user registers when the sample hit kernel code).
     pub ip: u64,

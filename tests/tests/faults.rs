@@ -819,6 +819,7 @@ fn exec_run(tag: &str, pause: &str, interval: &str, extra: &[&str]) {
     // Copies carry their time, counts the start of their image: none is
     // given the other image.
     check_images_match_threads(tag, &samples, d);
+    check_every_image_heard_of(tag, &daemon);
 }
 
 /// Every sample's process name (`comm`, from the image the daemon gave the
@@ -939,6 +940,23 @@ fn exec_chain_run(tag: &str, extra: &[&str]) {
         );
     }
     check_images_match_threads(&format!("chain {tag}"), &samples, d);
+    check_every_image_heard_of(&format!("chain {tag}"), &daemon);
+}
+
+/// A sample read before its exec's event waited for it (the fresh name
+/// is set some 100 us before the event is sent): none was added without
+/// its image's event.
+fn check_every_image_heard_of(tag: &str, daemon: &Daemon) {
+    let waited = daemon.summary_field("samples_waited_for_image");
+    let ahead = daemon.summary_field("counts_ahead_of_image");
+    let unheard = daemon.summary_field("samples_image_unheard");
+    println!(
+        "{tag}: {waited} samples waited for their exec's event, {ahead} counts drained ahead of it, {unheard} added without it"
+    );
+    assert_eq!(
+        unheard, 0,
+        "{tag}: samples added without their image's event"
+    );
 }
 
 /// A new process that gets the pid of one that exited (forced with clone3's

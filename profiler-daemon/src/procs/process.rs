@@ -8,7 +8,7 @@
 //! `environment`), resolved at first sight and at exec.
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -198,6 +198,9 @@ pub struct ProcessTable {
     /// taken before an exec are symbolized with them at the window's end.
     /// Pruned like exited processes.
     pub(super) retired: HashMap<(u32, u32), Retired>,
+    /// The latest image start (kernel ns) each process's events told of:
+    /// its first sight or its last exec. Pruned with the processes.
+    pub(super) starts: HashMap<u32, u64>,
     pub(super) stats: ProcessStats,
 }
 
@@ -246,6 +249,7 @@ impl ProcessTable {
             environment: Environment::from_env(),
             generations: HashMap::new(),
             retired: HashMap::new(),
+            starts: HashMap::new(),
             stats: ProcessStats::default(),
         }
     }
@@ -391,6 +395,38 @@ impl ProcessTable {
         generation
     }
 
+    /// The kernel told of an image of `tgid` that started at `since_ns`
+    /// (its first sight or an exec).
+    pub fn note_start(&mut self, tgid: u32, since_ns: u64) {
+        if self.starts.len() >= 4 * self.max_processes && !self.starts.contains_key(&tgid) {
+            self.forget_starts();
+        }
+        let start = self.starts.entry(tgid).or_default();
+        *start = (*start).max(since_ns);
+    }
+
+    /// Whether the events read so far told of the image of `tgid` that the
+    /// kernel says started at `since_ns` (0: unknown, taken as told). A
+    /// sample is taken from the moment the exec's new name is set, some
+    /// 100 us before the exec's event is sent; one read in between names
+    /// an image not heard of yet. A process of no event (one lost to a
+    /// full ring, or pruned) has nothing to wait for.
+    pub fn knows_image(&self, tgid: u32, since_ns: u64) -> bool {
+        since_ns == 0
+            || self
+                .starts
+                .get(&tgid)
+                .is_none_or(|&start| since_ns <= start)
+    }
+
+    /// Keeps the starts of the processes still held (live or replaced).
+    fn forget_starts(&mut self) {
+        let retired: HashSet<u32> = self.retired.keys().map(|&(tgid, _)| tgid).collect();
+        let procs = &self.procs;
+        self.starts
+            .retain(|tgid, _| procs.contains_key(tgid) || retired.contains(tgid));
+    }
+
     /// A new image under `tgid` (exec, or a new process reusing the pid),
     /// started at kernel time `since_ns` (0: unknown, then every record
     /// read from now on is taken as the new image's): the old snapshot is
@@ -510,6 +546,7 @@ impl ProcessTable {
         });
         // A replaced image is kept one window more, like an exited process.
         self.retired.retain(|_, r| r.replaced > last);
+        self.forget_starts();
         self.objects.sweep();
         self.last_prune = self.bump();
     }
@@ -1020,6 +1057,44 @@ pub(crate) mod tests {
         assert_eq!(table.generation_at(pid, 150), 3);
         // Unknown processes have one image.
         assert_eq!(table.generation_at(u32::MAX, 1), 0);
+    }
+
+    #[test]
+    fn an_image_is_known_once_its_event_is_read() {
+        let mut table = ProcessTable::new(2);
+        let pid = std::process::id();
+        // No event of the process: nothing to wait for.
+        assert!(table.knows_image(pid, 500));
+        table.note_start(pid, 100);
+        assert!(table.knows_image(pid, 100));
+        assert!(table.knows_image(pid, 0), "0: the kernel knew of no start");
+        // The kernel's exec at 300, its event not read yet.
+        assert!(!table.knows_image(pid, 300));
+        table.note_start(pid, 300);
+        assert!(table.knows_image(pid, 300));
+        assert!(table.knows_image(pid, 100), "the old image stays known");
+        // An event older than the one read does not move the start back.
+        table.note_start(pid, 200);
+        assert!(!table.knows_image(pid, 301));
+        assert!(table.knows_image(pid, 300));
+        // Pruned with the processes: a start of a process not held goes.
+        let gone = u32::MAX;
+        table.note_start(gone, 100);
+        assert!(!table.knows_image(gone, 200));
+        assert!(table.snapshot(pid));
+        table.prune();
+        assert!(table.knows_image(gone, 200));
+        assert!(
+            !table.knows_image(pid, 301),
+            "a held process keeps its start"
+        );
+        // Bounded: at four times the process limit, the unheld go first.
+        for tgid in 1..=8 {
+            table.note_start(u32::MAX - tgid, 100);
+        }
+        table.note_start(u32::MAX - 9, 100);
+        assert!(table.starts.len() <= 8);
+        assert!(!table.knows_image(pid, 301));
     }
 
     /// Waits until the process maps a file whose path contains `name`.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, StackSample};
+use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample};
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
 use crate::bpf::go_labels::add_go_labels;
@@ -37,34 +37,135 @@ pub(crate) async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &
     match probes.drain(buffer) {
         Ok(drained) => cpu.absorb(drained, |tgid, since| match since {
             0 => procs.generation(tgid),
+            // An image whose event is not read yet (see WaitingSamples):
+            // the next one, which its event will retire the current for;
+            // the stacks are symbolized at the window's end.
+            since if !procs.knows_image(tgid, since) => {
+                COUNTS_AHEAD_OF_IMAGE.fetch_add(1, Ordering::Relaxed);
+                procs.generation(tgid).wrapping_add(1)
+            }
             since => procs.generation_at(tgid, since),
         }),
         Err(e) => tracing::warn!(target: "profilerd::session", "{e}"),
     }
 }
 
+/// Kernel-counted samples drained before the event of their image (for
+/// the exit summary).
+pub(crate) static COUNTS_AHEAD_OF_IMAGE: AtomicU64 = AtomicU64::new(0);
+
 /// CPU samples and sampled allocations received in the short record form
 /// (for the exit summary).
 pub(crate) static SHORT_RECORDS: AtomicU64 = AtomicU64::new(0);
 
 /// Unwinds every sample that came with a copy of its user stack and adds it
-/// to the window.
+/// to the window; one of an image whose event is not read yet waits in
+/// `waiting` for it.
 pub(crate) fn read_stack_samples(
     ring: &mut Ring,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     cpu: &mut CpuWindow,
+    waiting: &mut WaitingSamples,
 ) {
+    waiting.add_known(procs, unwinder, cpu, false);
     while let Some(item) = ring.next() {
         // Two record forms, told apart by their length (the short one
         // when the thread's stack is known to fit).
         if let Some(sample) = record::<StackSample>(&item) {
-            add_stack_sample(sample, procs, unwinder, cpu);
+            take_stack_sample(sample, procs, unwinder, cpu, waiting);
         } else if let Some(sample) = record::<StackSample<SHORT_STACK_BYTES>>(&item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            add_stack_sample(sample, procs, unwinder, cpu);
+            take_stack_sample(sample, procs, unwinder, cpu, waiting);
         }
     }
+}
+
+/// Samples held until the event of their image is read, at most this
+/// many (about 1.1 MiB); a sample beyond them is added at once, as of the
+/// image known.
+pub(crate) const MAX_WAITING_SAMPLES: usize = 64;
+
+/// Samples that waited for the event of their image (an exec read after
+/// them), and those added without it (it never came before the window
+/// closed, or too many waited): for the exit summary.
+pub(crate) static SAMPLES_WAITED_FOR_IMAGE: AtomicU64 = AtomicU64::new(0);
+pub(crate) static SAMPLES_IMAGE_UNHEARD: AtomicU64 = AtomicU64::new(0);
+
+/// Stack samples of images the daemon has not heard of yet. An exec gives
+/// the thread its new name some 100 us before its event is sent, and a
+/// sample taken in between can be read first: it is unwound once the
+/// event has named the new image's mappings, never with the old one's.
+#[derive(Default)]
+pub(crate) struct WaitingSamples {
+    samples: Vec<Box<StackSample>>,
+}
+
+impl WaitingSamples {
+    /// Adds the waiting samples whose image is known now; every one when
+    /// `all` (the window closes: one whose event never came is taken as
+    /// of the image known).
+    pub(crate) fn add_known(
+        &mut self,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+        cpu: &mut CpuWindow,
+        all: bool,
+    ) {
+        if self.samples.is_empty() {
+            return;
+        }
+        for sample in std::mem::take(&mut self.samples) {
+            let known = procs.knows_image(sample.tgid, sample.image_since);
+            if known || all {
+                if !known {
+                    SAMPLES_IMAGE_UNHEARD.fetch_add(1, Ordering::Relaxed);
+                }
+                add_stack_sample(&sample, procs, unwinder, cpu);
+            } else {
+                self.samples.push(sample);
+            }
+        }
+    }
+}
+
+fn take_stack_sample<const N: usize>(
+    sample: &StackSample<N>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    cpu: &mut CpuWindow,
+    waiting: &mut WaitingSamples,
+) {
+    if !procs.knows_image(sample.tgid, sample.image_since) {
+        if waiting.samples.len() < MAX_WAITING_SAMPLES {
+            SAMPLES_WAITED_FOR_IMAGE.fetch_add(1, Ordering::Relaxed);
+            waiting.samples.push(widen(sample));
+            return;
+        }
+        SAMPLES_IMAGE_UNHEARD.fetch_add(1, Ordering::Relaxed);
+    }
+    add_stack_sample(sample, procs, unwinder, cpu);
+}
+
+/// A copy of a sample in the long form, on the heap.
+fn widen<const N: usize>(sample: &StackSample<N>) -> Box<StackSample> {
+    let len = N.min(STACK_COPY_BYTES);
+    let mut wide = Box::new(StackSample {
+        tgid: sample.tgid,
+        tid: sample.tid,
+        time_ns: sample.time_ns,
+        image_since: sample.image_since,
+        ip: sample.ip,
+        sp: sample.sp,
+        bp: sample.bp,
+        stack_len: sample.stack_len.min(len as u64),
+        kernel_len: sample.kernel_len,
+        comm: sample.comm,
+        kernel: sample.kernel,
+        stack: [0; STACK_COPY_BYTES],
+    });
+    wide.stack[..len].copy_from_slice(&sample.stack[..len]);
+    wide
 }
 
 pub(crate) fn add_stack_sample<const N: usize>(
@@ -146,4 +247,108 @@ pub(crate) fn build_cpu_profile(
         builder.add_sample(&frames, &[count, count * period], &labels);
     }
     builder.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sample of `tgid` at kernel time `time_ns` of the image that
+    /// started at `image_since`, with no stack copy.
+    fn sample(tgid: u32, time_ns: u64, image_since: u64) -> StackSample<SHORT_STACK_BYTES> {
+        StackSample {
+            tgid,
+            tid: tgid,
+            time_ns,
+            image_since,
+            ip: sample as fn(u32, u64, u64) -> StackSample<SHORT_STACK_BYTES> as usize as u64,
+            sp: 0,
+            bp: 0,
+            stack_len: 0,
+            kernel_len: 0,
+            comm: [0; profiler_common::COMM_LEN],
+            kernel: [0; MAX_STACK_DEPTH],
+            stack: [0; SHORT_STACK_BYTES],
+        }
+    }
+
+    fn generations(cpu: &CpuWindow) -> Vec<u32> {
+        let mut g: Vec<u32> = cpu.samples.keys().map(|id| id.generation).collect();
+        g.sort();
+        g
+    }
+
+    /// A sample read before its exec's event waits for it and is given
+    /// the new image; one whose event never comes is added, as of the
+    /// image known, when the window closes.
+    #[test]
+    fn a_sample_read_before_its_exec_waits_for_it() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(8);
+        let mut unwinder = Unwinder::new();
+        let mut cpu = CpuWindow::default();
+        let mut waiting = WaitingSamples::default();
+        assert!(procs.snapshot(pid));
+        procs.note_start(pid, 100);
+        let (waited, unheard) = (
+            SAMPLES_WAITED_FOR_IMAGE.load(Ordering::Relaxed),
+            SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed),
+        );
+
+        take_stack_sample(
+            &sample(pid, 150, 100),
+            &mut procs,
+            &mut unwinder,
+            &mut cpu,
+            &mut waiting,
+        );
+        // The exec at 300: a sample of the new image read before its event.
+        take_stack_sample(
+            &sample(pid, 310, 300),
+            &mut procs,
+            &mut unwinder,
+            &mut cpu,
+            &mut waiting,
+        );
+        assert_eq!(generations(&cpu), [0]);
+        assert_eq!(waiting.samples.len(), 1);
+        waiting.add_known(&mut procs, &mut unwinder, &mut cpu, false);
+        assert_eq!(waiting.samples.len(), 1, "still no event");
+
+        // The exec's event, as take_proc_events applies it.
+        procs.note_start(pid, 300);
+        procs.retire(pid, 300);
+        assert!(procs.snapshot(pid));
+        waiting.add_known(&mut procs, &mut unwinder, &mut cpu, false);
+        assert_eq!(generations(&cpu), [0, 1]);
+        assert!(waiting.samples.is_empty());
+
+        // An exec whose event never comes: added when the window closes.
+        take_stack_sample(
+            &sample(pid, 410, 400),
+            &mut procs,
+            &mut unwinder,
+            &mut cpu,
+            &mut waiting,
+        );
+        assert_eq!(waiting.samples.len(), 1);
+        waiting.add_known(&mut procs, &mut unwinder, &mut cpu, true);
+        assert!(waiting.samples.is_empty());
+        assert_eq!(cpu.samples.values().sum::<u64>(), 3);
+        assert_eq!(SAMPLES_WAITED_FOR_IMAGE.load(Ordering::Relaxed) - waited, 2);
+        assert_eq!(SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed) - unheard, 1);
+
+        // Bounded: beyond MAX_WAITING_SAMPLES, a sample is added at once.
+        for _ in 0..MAX_WAITING_SAMPLES + 1 {
+            take_stack_sample(
+                &sample(pid, 510, 500),
+                &mut procs,
+                &mut unwinder,
+                &mut cpu,
+                &mut waiting,
+            );
+        }
+        assert_eq!(waiting.samples.len(), MAX_WAITING_SAMPLES);
+        assert_eq!(SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed) - unheard, 2);
+    }
 }

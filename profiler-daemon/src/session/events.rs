@@ -42,6 +42,7 @@ pub(crate) fn take_proc_events(
                 }
             }
             proc_event::NEW | proc_event::EXEC => {
+                procs.note_start(event.tgid, event.time_ns);
                 let known = procs.peek(event.tgid);
                 let replaces = match event.kind {
                     proc_event::EXEC => known.is_some(),

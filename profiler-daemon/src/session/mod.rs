@@ -31,7 +31,7 @@ use crate::output::writer::ProfileWriter;
 use crate::procs::go_runtime;
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::ProcessTable;
-use crate::profiles::cpu::{drain_once, read_stack_samples};
+use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::events::take_proc_events;
@@ -74,10 +74,13 @@ pub async fn run(settings: Settings) -> Result<()> {
     s.announce_ready();
     s.mark_running_go_processes();
 
-    let deadline = s.settings.duration.map(|d| Instant::now() + d);
+    let deadline = s.settings.duration.map(|d| s.window.started + d);
     let mut drain_tick =
         tokio::time::interval_at(tokio::time::Instant::now() + DRAIN_PERIOD, DRAIN_PERIOD);
-    let mut window_end = tokio::time::Instant::now() + s.settings.interval;
+    // From the window's start (at READY), not from here: marking the Go
+    // processes took up to a third of a second on a busy node, and the
+    // first window lasted that much longer than the others.
+    let mut window_end = tokio::time::Instant::from_std(s.window.started) + s.settings.interval;
     let stop = loop {
         let until_deadline = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         tokio::select! {
@@ -186,6 +189,8 @@ struct Session {
     /// Processes that exec'd: their mappings are complete only once the
     /// dynamic loader has run, so they are looked at again a tick later.
     exec_rescan: Vec<u32>,
+    /// Stack samples read before the event of the image they ran.
+    waiting: WaitingSamples,
     /// Each target with its start time: a new process that reuses the pid
     /// of an exited target is not that target.
     live_targets: HashMap<u32, Option<u64>>,
@@ -289,6 +294,7 @@ impl Session {
             publisher,
             retention,
             exec_rescan: Vec::new(),
+            waiting: WaitingSamples::default(),
             live_targets,
             goroutines: GoroutineReader::default(),
             reported: Losses::default(),
@@ -382,8 +388,20 @@ impl Session {
             &mut self.procs,
             &mut self.unwinder,
             &mut self.window.cpu,
+            &mut self.waiting,
         );
         self.settle_budget();
+    }
+
+    /// Adds the samples still waiting for their image's event, before the
+    /// window is written.
+    fn add_waiting_samples(&mut self) {
+        self.waiting.add_known(
+            &mut self.procs,
+            &mut self.unwinder,
+            &mut self.window.cpu,
+            true,
+        );
     }
 
     /// Has each owner of caches give back room it borrowed from the
@@ -440,6 +458,7 @@ impl Session {
         self.read_stack_samples(rings.stack_samples.get_mut());
         self.read_heap_events(rings.heap_events.get_mut());
         self.read_wait_events(rings.wait_events.get_mut());
+        self.add_waiting_samples();
         // The kernel's counters, read after the drain, cover every sample
         // the window's files hold.
         self.observe();
@@ -511,6 +530,7 @@ impl Session {
         self.read_stack_samples(rings.stack_samples.get_mut());
         // The active buffer may hold samples written during the grace period.
         self.drain_once().await;
+        self.add_waiting_samples();
         self.write_window();
         self.settle_budget();
         if let Some(r) = self.retention.as_mut() {

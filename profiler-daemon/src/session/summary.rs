@@ -13,7 +13,9 @@ use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
 use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
-use crate::profiles::cpu::SHORT_RECORDS;
+use crate::profiles::cpu::{
+    COUNTS_AHEAD_OF_IMAGE, SAMPLES_IMAGE_UNHEARD, SAMPLES_WAITED_FOR_IMAGE, SHORT_RECORDS,
+};
 use crate::profiles::heap::HeapTable;
 use crate::profiles::waits::Waits;
 use crate::stacks::budget::{Cache, MemoryBudget};
@@ -206,6 +208,9 @@ pub(crate) fn log_summary(
         stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
         stack_tops_sent = u.tops.sent,
         records_short_form = SHORT_RECORDS.load(Ordering::Relaxed),
+        samples_waited_for_image = SAMPLES_WAITED_FOR_IMAGE.load(Ordering::Relaxed),
+        samples_image_unheard = SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed),
+        counts_ahead_of_image = COUNTS_AHEAD_OF_IMAGE.load(Ordering::Relaxed),
         ring_records_wrapped = WRAPPED_RECORDS.load(Ordering::Relaxed),
         stack_tops_taken_back = u.tops.taken_back,
         unwind_object_failures = u.object_load_failures,

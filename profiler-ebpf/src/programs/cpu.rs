@@ -87,7 +87,7 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     anchor_young_image(ctx.as_ptr(), tgid, image_since);
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-    if use_dwarf(tgid) && send_stack_sample(&ctx, tgid, tid, &comm) {
+    if use_dwarf(tgid) && send_stack_sample(&ctx, (tgid, tid, image_since), &comm) {
         return Ok(0);
     }
     // A Go process's sample is taken by a program of its own, which adds
@@ -255,14 +255,18 @@ fn user_regs(ctx: &PerfEventContext) -> Option<UserRegs> {
 /// daemon. Returns false (the caller records a frame-pointer sample
 /// instead) for kernel threads and when the ring buffer is full.
 #[inline(always)]
-fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; COMM_LEN]) -> bool {
+fn send_stack_sample(
+    ctx: &PerfEventContext,
+    (tgid, tid, image_since): (u32, u32, u64),
+    comm: &[u8; COMM_LEN],
+) -> bool {
     let Some(UserRegs { ip, sp, bp, .. }) = user_regs(ctx) else {
         return false;
     };
     let sent = if stack_fits(tid, sp, SHORT_STACK_BYTES) {
-        send_stack_sample_in::<SHORT_STACK_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+        send_stack_sample_in::<SHORT_STACK_BYTES>(ctx, (tgid, tid, image_since), comm, (ip, sp, bp))
     } else {
-        send_stack_sample_in::<STACK_COPY_BYTES>(ctx, tgid, tid, comm, (ip, sp, bp))
+        send_stack_sample_in::<STACK_COPY_BYTES>(ctx, (tgid, tid, image_since), comm, (ip, sp, bp))
     };
     if sent {
         count(counter::STACK_SAMPLES);
@@ -277,8 +281,7 @@ fn send_stack_sample(ctx: &PerfEventContext, tgid: u32, tid: u32, comm: &[u8; CO
 #[inline(always)]
 fn send_stack_sample_in<const N: usize>(
     ctx: &PerfEventContext,
-    tgid: u32,
-    tid: u32,
+    (tgid, tid, image_since): (u32, u32, u64),
     comm: &[u8; COMM_LEN],
     (ip, sp, bp): (u64, u64, u64),
 ) -> bool {
@@ -292,6 +295,7 @@ fn send_stack_sample_in<const N: usize>(
         (*out).tgid = tgid;
         (*out).tid = tid;
         (*out).time_ns = bpf_ktime_get_ns();
+        (*out).image_since = image_since;
         (*out).ip = ip;
         (*out).sp = sp;
         (*out).bp = bp;
