@@ -218,6 +218,9 @@ pub struct WaitHead {
     /// BLOCK: the condition variable waited on, when the futex word lies
     /// in the one the thread entered `pthread_cond_*wait` with; else 0.
     pub cond: u64,
+    /// A goroutine's park: the id of its pprof label set (a
+    /// `GO_LABEL_SETS` key; 0: none).
+    pub go_labels: u64,
     pub comm: [u8; COMM_LEN],
 }
 

@@ -1,5 +1,6 @@
 //! The pprof labels of the goroutine a Go thread runs, read at a CPU sample
-//! as Go's own profiler reads them: the goroutine in R14 (where Go code
+//! as Go's own profiler reads them (and those of a parked goroutine that
+//! is readied, for its block sample): the goroutine in R14 (where Go code
 //! keeps it), its M, the M's current goroutine (`m.curg`, the one a
 //! system-stack sample is charged to), and that goroutine's `labels`.
 //! Offsets and the labels' form come from the daemon per process
@@ -74,11 +75,29 @@ fn read<T>(addr: u64) -> Option<T> {
 }
 
 /// Reads `len` (at most `room`) bytes of user memory at `src` into `dst`.
+///
+/// `MASKED` (for `go_park_probe`): the size is also masked into
+/// `1..=room` (`room` a power of two) just before the call. Inlined into
+/// `go_park_probe`, LLVM compared one copy of the length and passed
+/// another, spilled to the stack, and Linux 6.1's verifier, which lost the
+/// spilled copy's bounds, refused the program ("R2 min value is
+/// negative"); a mask bounds the register the call takes. Not in
+/// `go_sample`, which 6.1 takes as it is and whose verification the mask
+/// made far longer there (the daemon's rings went unread meanwhile).
 #[inline(always)]
-fn read_into(dst: *mut u8, room: u64, src: u64, len: u64) -> bool {
+fn read_into<const MASKED: bool>(dst: *mut u8, room: u64, src: u64, len: u64) -> bool {
     let len = if len > room { room } else { len };
-    // SAFETY: `dst` has `room` bytes; the helper checks the source.
-    unsafe { generated::bpf_probe_read_user(dst.cast(), len as u32, src as *const _) == 0 }
+    let size = if MASKED {
+        // Without a branch: 0 becomes `room`, a read whose bytes count for
+        // nothing (the caller keeps `len` of them), where a branch per read
+        // multiplied the verifier's paths.
+        (len.wrapping_sub(1) & (room - 1)) + 1
+    } else {
+        len
+    };
+    // SAFETY: `dst` has `room` bytes and `size` is at most that; the
+    // helper checks the source.
+    unsafe { generated::bpf_probe_read_user(dst.cast(), size as u32, src as *const _) == 0 }
 }
 
 /// The id of the label set of the goroutine that thread-local goroutine
@@ -102,7 +121,27 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
     if curg_m != m {
         return None;
     }
-    let labels: u64 = read(curg.wrapping_add(u64::from(go.g_labels)))?;
+    let id = label_set_at::<false>(go, curg)?;
+    count(counter::GO_LABELED_SAMPLES);
+    Some(id)
+}
+
+/// The id of the label set of goroutine `g` (a `*g` the runtime passed, of
+/// a goroutine parked or about to run), recording the set's text if it is
+/// new; 0 when it has none or it cannot be read. For `go_park_probe`.
+#[inline(always)]
+pub(crate) fn goroutine_label_set(go: &GoRuntime, g: u64) -> u64 {
+    if go.labels_form == go_labels_form::NONE {
+        return 0;
+    }
+    label_set_at::<true>(go, g).unwrap_or(0)
+}
+
+/// The label set of goroutine `g` (see `try_label_set`); `MASKED` as for
+/// [`read_into`].
+#[inline(always)]
+fn label_set_at<const MASKED: bool>(go: &GoRuntime, g: u64) -> Option<u64> {
+    let labels: u64 = read(g.wrapping_add(u64::from(go.g_labels)))?;
     if labels == 0 {
         return None;
     }
@@ -112,7 +151,7 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
     // runs its full count: no branch depends on how many labels there
     // are, which keeps the verifier's work (and the daemon's start) small.
     let cut = match go.labels_form {
-        go_labels_form::LIST => list_headers(labels, scratch)?,
+        go_labels_form::LIST => list_headers::<MASKED>(labels, scratch)?,
         _ => map_headers(labels, scratch)?,
     };
     let mut id: u64 = 0xcbf2_9ce4_8422_2325;
@@ -130,10 +169,9 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
         return None;
     }
     let id = id.max(1);
-    count(counter::GO_LABELED_SAMPLES);
     // SAFETY: presence check only.
     if unsafe { GO_LABEL_SETS.get(id).is_none() } {
-        record(scratch, cut);
+        record::<MASKED>(scratch, cut);
         // By reference: the record does not fit the BPF stack.
         #[allow(clippy::needless_borrows_for_generic_args)]
         if let Err(e) = GO_LABEL_SETS.insert(id, &scratch.record, BPF_NOEXIST as u64)
@@ -150,7 +188,7 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
 /// slice of `{key, value string}`, laid out as the headers are. Returns
 /// whether the list had more labels than the slots.
 #[inline(always)]
-fn list_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
+fn list_headers<const MASKED: bool>(labels: u64, scratch: &mut Scratch) -> Option<bool> {
     let list: [u64; 2] = read(labels)?;
     let (ptr, len) = (list[0], list[1]);
     for header in scratch.headers.iter_mut() {
@@ -159,7 +197,11 @@ fn list_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
         }
     }
     let room = core::mem::size_of_val(&scratch.headers) as u64;
-    if ptr >= 4096 && !read_into(scratch.headers.as_mut_ptr().cast(), room, ptr, len * 32) {
+    // An empty list reads nothing: a masked read would fill the slots.
+    if ptr >= 4096
+        && len > 0
+        && !read_into::<MASKED>(scratch.headers.as_mut_ptr().cast(), room, ptr, len * 32)
+    {
         return None;
     }
     Some(len > GO_LABELS_MAX as u64)
@@ -176,7 +218,7 @@ fn map_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
     let header: [u64; 3] = read(hmap)?;
     let (b, buckets) = ((header[1] >> 8) & 0xff, header[2]);
     let room = core::mem::size_of_val(&scratch.bucket) as u64;
-    if !read_into(scratch.bucket.as_mut_ptr().cast(), room, buckets, room) {
+    if !read_into::<false>(scratch.bucket.as_mut_ptr().cast(), room, buckets, room) {
         return None;
     }
     let tophash = scratch.bucket[0];
@@ -194,7 +236,7 @@ fn map_headers(labels: u64, scratch: &mut Scratch) -> Option<bool> {
 /// Fills the scratch record with the text of every slot (an empty slot
 /// reads nothing).
 #[inline(always)]
-fn record(scratch: &mut Scratch, cut: bool) {
+fn record<const MASKED: bool>(scratch: &mut Scratch, cut: bool) {
     let mut cut = cut;
     let record = &mut scratch.record;
     let key_room = GO_LABEL_KEY_BYTES as u64;
@@ -202,8 +244,9 @@ fn record(scratch: &mut Scratch, cut: bool) {
     for i in 0..GO_LABELS_MAX {
         let (key, key_len) = (scratch.headers[i][0], scratch.headers[i][1]);
         let (value, value_len) = (scratch.headers[i][2], scratch.headers[i][3]);
-        let got_key = read_into(record.keys[i].as_mut_ptr(), key_room, key, key_len);
-        let got_value = read_into(record.values[i].as_mut_ptr(), value_room, value, value_len);
+        let got_key = read_into::<MASKED>(record.keys[i].as_mut_ptr(), key_room, key, key_len);
+        let got_value =
+            read_into::<MASKED>(record.values[i].as_mut_ptr(), value_room, value, value_len);
         record.key_len[i] = (key_len.min(key_room) as u8) * u8::from(got_key);
         record.value_len[i] = (value_len.min(value_room) as u8) * u8::from(got_value);
         cut |= key_len > key_room || value_len > value_room;

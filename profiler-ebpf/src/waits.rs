@@ -63,6 +63,7 @@ pub(crate) fn send_wait_stack(
         // SAFETY: plain helper.
         time_ns: unsafe { bpf_ktime_get_ns() },
         cond: 0,
+        go_labels: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     };
     if kind == wait_event::BLOCK {

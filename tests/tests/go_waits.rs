@@ -1,7 +1,8 @@
 //! Goroutine waits in the block and mutex profiles of Go programs read
 //! from outside: a park counts when Go's own block profile would count it
 //! (channels, select, the sync package), not a sleep, and carries its
-//! `wait_reason` label; a sync.Mutex waiter's delay is charged to the
+//! `wait_reason` label and the goroutine's pprof labels; a sync.Mutex
+//! waiter's delay is charged to the
 //! goroutine that unlocked it, as Go's mutex profile charges it. Per site,
 //! the delay is held against the block and mutex profiles Go's
 //! runtime/pprof wrote of the same run (at `SetBlockProfileRate(1)` and
@@ -38,9 +39,14 @@ fn delay_of(samples: &[FlatSample], function: &str) -> i64 {
 
 /// Of `function`'s delay, the share whose `wait_reason` label is `reason`.
 fn reason_share(samples: &[FlatSample], function: &str, reason: &str) -> f64 {
+    label_share(samples, function, "wait_reason", reason)
+}
+
+/// Of `function`'s delay, the share whose label `key` is `value`.
+fn label_share(samples: &[FlatSample], function: &str, key: &str, value: &str) -> f64 {
     let with: i64 = samples
         .iter()
-        .filter(|s| s.has_function(function) && s.label("wait_reason") == Some(reason))
+        .filter(|s| s.has_function(function) && s.label(key) == Some(value))
         .map(|s| s.values[1])
         .sum();
     with as f64 / delay_of(samples, function).max(1) as f64
@@ -130,6 +136,16 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         );
         println!(
             "{version}: main.recvWait delay profilerd {recv} runtime/pprof {go_recv} timed {timed_recv} ({recv_labeled:.3} labeled chan receive); main.lockWait profilerd {lock} runtime/pprof {go_lock} timed {timed_lock} ({lock_labeled:.3} labeled {lock_reason}); main.sleeper {sleep}; {left_out} parks left out"
+        );
+        // The labels the program set on each waiting goroutine (pprof.Do,
+        // SetGoroutineLabels), which Go's own block profile does not carry.
+        let (recv_waiter, lock_waiter) = (
+            label_share(&ours, "main.recvWait", "waiter", "receiver"),
+            label_share(&ours, "main.lockWait", "waiter", "locker"),
+        );
+        assert!(
+            recv_waiter >= 0.99 && lock_waiter >= 0.99,
+            "{version}: of the delay at main.recvWait {recv_waiter:.3} has waiter=receiver, at main.lockWait {lock_waiter:.3} has waiter=locker (expected ≥ 0.99){diag}"
         );
         assert!(
             off(recv, go_recv) <= GO_TOLERANCE && off(lock, go_lock) <= GO_TOLERANCE,

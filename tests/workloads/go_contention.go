@@ -10,6 +10,10 @@
 //	                of work of its own
 //	main.sleeper    sleeps 1 ms at a time (not a block event for Go)
 //
+// The receiving goroutine runs under pprof.Do with the label
+// waiter=receiver, the locking one under SetGoroutineLabels with
+// waiter=locker.
+//
 // usage: go_contention SECONDS PROFILE [--wait-stdin]
 //
 //	PROFILE       where runtime/pprof writes the program's own block profile
@@ -28,6 +32,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -124,10 +129,13 @@ func main() {
 	wg.Add(4)
 	go func() {
 		defer wg.Done()
-		for time.Now().Before(deadline) {
-			recvNs += int64(recvWait(ch))
-			recvWaits++
-		}
+		labels := pprof.Labels("waiter", "receiver")
+		pprof.Do(context.Background(), labels, func(context.Context) {
+			for time.Now().Before(deadline) {
+				recvNs += int64(recvWait(ch))
+				recvWaits++
+			}
+		})
 	}()
 	go func() {
 		defer wg.Done()
@@ -139,6 +147,8 @@ func main() {
 	}()
 	go func() {
 		defer wg.Done()
+		ctx := pprof.WithLabels(context.Background(), pprof.Labels("waiter", "locker"))
+		pprof.SetGoroutineLabels(ctx)
 		for time.Now().Before(deadline) {
 			spin(500 * time.Microsecond)
 			lockNs += int64(lockWait())

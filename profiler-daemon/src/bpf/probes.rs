@@ -193,7 +193,8 @@ pub struct Probes {
     /// put in slot 0) at the first Go process marked. Held open: the
     /// kernel empties a program array whose last descriptor closes.
     go_programs: ProgramArray<MapData>,
-    /// Whether `go_sample` is loaded (or failed to, said once).
+    /// Whether `go_sample` is loaded (or failed to, said once); set from
+    /// the start when CPU samples are off, as only `cpu_sample` calls it.
     go_sample_tried: bool,
     /// Whether Go processes' labels are read (`[debug] go_labels`).
     go_labels: bool,
@@ -457,7 +458,10 @@ impl Probes {
             stacks,
             go_label_sets,
             go_programs,
-            go_sample_tried: false,
+            // Its verification (15 ms here, seconds on Linux 6.1 under
+            // emulation, during which the wait rings were not read) is paid
+            // only where it is used.
+            go_sample_tried: !config.cpu,
             go_labels: config.stack_switches.go_labels,
             possible_cpus,
             proc_events: Some(proc_events),

@@ -101,6 +101,7 @@ pub(crate) fn write_window(
                     settings,
                     symbolizer,
                     procs,
+                    &mut window.cpu.go_labels,
                     &rows,
                     time_nanos,
                     duration.as_nanos() as i64,

@@ -26,11 +26,12 @@ use crate::{
         BLOCK_ON, BLOCK_RATE_NS, MUTEX_FRACTION, MUTEX_ON, SELF_TGID, WAIT_EVENTS_RING, global,
         global_u8,
     },
+    go_labels::goroutine_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
     process::is_target,
     programs::futex::next_wake_id,
-    stack::walk_user_stack,
+    stack::{fp_process, walk_user_stack},
     waits::WAIT_EVENTS,
 };
 
@@ -124,7 +125,14 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: plain helper.
     let random = unsafe { bpf_get_prandom_u32() };
     if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
-        send_go_block(tgid, &park, waited);
+        // The readied goroutine's labels, read now: a set recorded at the
+        // park would be gone from the daemon's table after a long wait.
+        let labels = match fp_process(tgid) {
+            // SAFETY: a map value, valid during this run.
+            Some(process) => goroutine_label_set(unsafe { &(*process).go }, rax),
+            None => 0,
+        };
+        send_go_block(tgid, &park, waited, labels);
     }
     Ok(0)
 }
@@ -179,6 +187,7 @@ fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, now:
             hint_id: 0,
             time_ns: now,
             cond: 0,
+            go_labels: 0,
             comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         };
         (*out).stack_len = 0;
@@ -200,10 +209,10 @@ fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, now:
     }
 }
 
-/// Sends a kept goroutine wait with its frames: the return address at
-/// gopark's entry, then the frame-pointer chain.
+/// Sends a kept goroutine wait with its frames (the return address at
+/// gopark's entry, then the frame-pointer chain) and its label set.
 #[inline(always)]
-fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
+fn send_go_block(tgid: u32, park: &GoPark, waited: u64, labels: u64) {
     let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
         count(counter::WAIT_EVENTS_LOST);
         klog!(why::GO_WAIT_LOST, tgid, park.tid, waited);
@@ -228,6 +237,7 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64) {
             hint_id: 0,
             time_ns: park.start_ns + waited,
             cond: 0,
+            go_labels: labels,
             comm: park.comm,
         };
         (*out).stack_len = 0;

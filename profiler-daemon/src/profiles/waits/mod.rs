@@ -17,6 +17,7 @@ use profiler_common::{
 };
 
 use crate::bpf::drain::{SampleId, Stack};
+use crate::bpf::go_labels::{GoLabelSets, add_go_labels};
 use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
@@ -198,7 +199,7 @@ pub(crate) fn read_wait_events(
             kernel: Stack::None,
             object: event.uaddr,
             cond: event.cond,
-            go_labels: 0,
+            go_labels: event.go_labels,
             go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
         };
         if kind == wait_event::BLOCK
@@ -299,11 +300,13 @@ fn is_go_runtime_futex(frames: &[Frame]) -> bool {
 /// own block profile does not count (a sleep, I/O, the runtime's own).
 pub static GO_PARKS_NOT_BLOCKING: AtomicU64 = AtomicU64::new(0);
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn build_wait_profile(
     kind: ProfileKind,
     settings: &Settings,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
+    go_labels: &mut GoLabelSets,
     rows: &[(Arc<SampleId>, Weight)],
     time_nanos: i64,
     duration_nanos: i64,
@@ -351,6 +354,9 @@ pub(crate) fn build_wait_profile(
                 str::to_owned,
             );
             labels.push(("wait_reason".to_string(), text));
+        }
+        if id.go_labels != 0 {
+            add_go_labels(&mut labels, go_labels, id.go_labels);
         }
         let labels: Vec<(&str, &str)> = labels
             .iter()
