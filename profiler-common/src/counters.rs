@@ -59,7 +59,8 @@ pub mod counter {
     /// Kernel diagnostics not sent: over the rate limit (at most a burst
     /// of each kind per CPU per second).
     pub const KERNEL_LOGS_DROPPED: u32 = 24;
-    /// CPU samples of Go processes that carry a label set.
+    /// CPU samples and off-CPU switch-outs of Go threads that carry a
+    /// label set.
     pub const GO_LABELED_SAMPLES: u32 = 25;
     /// Label sets not recorded: `GO_LABEL_SETS` was full.
     pub const GO_LABEL_SETS_FULL: u32 = 26;

@@ -43,6 +43,9 @@ pub struct OffcpuRecord {
     pub frames_len: u64,
     /// Frames of `kernel` in use.
     pub kernel_len: u64,
+    /// A Go thread's: the id of the pprof label set of the goroutine it
+    /// ran when it blocked (a `GO_LABEL_SETS` key; 0: none).
+    pub go_labels: u64,
     pub comm: [u8; COMM_LEN],
     pub kernel: [u64; OFFCPU_KERNEL_DEPTH],
     pub frames: [u64; MAX_STACK_DEPTH],

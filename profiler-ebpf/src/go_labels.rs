@@ -103,16 +103,19 @@ fn read_into<const MASKED: bool>(dst: *mut u8, room: u64, src: u64, len: u64) ->
 /// The id of the label set of the goroutine that thread-local goroutine
 /// `g` (R14) runs for, recording the set's text if it is new; 0 when there
 /// is none or it cannot be read.
+/// `MASKED` as for [`read_into`]: `go_sample` reads plainly, the
+/// switch-out of an off-CPU interval with its sizes masked (Linux 6.1's
+/// verifier).
 #[inline(always)]
-pub(crate) fn go_label_set(go: &GoRuntime, g: u64) -> u64 {
+pub(crate) fn go_label_set<const MASKED: bool>(go: &GoRuntime, g: u64) -> u64 {
     if go.labels_form == go_labels_form::NONE {
         return 0;
     }
-    try_label_set(go, g).unwrap_or(0)
+    try_label_set::<MASKED>(go, g).unwrap_or(0)
 }
 
 #[inline(always)]
-fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
+fn try_label_set<const MASKED: bool>(go: &GoRuntime, g: u64) -> Option<u64> {
     let m: u64 = read(g.wrapping_add(u64::from(go.g_m)))?;
     let curg: u64 = read(m.wrapping_add(u64::from(go.m_curg)))?;
     // R14 may hold anything outside Go code: trust it only when its M's
@@ -121,7 +124,7 @@ fn try_label_set(go: &GoRuntime, g: u64) -> Option<u64> {
     if curg_m != m {
         return None;
     }
-    let id = label_set_at::<false>(go, curg)?;
+    let id = label_set_at::<MASKED>(go, curg)?;
     count(counter::GO_LABELED_SAMPLES);
     Some(id)
 }

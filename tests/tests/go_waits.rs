@@ -8,7 +8,8 @@
 //! runtime/pprof wrote of the same run (at `SetBlockProfileRate(1)` and
 //! `SetMutexProfileFraction(1)`) and against what the program timed, on
 //! Go 1.19 and a current Go, as built and stripped (`-s -w`: the park
-//! points found in Go's function table).
+//! points found in Go's function table). The off-CPU profile of the same
+//! run: a goroutine's blocking system calls carry its pprof labels.
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
@@ -81,13 +82,14 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             99,
             &[
                 "--profiles",
-                "block,mutex",
+                "block,mutex,offcpu",
                 "--block-rate",
                 "1ns",
                 "--mutex-fraction",
                 "1",
             ],
         );
+        check_napper_off_cpu(&version, &out, pid, &report, &daemon);
         let files = read_profiles(&out, "block");
         let mutex_files = read_profiles(&out, "mutex");
         let ours_mutex: Vec<FlatSample> = flatten_all(&mutex_files)
@@ -211,6 +213,61 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             "{version}: of main.holdLock's mutex delay {unlock}, {through_unlock} starting at sync.(*Mutex).Unlock and {unlock_labeled:.3} labeled {lock_reason}{mutex_diag}"
         );
     }
+}
+
+/// |intervals off CPU at the nanosleep / calls - 1| bound (an interval
+/// at a window's edge may be cut in two).
+const NAP_TOLERANCE: f64 = 0.03;
+/// What each nanosleep asks for: its thread is off the CPU at least that
+/// long.
+const NAP_NS: i64 = 1_000_000;
+
+/// The off-CPU profile of the Go threads: main.napper's blocking system
+/// calls are each one interval, each at least the millisecond asked for
+/// and at most what the program timed around it (which adds the wait for
+/// a P once the call returns, a goroutine's wait that no thread is off
+/// the CPU for), and carry the labels of the goroutine that made them
+/// (waiter=napper), which no other site's intervals carry.
+fn check_napper_off_cpu(
+    version: &str,
+    out: &std::path::Path,
+    pid: u32,
+    report: &std::collections::BTreeMap<String, u64>,
+    daemon: &profiler_tests::daemon::Daemon,
+) {
+    let files = read_profiles(out, "offcpu");
+    let ours: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    let diag = || format!("\n{}\n{}", pprof_tops(&files, Some(pid)), daemon.describe());
+    let nap = delay_of(&ours, "main.napper");
+    let intervals: i64 = ours
+        .iter()
+        .filter(|s| s.has_function("main.napper"))
+        .map(|s| s.values[0])
+        .sum();
+    let (timed, naps) = (field(report, "nap_ns") as i64, field(report, "naps") as i64);
+    let labeled = label_share(&ours, "main.napper", "waiter", "napper");
+    let elsewhere: i64 = ours
+        .iter()
+        .filter(|s| !s.has_function("main.napper") && s.label("waiter") == Some("napper"))
+        .map(|s| s.values[1])
+        .sum();
+    println!(
+        "{version}: off-CPU at main.napper {nap} ns in {intervals} intervals; the program made {naps} calls, {timed} ns with their waits for a P; {labeled:.3} labeled waiter=napper; {elsewhere} ns labeled so elsewhere; {} labeled samples and switch-outs",
+        daemon.summary_field("go_labeled_samples")
+    );
+    assert!(
+        off(intervals, naps) <= NAP_TOLERANCE && nap >= naps * NAP_NS && nap <= timed,
+        "{version}: off-CPU at main.napper {nap} ns in {intervals} intervals; the program made {naps} calls of {NAP_NS} ns, {timed} ns timed (expected one interval per call ±{NAP_TOLERANCE}, between the time asked for and the time timed){}",
+        diag()
+    );
+    assert!(
+        labeled >= 0.99 && (elsewhere as f64) <= 0.01 * nap as f64,
+        "{version}: {labeled:.3} of main.napper's off-CPU time labeled waiter=napper (expected ≥ 0.99), {elsewhere} ns so labeled elsewhere{}",
+        diag()
+    );
 }
 
 /// The mutex profile alone (no block profile): the parks its releases

@@ -8,7 +8,9 @@
 //! smaller than the walks in play, and every optimization turned off.
 //!
 //! Per site, both profiles must read the delay and the number of waits
-//! the workload measured within ±10%, less than 0.5% of the delay may sit
+//! the workload measured within ±10% (the delay's lower bound less the
+//! longest wait's excess over its nominal length: a stall outside the
+//! system call), less than 0.5% of the delay may sit
 //! on a stack that is cut (`[truncated]`) or never reaches the thread's
 //! root, and no record may reach the daemon for a walk it can no longer
 //! answer (`unwinds_matched_but_forgotten`). Each run's sample counts are
@@ -249,13 +251,22 @@ impl Run {
                 ("offcpu", &self.offcpu, site.offcpu_ns()),
             ] {
                 let (contentions, delay) = at_site(samples, &site.name);
-                for (value, truth, name) in [
-                    (delay, delay_truth, "delay"),
-                    (contentions, site.waits, "contentions"),
+                // The workload times each wait around its system call: a
+                // stall between its clock read and the call (an emulated
+                // CPU held up for 40 ms, once in CI) is in its total and in
+                // no profile. The longest wait's excess over its nominal
+                // length is forgiven below the truth; a systematic loss
+                // is not.
+                let stall = site.max_ns.saturating_sub(site.wait_ns);
+                for (value, truth, name, forgiven) in [
+                    (delay, delay_truth, "delay", stall),
+                    (contentions, site.waits, "contentions", 0),
                 ] {
-                    if (ratio(value, truth) - 1.0).abs() > TOLERANCE {
+                    let low = truth.saturating_sub(forgiven) as f64 * (1.0 - TOLERANCE);
+                    let high = truth as f64 * (1.0 + TOLERANCE);
+                    if !(low..=high).contains(&(value as f64)) {
                         failures.push(format!(
-                            "{profile} {}: {name} {value} against {truth} measured (ratio {:.3}, allowed ±{TOLERANCE})",
+                            "{profile} {}: {name} {value} against {truth} measured (ratio {:.3}, allowed ±{TOLERANCE}, less {forgiven} ns of the longest wait's stall)",
                             site.name,
                             ratio(value, truth)
                         ));

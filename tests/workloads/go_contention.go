@@ -9,10 +9,13 @@
 //	                time (with 1 ms of work between holds), after 0.5 ms
 //	                of work of its own
 //	main.sleeper    sleeps 1 ms at a time (not a block event for Go)
+//	main.napper     sleeps 1 ms at a time in a blocking system call
+//	                (nanosleep): its thread is off the CPU, the goroutine
+//	                stays on it
 //
 // The receiving goroutine runs under pprof.Do with the label
 // waiter=receiver, the locking one under SetGoroutineLabels with
-// waiter=locker.
+// waiter=locker, the napping one under pprof.Do with waiter=napper.
 //
 // usage: go_contention SECONDS PROFILE [--wait-stdin]
 //
@@ -23,10 +26,11 @@
 //
 // At exit it prints one line to stdout:
 //
-//	pid=P recv_ns=A recv_waits=N lock_ns=B lock_waits=M sleep_ns=C
+//	pid=P recv_ns=A recv_waits=N lock_ns=B lock_waits=M sleep_ns=C nap_ns=D naps=E
 //
 // recv_ns and lock_ns are the time spent inside the channel receive and the
-// Lock call, summed; sleep_ns the time asleep.
+// Lock call, summed; sleep_ns the time asleep; nap_ns the time inside the
+// nanosleep calls (with the wait for a P after each), naps their number.
 //
 // Build: go build -o go_contention go_contention.go
 package main
@@ -39,6 +43,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -93,6 +98,12 @@ func sleeper() {
 	time.Sleep(time.Millisecond)
 }
 
+//go:noinline
+func napper() {
+	ts := syscall.Timespec{Nsec: 1000000}
+	syscall.Nanosleep(&ts, nil)
+}
+
 func main() {
 	if len(os.Args) < 3 {
 		fmt.Fprintln(os.Stderr, "usage: go_contention SECONDS PROFILE [--wait-stdin]")
@@ -112,7 +123,7 @@ func main() {
 	}
 	deadline := time.Now().Add(time.Duration(seconds * float64(time.Second)))
 	var wg sync.WaitGroup
-	var recvNs, recvWaits, lockNs, lockWaits, sleepNs int64
+	var recvNs, recvWaits, lockNs, lockWaits, sleepNs, napNs, naps int64
 	ch := make(chan int)
 	stop := make(chan struct{})
 	// The feeder: one value every ~1 ms, asleep in between.
@@ -126,7 +137,7 @@ func main() {
 			}
 		}
 	}()
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		labels := pprof.Labels("waiter", "receiver")
@@ -163,10 +174,22 @@ func main() {
 			sleepNs += int64(time.Since(t))
 		}
 	}()
+	go func() {
+		defer wg.Done()
+		labels := pprof.Labels("waiter", "napper")
+		pprof.Do(context.Background(), labels, func(context.Context) {
+			for time.Now().Before(deadline) {
+				t := time.Now()
+				napper()
+				napNs += int64(time.Since(t))
+				naps++
+			}
+		})
+	}()
 	wg.Wait()
 	close(stop)
 	write("block", os.Args[2])
 	write("mutex", os.Args[2]+".mutex")
-	fmt.Printf("pid=%d recv_ns=%d recv_waits=%d lock_ns=%d lock_waits=%d sleep_ns=%d\n",
-		os.Getpid(), recvNs, recvWaits, lockNs, lockWaits, sleepNs)
+	fmt.Printf("pid=%d recv_ns=%d recv_waits=%d lock_ns=%d lock_waits=%d sleep_ns=%d nap_ns=%d naps=%d\n",
+		os.Getpid(), recvNs, recvWaits, lockNs, lockWaits, sleepNs, napNs, naps)
 }

@@ -26,10 +26,12 @@ use crate::{
     globals::{
         BLOCK_RATE_NS, BRIEF_RECORDS, OFFCPU_ON, SELF_TGID, WAIT_EVENTS_RING, global, global_u8,
     },
+    go_labels::go_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
     process::is_target,
     stack::{
+        fp_process,
         hints::{
             HINT_SCRATCH, HintMatch, WALK_HINTS, copy_frames, hint_key, hinted_walk,
             matching_walk_hint,
@@ -118,7 +120,15 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
             }
         }
     };
-    let (ip, sp, bp) = task_user_regs().map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
+    let regs = task_user_regs();
+    let (ip, sp, bp) = regs.map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
+    // A Go thread's goroutine at the switch-out (R14 holds its g in Go
+    // code and in the system calls Go makes); none for an idle thread.
+    let go_labels = match (regs, fp_process(tgid)) {
+        // SAFETY: a map value, valid during this run.
+        (Some(regs), Some(process)) => go_label_set::<true>(unsafe { &(*process).go }, regs.r14),
+        _ => 0,
+    };
     // SAFETY: the thread's own map value (only this thread's switches and
     // its exit touch it), written in place.
     unsafe {
@@ -135,6 +145,7 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
         (*record).flags = 0;
         (*record).hint_id = 0;
         (*record).frames_len = 0;
+        (*record).go_labels = go_labels;
         // A kernel thread (sp 0) has no user stack.
         match sp {
             0 => (*record).stack_len = 0,

@@ -257,7 +257,7 @@ pub(crate) fn read_offcpu_event(
         kernel,
         object: 0,
         cond: 0,
-        go_labels: 0,
+        go_labels: event.go_labels,
         go_wait: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
