@@ -103,6 +103,7 @@ fn read_into<const MASKED: bool>(dst: *mut u8, room: u64, src: u64, len: u64) ->
 /// The id of the label set of the goroutine that thread-local goroutine
 /// `g` (R14) runs for, recording the set's text if it is new; 0 when there
 /// is none or it cannot be read.
+///
 /// `MASKED` as for [`read_into`]: `go_sample` reads plainly, the
 /// switch-out of an off-CPU interval with its sizes masked (Linux 6.1's
 /// verifier).

@@ -50,8 +50,9 @@ pub(crate) async fn drain_once(probes: &mut Probes, procs: &ProcessTable, cpu: &
     }
 }
 
-/// Kernel-counted samples drained before the event of their image (for
-/// the exit summary).
+/// Keys of kernel-counted samples (one per thread and stack, each with
+/// its count) drained before the event of their image (for the exit
+/// summary).
 pub(crate) static COUNTS_AHEAD_OF_IMAGE: AtomicU64 = AtomicU64::new(0);
 
 /// CPU samples and sampled allocations received in the short record form
