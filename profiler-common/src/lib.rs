@@ -83,6 +83,8 @@ mod user {
     // SAFETY: plain `repr(C)` data without padding or pointers.
     unsafe impl aya::Pod for super::FpProcess {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::ParkGate {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::GoLabels {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}

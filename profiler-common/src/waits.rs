@@ -191,6 +191,37 @@ pub struct GoPark {
 /// Goroutines parked at once whose park points are remembered.
 pub const GO_PARKED_ENTRIES: u32 = 65_536;
 
+/// The duty cycle of one Go process's park probes (the `GO_PARK_GATES`
+/// map, by process), which the daemon sets when the probes would cost the
+/// process more than its budget: the probes record a park, and keep a
+/// wait, only inside `[since_ns, until_ns)` (kernel monotonic time), so a
+/// wait is kept only when it began and ended in one open window; outside
+/// its windows the daemon detaches them. The kernel adds an open entry
+/// (`since_ns` 0, `until_ns` `u64::MAX`) the first time a process runs
+/// them, and counts every run inside the window in `runs`, by which the
+/// daemon measures the process's park rate.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParkGate {
+    pub since_ns: u64,
+    pub until_ns: u64,
+    pub runs: u64,
+}
+
+impl ParkGate {
+    /// Always open: every park and wait is seen.
+    pub const OPEN: ParkGate = ParkGate {
+        since_ns: 0,
+        until_ns: u64::MAX,
+        runs: 0,
+    };
+}
+
+/// Go processes whose park probes' gates are kept (least recently run
+/// first out: an evicted process is re-added open, and the daemon closes
+/// it again at its next window).
+pub const GO_PARK_GATE_ENTRIES: u32 = 4096;
+
 /// What every kept wait or wake-up reports: the head of a
 /// [`WaitStack`], or of a [`WaitBrief`] when the kernel matched the stack
 /// against a walk hint.

@@ -23,6 +23,9 @@
 //!   wait record ring and its senders.
 #![no_std]
 #![no_main]
+#![feature(core_intrinsics)]
+// For `atomic_xadd` (see `programs::go_park::gate`).
+#![allow(internal_features)]
 
 mod counters;
 mod globals;

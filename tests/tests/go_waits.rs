@@ -113,6 +113,13 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         );
         let diag = format!("\n{}\n{}", pprof_tops(&files, Some(pid)), daemon.describe());
         let left_out = daemon.summary_field("go_parks_not_blocking");
+        // Under the default budget: every park seen, none weighted (the
+        // duty cycle's own test is below).
+        assert_eq!(
+            daemon.summary_field("go_park_links_cycled"),
+            0,
+            "{version}: the park probes went on a duty cycle{diag}"
+        );
         let (recv, lock, sleep) = (
             delay_of(&ours, "main.recvWait"),
             delay_of(&ours, "main.lockWait"),
@@ -311,5 +318,111 @@ fn goroutine_mutex_profile_alone() {
         "{version}, mutex alone: delay at main.holdLock {unlock}, runtime/pprof {go_unlock} (allowed ±{GO_TOLERANCE})\n{}\n{}",
         pprof_tops(&files, Some(pid)),
         daemon.describe()
+    );
+}
+
+/// Park probes on a duty cycle (`[limits] go_park_runs_per_second` below
+/// the program's rate, some 3 700 runs a second): attached a quarter of
+/// each second at a random offset, each wait seen weighted by its chance
+/// to be seen. Per site, the estimate holds to the program's own count and
+/// time and to runtime/pprof as the always-attached probes do (above, with
+/// the same tolerances); the windows are counted.
+#[test]
+fn goroutine_waits_on_a_park_budget_agree_with_the_program() {
+    require_root();
+    let tmp = temp_dir();
+    let (version, go) = go_versions().into_iter().last().expect("a current Go");
+    let exe = Workload::GoContention.build_with_go(tmp.path(), "budget", &go);
+    let own = tmp.path().join("own.pprof");
+    let out = tmp.path().join("out");
+    let config = tmp.path().join("budget.toml");
+    std::fs::write(&config, "[limits]\ngo_park_runs_per_second = 1000\n").expect("config");
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        &exe,
+        &["5", own.to_str().expect("UTF-8 path")],
+        &out,
+        99,
+        &[
+            "--config",
+            config.to_str().expect("UTF-8 path"),
+            "--profiles",
+            "block,mutex",
+            "--block-rate",
+            "1ns",
+            "--mutex-fraction",
+            "1",
+        ],
+    );
+    let files = read_profiles(&out, "block");
+    let mutex_files = read_profiles(&out, "mutex");
+    let mine = |files: &[profiler_tests::profiles::ProfileFile]| -> Vec<FlatSample> {
+        flatten_all(files)
+            .into_iter()
+            .filter(|s| s.pid() == pid)
+            .collect()
+    };
+    let (ours, ours_mutex) = (mine(&files), mine(&mutex_files));
+    let own_profile = |path: &std::path::Path| {
+        flatten(
+            &pprof_proto::decode(&std::fs::read(path).expect("the program's own profile"))
+                .expect("Go's own profile decodes"),
+        )
+    };
+    let (theirs, theirs_mutex) = (
+        own_profile(&own),
+        own_profile(&own.with_extension("pprof.mutex")),
+    );
+    let diag = format!(
+        "\n{}\n{}\n{}",
+        pprof_tops(&files, Some(pid)),
+        pprof_tops(&mutex_files, Some(pid)),
+        daemon.describe()
+    );
+    let (cycled, windows) = (
+        daemon.summary_field("go_park_links_cycled"),
+        daemon.summary_field("go_park_windows"),
+    );
+    let contentions_of = |samples: &[FlatSample], function: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| s.has_function(function))
+            .map(|s| s.values[0])
+            .sum()
+    };
+    let (recv, recv_count, lock, unlock) = (
+        delay_of(&ours, "main.recvWait"),
+        contentions_of(&ours, "main.recvWait"),
+        delay_of(&ours, "main.lockWait"),
+        delay_of(&ours_mutex, "main.holdLock"),
+    );
+    let (go_recv, go_lock, go_unlock) = (
+        delay_of(&theirs, "main.recvWait"),
+        delay_of(&theirs, "main.lockWait"),
+        delay_of(&theirs_mutex, "main.holdLock"),
+    );
+    let (timed_recv, recv_waits) = (
+        field(&report, "recv_ns") as i64,
+        field(&report, "recv_waits") as i64,
+    );
+    println!(
+        "{version}, park budget 1000/s: {cycled} link cycled, {windows} windows; main.recvWait delay profilerd {recv} runtime/pprof {go_recv} timed {timed_recv}, waits {recv_count} of {recv_waits}; main.lockWait {lock} runtime/pprof {go_lock}; mutex at main.holdLock {unlock} runtime/pprof {go_unlock}"
+    );
+    assert!(
+        cycled == 1 && windows >= 3,
+        "{version}: {cycled} links cycled, {windows} windows (expected 1, and one window a second){diag}"
+    );
+    assert!(
+        off(recv, timed_recv) <= TIMED_TOLERANCE && off(recv_count, recv_waits) <= TIMED_TOLERANCE,
+        "{version}: main.recvWait {recv} ns in {recv_count} waits, the program timed {timed_recv} ns in {recv_waits} (allowed ±{TIMED_TOLERANCE}){diag}"
+    );
+    assert!(
+        off(recv, go_recv) <= GO_TOLERANCE
+            && off(lock, go_lock) <= GO_TOLERANCE
+            && off(unlock, go_unlock) <= GO_TOLERANCE,
+        "{version}: block delay at main.recvWait {recv} and main.lockWait {lock}, runtime/pprof {go_recv} and {go_lock}; mutex delay at main.holdLock {unlock}, runtime/pprof {go_unlock} (allowed ±{GO_TOLERANCE}){diag}"
     );
 }

@@ -15,6 +15,7 @@ pub(crate) mod go_labels;
 pub(crate) mod link_closer;
 pub mod log;
 pub(crate) mod map_syscalls;
+pub(crate) mod park_budget;
 pub(crate) mod perf_uprobe;
 pub(crate) mod probes;
 pub(crate) mod ring;

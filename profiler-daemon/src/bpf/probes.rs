@@ -23,6 +23,7 @@ use profiler_common::{
 };
 
 use crate::bpf::link_closer::LinkCloser;
+use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::log::KernelLog;
 use crate::bpf::map_syscalls::{self, BatchError};
 use crate::bpf::perf_uprobe::UprobePmu;
@@ -216,6 +217,8 @@ pub struct Probes {
     go_heap: Option<UprobeLinks>,
     /// The Go park probes' program and links (when block profiles are on).
     go_parks: Option<UprobeLinks>,
+    /// Their duty cycles, for processes above the budget (likewise).
+    park_budget: Option<ParkBudget>,
     /// The condition variable probes' program and links (likewise).
     cond_parks: Option<UprobeLinks>,
     /// Closes the uprobe links that are let go.
@@ -311,6 +314,7 @@ impl Probes {
             ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
             // Parks are remembered for the mutex profile's releases too.
             ("GO_PARKED", config.block || config.mutex_fraction.is_some()),
+            ("GO_PARK_GATES", config.block || config.mutex_fraction.is_some()),
             ("GO_FREEING", config.heap_sample_bytes.is_some()),
             ("WALK_HINTS", waits_on),
         ] {
@@ -448,6 +452,13 @@ impl Probes {
         let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
         let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
+        let park_budget = match go_parks {
+            Some(_) => Some(ParkBudget::new(
+                typed_map(&mut ebpf, "GO_PARK_GATES")?,
+                config.limits.go_park_runs_per_second,
+            )),
+            None => None,
+        };
         let mut probes = Probes {
             ebpf,
             targets,
@@ -477,6 +488,7 @@ impl Probes {
             allocators,
             go_heap,
             go_parks,
+            park_budget,
             cond_parks,
             closer,
             kernel_log,
@@ -734,6 +746,28 @@ impl Probes {
     /// being full.
     pub fn links_closed_inline(&self) -> u64 {
         self.closer.closed_inline()
+    }
+
+    /// When the Go park probes' duty cycles have something to do.
+    pub fn park_budget_due(&self) -> Option<std::time::Instant> {
+        self.park_budget.as_ref()?.next_due()
+    }
+
+    /// Opens and closes the Go park probes' windows that are due, and
+    /// measures the processes' park rates once a period: the windows
+    /// opened, by which their waits are weighted.
+    pub fn park_budget_step(&mut self) -> Vec<OpenWindow> {
+        match (&mut self.park_budget, &mut self.go_parks) {
+            (Some(budget), Some(links)) => budget.step(links),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn park_budget_stats(&self) -> BudgetStats {
+        self.park_budget
+            .as_ref()
+            .map(ParkBudget::stats)
+            .unwrap_or_default()
     }
 
     /// The condition variable probes' links, when block profiles are on.

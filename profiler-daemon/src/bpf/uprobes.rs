@@ -279,6 +279,9 @@ impl UprobeProgram {
 /// Identity of a file: device and inode.
 type FileId = (u64, u64);
 
+/// A link's file and owner (a target process, or 0: every process).
+pub type LinkKey = (FileId, u32);
+
 /// Counts of what attaching did, for the exit summary.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct AttachStats {
@@ -305,6 +308,9 @@ pub struct UprobeLinks {
     per_process: bool,
     files: HashMap<FileId, Option<Arc<ProbePoints>>>,
     links: HashMap<(FileId, u32), Link>,
+    /// Links detached for a while (a duty cycle: `park_budget`), with the
+    /// path to attach them again by; not attached anew meanwhile.
+    suspended: HashMap<LinkKey, PathBuf>,
     /// Where dropped links go to be closed (see `link_closer`).
     closer: Arc<LinkCloser>,
     stats: AttachStats,
@@ -329,6 +335,7 @@ impl UprobeLinks {
             per_process,
             files: HashMap::new(),
             links: HashMap::new(),
+            suspended: HashMap::new(),
             closer,
             stats: AttachStats::default(),
             causes_logged: HashSet::new(),
@@ -365,7 +372,7 @@ impl UprobeLinks {
             }
             let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
             let owner = if self.per_process { pid } else { 0 };
-            if self.links.contains_key(&(id, owner)) {
+            if self.links.contains_key(&(id, owner)) || self.suspended.contains_key(&(id, owner)) {
                 continue;
             }
             // The mapping's own file, whichever mount namespace or deleted
@@ -386,7 +393,7 @@ impl UprobeLinks {
     pub fn attach_file(&mut self, path: &Path, pid: u32) {
         let Ok(meta) = fs::metadata(path) else { return };
         let id = (meta.dev(), meta.ino());
-        if self.links.contains_key(&(id, pid)) {
+        if self.links.contains_key(&(id, pid)) || self.suspended.contains_key(&(id, pid)) {
             return;
         }
         if let Some(probes) = self.probes_of(id, path, path) {
@@ -487,12 +494,54 @@ impl UprobeLinks {
             for (_, link) in self.links.extract_if(|&(_, owner), _| owner == pid) {
                 self.closer.close_all(link);
             }
+            self.suspended.retain(|&(_, owner), _| owner != pid);
         }
+    }
+
+    /// The link that probes process `tgid`'s executable: its own (per
+    /// process), else the one of that file for every process; None when
+    /// neither is attached or suspended.
+    pub fn link_of(&self, tgid: u32) -> Option<LinkKey> {
+        let meta = fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
+        let id = (meta.dev(), meta.ino());
+        [(id, tgid), (id, 0)]
+            .into_iter()
+            .find(|key| self.links.contains_key(key) || self.suspended.contains_key(key))
+    }
+
+    /// Detaches link `key` until [`Self::resume`], which attaches it again
+    /// through `path` (a live process's `/proc/PID/exe`). False when it
+    /// was not attached.
+    pub fn suspend(&mut self, key: LinkKey, path: PathBuf) -> bool {
+        match self.links.remove(&key) {
+            Some(link) => {
+                self.closer.close_all(link);
+                self.suspended.insert(key, path);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Attaches a suspended link again, through `path` where given (the
+    /// one it was suspended with may be a process's that exited since);
+    /// false when it was not suspended or the attach failed (counted).
+    pub fn resume(&mut self, key: LinkKey, path: Option<PathBuf>) -> bool {
+        let Some(suspended_with) = self.suspended.remove(&key) else {
+            return false;
+        };
+        let path = path.unwrap_or(suspended_with);
+        let Some(Some(probes)) = self.files.get(&key.0).cloned() else {
+            return false;
+        };
+        self.attach(key.0, key.1, &path, &probes);
+        self.links.contains_key(&key)
     }
 
     /// Detaches everything (the links are closed by the closer: see
     /// [`LinkCloser::finish`]).
     pub fn detach_all(&mut self) {
+        self.suspended.clear();
         for (_, link) in self.links.drain() {
             self.closer.close_all(link);
         }

@@ -69,6 +69,12 @@ pub struct MapLimits {
     /// layouts, parsed symbol files, unwind tables, process unwinders,
     /// the walk memo). Not a kernel map either.
     pub memory_bytes: u64,
+    /// Runs of Go's park probes (`runtime.gopark`, `ready`) a second that
+    /// one Go process may pay for (0: no limit). Above it the process's
+    /// probes are attached for a window of each second and its waits
+    /// weighted by the time they could be seen (`bpf::park_budget`). Not a
+    /// kernel map.
+    pub go_park_runs_per_second: u64,
     /// Which sizes were not set, and so follow the sampling rate and the
     /// CPU count ([`MapLimits::size_for_rate`]).
     pub derived: Derived,
@@ -103,6 +109,12 @@ const HEAP_EVENTS_PER_CPU: u64 = 4 << 20;
 const WAIT_EVENTS_PER_CPU: u64 = 8 << 20;
 const DERIVED_RING_BYTES: (u64, u64) = (1 << 20, 64 << 20);
 
+/// Go park-probe runs a second per process before its probes go on a
+/// duty cycle: some 1.5 µs each on the development VM (a uprobe's trap
+/// and the program), so at most some 1.5% of a core per process
+/// (docs/BENCHMARKS.md, "Go's park probes on a budget").
+const DEFAULT_GO_PARK_RUNS_PER_SECOND: u64 = 10_000;
+
 /// Bounds of the derived sizes of the sample maps: the smallest (a quiet
 /// node's 99 Hz on a few CPUs still gets room for bursts) and the largest
 /// (what a fixed default held before; more is for `[limits]`).
@@ -119,6 +131,7 @@ impl Default for MapLimits {
             stacks_entries: STACKS_ENTRIES,
             walk_memo_entries: DEFAULT_MAX_WALKS as u32,
             memory_bytes: DEFAULT_MEMORY_BYTES,
+            go_park_runs_per_second: DEFAULT_GO_PARK_RUNS_PER_SECOND,
             derived: Derived::ALL,
         }
     }
@@ -198,6 +211,7 @@ pub struct LimitsTable {
     stacks_entries: Option<i64>,
     walk_memo_entries: Option<i64>,
     memory_bytes: Option<i64>,
+    go_park_runs_per_second: Option<i64>,
 }
 
 /// A `[limits]` value out of range: the key, the value and what is expected.
@@ -236,6 +250,14 @@ impl LimitsTable {
                 other => entries("walk_memo_entries", other)?.unwrap_or(d.walk_memo_entries),
             },
             memory_bytes: memory("memory_bytes", self.memory_bytes)?.unwrap_or(d.memory_bytes),
+            go_park_runs_per_second: match self.go_park_runs_per_second {
+                None => d.go_park_runs_per_second,
+                Some(v) => u64::try_from(v).map_err(|_| LimitError {
+                    key: "go_park_runs_per_second",
+                    value: v,
+                    expected: "expected 0 (no limit) or a number of probe runs a second".into(),
+                })?,
+            },
         })
     }
 }

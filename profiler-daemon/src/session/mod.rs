@@ -131,6 +131,11 @@ pub async fn run(settings: Settings) -> Result<()> {
                     break stop;
                 }
             }
+            _ = sleep_opt(s.probes.park_budget_due().map(|at| at.saturating_duration_since(Instant::now()))) => {
+                for window in s.probes.park_budget_step() {
+                    s.waits.park_windows.open(window);
+                }
+            }
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += s.settings.interval;
                 s.close_window(&mut rings).await;

@@ -107,9 +107,10 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
-/// The Go line of the exit summary: labels, allocations the Go runtime
-/// sampled, goroutine parks the block profile left out, and goroutines
-/// read for the goroutine profile.
+/// The Go line of the exit summary: park probes put on a duty cycle
+/// (`bpf::park_budget`), labels, allocations the Go runtime sampled,
+/// goroutine parks the block profile left out, and goroutines read for
+/// the goroutine profile.
 pub(crate) fn log_go_summary(
     probes: &Probes,
     go_labels: &GoLabelSets,
@@ -117,7 +118,12 @@ pub(crate) fn log_go_summary(
     go_rates_assumed: u64,
 ) {
     let c = probes.counters();
+    let parks = probes.park_budget_stats();
     tracing::info!(target: "profilerd::session",
+        go_park_links_cycled = parks.links_cycled,
+        go_park_links_cycled_at_once = parks.most_cycled,
+        go_park_windows = parks.windows,
+        go_park_window_failures = parks.resume_failures,
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],

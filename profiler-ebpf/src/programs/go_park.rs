@@ -2,7 +2,10 @@
 //! runtime.ready and runtime.readyWithTime): goroutine waits that never
 //! reach a futex.
 
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
+
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_user as read_user,
         generated::{
@@ -14,8 +17,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey, MAX_STACK_DEPTH, MutexDelay,
-    WaitHead, WaitStack, counter, go_fn, probe_cookie,
+    COMM_LEN, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey,
+    MAX_STACK_DEPTH, MutexDelay, ParkGate, WaitHead, WaitStack, counter, go_fn, probe_cookie,
     sampling::{keep_block_event, keep_mutex_event},
     wait_event, wait_flags,
 };
@@ -38,6 +41,11 @@ use crate::{
 /// Parked goroutines by (process, g address).
 #[map]
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
+
+/// Each Go process's park-probe gate and run count (see `ParkGate`).
+#[map]
+static GO_PARK_GATES: LruHashMap<u32, ParkGate> =
+    LruHashMap::with_max_entries(GO_PARK_GATE_ENTRIES, 0);
 
 /// Go's park points for the block and mutex profiles, attached to
 /// runtime.gopark, runtime.ready and runtime.readyWithTime of Go
@@ -80,13 +88,16 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         )
     };
     let function = cookie & go_fn::FUNCTION;
+    let Some(since) = gate(tgid, now) else {
+        return Ok(0);
+    };
     if function == go_fn::READY_WITH_TIME {
         if mutex_on {
             // readyWithTime(s *sudog, ...): the waiter is s.g, the first
             // field of a sudog in every release.
             // SAFETY: a checked read of user memory.
             let g = unsafe { read_user(rax as *const u64) }.map_err(|_| 0u32)?;
-            on_release(&ctx, tgid, pid_tgid as u32, cookie, g, now);
+            on_release(&ctx, tgid, pid_tgid as u32, cookie, g, (since, now));
         }
         return Ok(0);
     }
@@ -117,7 +128,9 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: copied out before the entry is removed.
     let park = (unsafe { GO_PARKED.get(key) }).copied().ok_or(0u32)?;
     let _ = GO_PARKED.remove(key);
-    if !block_on {
+    // Parked before this window opened: the goroutine may have been
+    // readied and parked again while the probes were detached.
+    if !block_on || park.start_ns < since {
         return Ok(0);
     }
     count(counter::FUTEX_WAITS);
@@ -137,13 +150,43 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     Ok(0)
 }
 
+/// The start of process `tgid`'s open window, None when `now` lies outside
+/// it (the daemon's duty cycle: see `ParkGate`); a run inside it is
+/// counted. A process seen the first time is open.
+#[inline(always)]
+fn gate(tgid: u32, now: u64) -> Option<u64> {
+    match GO_PARK_GATES.get_ptr_mut(tgid) {
+        Some(gate) => {
+            // SAFETY: a map value, valid during this run.
+            let (since, until) = unsafe { ((*gate).since_ns, (*gate).until_ns) };
+            if now < since || now >= until {
+                return None;
+            }
+            // SAFETY: as above; the count is added atomically (BPF's
+            // atomic add: the target has no compare-and-swap, so core's
+            // atomic types lack `fetch_add`), as every CPU's runs add to it.
+            unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*gate).runs, 1) };
+            Some(since)
+        }
+        None => {
+            let open = ParkGate {
+                runs: 1,
+                ..ParkGate::OPEN
+            };
+            // Full, or another CPU added it first: this run is uncounted.
+            let _ = GO_PARK_GATES.insert(tgid, open, BPF_NOEXIST as u64);
+            Some(0)
+        }
+    }
+}
+
 /// A semaphore's release readies goroutine `g` (parked, with a reason the
 /// cookie names as a mutex wait): one in MUTEX_FRACTION such releases is
 /// kept, as Go's mutex profile keeps them, charging the waiter's delay to
 /// the releasing goroutine's stack (`sync.(*Mutex).Unlock` and its
 /// caller), which is the current one.
 #[inline(always)]
-fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, now: u64) {
+fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, (since, now): (u64, u64)) {
     let key = FutexKey {
         tgid,
         _pad: 0,
@@ -153,7 +196,7 @@ fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, now:
     let Some(park) = (unsafe { GO_PARKED.get(key) }).copied() else {
         return;
     };
-    if !go_fn::is_mutex_reason(cookie, park.reason as u8) {
+    if park.start_ns < since || !go_fn::is_mutex_reason(cookie, park.reason as u8) {
         return;
     }
     // SAFETY: plain helpers.

@@ -26,10 +26,17 @@ pub struct BlockWindow {
 impl BlockWindow {
     /// A kept wait of `waited_ns`, sampled at `rate_ns`.
     pub fn add(&mut self, id: SampleId, waited_ns: u64, rate_ns: u64) {
+        self.add_weighted(id, waited_ns, rate_ns, 1.0);
+    }
+
+    /// A kept wait that stands for `weight` waits beyond Go's rule (seen
+    /// in a park-probe window: `ParkWindows`).
+    pub fn add_weighted(&mut self, id: SampleId, waited_ns: u64, rate_ns: u64, weight: f64) {
+        let (contentions, delay_ns) = block_event(waited_ns, rate_ns);
         self.samples
             .entry(id)
             .or_default()
-            .add(block_event(waited_ns, rate_ns));
+            .add((contentions * weight, delay_ns * weight));
     }
 
     pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {

@@ -39,9 +39,11 @@ use crate::stacks::unwind::Unwinder;
 
 mod block;
 mod mutex;
+mod park_windows;
 
 pub use block::{BlockWindow, Weight};
 pub use mutex::MutexTable;
+pub use park_windows::ParkWindows;
 
 /// What the block and mutex profiles collect.
 pub(crate) struct Waits {
@@ -54,6 +56,9 @@ pub(crate) struct Waits {
     /// The Go release of each process whose goroutines parked (read once;
     /// bounded by `GO_RELEASES_KEPT`).
     go_releases: HashMap<u32, Option<u32>>,
+    /// The windows of duty-cycled Go park probes, by which the goroutine
+    /// waits seen in them are weighted.
+    pub(crate) park_windows: ParkWindows,
 }
 
 impl Waits {
@@ -68,6 +73,7 @@ impl Waits {
             block_rate_ns: settings.block_rate.as_nanos() as u64,
             walk_hints,
             go_releases: HashMap::default(),
+            park_windows: ParkWindows::default(),
         }
     }
 
@@ -209,11 +215,23 @@ pub(crate) fn read_wait_events(
             GO_PARKS_NOT_BLOCKING.fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        // A goroutine's wait seen in a duty-cycled window of its park
+        // probes stands for the waits the window could not see.
+        let go = event.flags & wait_flags::GO_WAIT_REASON != 0;
         if kind == wait_event::BLOCK {
             waits.mutex.note_cond_word(&id);
-            waits.block.add(id, event.value, waits.block_rate_ns);
+            let weight = match go {
+                true => waits.park_windows.weight(id.tgid, event.time_ns, event.value),
+                false => 1.0,
+            };
+            waits
+                .block
+                .add_weighted(id, event.value, waits.block_rate_ns, weight);
         } else {
-            waits.mutex.wake(event.value, id);
+            let window = go
+                .then(|| waits.park_windows.window_at(id.tgid, event.time_ns))
+                .flatten();
+            waits.mutex.wake_in_window(event.value, id, window);
         }
     }
     waits.retire_hints(unwinder);

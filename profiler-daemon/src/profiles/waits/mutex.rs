@@ -4,6 +4,7 @@
 //! condition variable.
 
 use super::*;
+use super::park_windows::window_weight;
 
 /// Kept wake-ups remembered for delays that arrive late (their waits end
 /// after the window that saw the wake-up closed).
@@ -21,6 +22,10 @@ pub struct MutexTable {
     wake_order: VecDeque<u64>,
     /// Delays whose wake-up has not been seen yet.
     early: HashMap<u64, u64>,
+    /// The park-probe window (period, length) of each kept wake-up seen
+    /// in one (`ParkWindows`): its contention is counted with its delay,
+    /// weighted by it.
+    windows: HashMap<u64, (u64, u64)>,
     window: HashMap<Arc<SampleId>, Weight>,
     /// The condition variable of each futex word that waits inside
     /// `pthread_cond_*wait` were seen on, by (process, image, word): a
@@ -39,6 +44,7 @@ impl MutexTable {
             wakes: HashMap::default(),
             wake_order: VecDeque::new(),
             early: HashMap::default(),
+            windows: HashMap::default(),
             window: HashMap::default(),
             cond_words: HashMap::default(),
             orphan_delays: 0,
@@ -63,18 +69,36 @@ impl MutexTable {
     }
 
     /// A kept wake-up that woke someone, made at `id`'s stack.
+    #[cfg(test)]
     pub fn wake(&mut self, wake_id: u64, id: SampleId) {
+        self.wake_in_window(wake_id, id, None);
+    }
+
+    /// A kept wake-up seen in a park-probe window of (period, length),
+    /// if `window`: its contention is counted when its delay arrives (the
+    /// kernel sends that right after), weighted by that delay's chance
+    /// to be seen (`window_weight`).
+    pub fn wake_in_window(&mut self, wake_id: u64, id: SampleId, window: Option<(u64, u64)>) {
         let id = Arc::new(id);
-        // Counted once, with whatever delays arrived before it.
-        let early = self.early.remove(&wake_id).unwrap_or(0);
-        self.window
-            .entry(Arc::clone(&id))
-            .or_default()
-            .add(mutex_event(early, self.fraction));
+        match window {
+            Some(window) => {
+                self.window.entry(Arc::clone(&id)).or_default();
+                self.windows.insert(wake_id, window);
+            }
+            None => {
+                // Counted once, with whatever delays arrived before it.
+                let early = self.early.remove(&wake_id).unwrap_or(0);
+                self.window
+                    .entry(Arc::clone(&id))
+                    .or_default()
+                    .add(mutex_event(early, self.fraction));
+            }
+        }
         if self.wakes.len() >= MAX_WAKES
             && let Some(old) = self.wake_order.pop_front()
         {
             self.wakes.remove(&old);
+            self.windows.remove(&old);
         }
         self.wakes.insert(wake_id, id);
         self.wake_order.push_back(wake_id);
@@ -83,10 +107,20 @@ impl MutexTable {
     /// A wait of `delay_ns` ended by kept wake-up `wake_id`.
     pub fn delay(&mut self, wake_id: u64, delay_ns: u64) {
         match self.wakes.get(&wake_id) {
-            Some(id) => {
-                let (_, delay) = mutex_event(delay_ns, self.fraction);
-                self.window.entry(Arc::clone(id)).or_default().delay_ns += delay;
-            }
+            Some(id) => match self.windows.remove(&wake_id) {
+                Some(window) => {
+                    let weight = window_weight(window, delay_ns);
+                    let (contentions, delay) = mutex_event(delay_ns, self.fraction);
+                    self.window
+                        .entry(Arc::clone(id))
+                        .or_default()
+                        .add((contentions * weight, delay * weight));
+                }
+                None => {
+                    let (_, delay) = mutex_event(delay_ns, self.fraction);
+                    self.window.entry(Arc::clone(id)).or_default().delay_ns += delay;
+                }
+            },
             None => {
                 if self.early.len() >= MAX_EARLY_DELAYS {
                     self.orphan_delays += self.early.len() as u64;

@@ -1,0 +1,117 @@
+//! The windows in which a duty-cycled Go process's park probes were open
+//! (`bpf::park_budget`), and the weight of a goroutine wait seen inside
+//! one. The kernel keeps a wait only when it began and ended inside one
+//! window; a window of length W opens once per period P at a random
+//! offset, so a wait of length L < W is seen with probability
+//! (W − L) / P, and stands for P / (W − L) waits (Horvitz–Thompson). A
+//! wait outside every window (its process not cycled) weighs 1.
+
+use super::*;
+use crate::bpf::park_budget::OpenWindow;
+
+/// Windows remembered per process: a wait is read within a second or two
+/// of its end, and one window opens per period.
+const WINDOWS_PER_PROCESS: usize = 8;
+/// Processes whose windows are remembered (all are let go when full).
+const MAX_PROCESSES: usize = 4096;
+
+#[derive(Default)]
+pub struct ParkWindows {
+    by_process: HashMap<u32, VecDeque<OpenWindow>>,
+}
+
+impl ParkWindows {
+    pub fn open(&mut self, window: OpenWindow) {
+        if self.by_process.len() >= MAX_PROCESSES && !self.by_process.contains_key(&window.tgid) {
+            self.by_process.clear();
+        }
+        let windows = self.by_process.entry(window.tgid).or_default();
+        if windows.len() >= WINDOWS_PER_PROCESS {
+            windows.pop_front();
+        }
+        windows.push_back(window);
+    }
+
+    /// The (period, length) of the window of process `tgid` that holds
+    /// kernel time `at_ns`, if any.
+    pub fn window_at(&self, tgid: u32, at_ns: u64) -> Option<(u64, u64)> {
+        self.by_process
+            .get(&tgid)?
+            .iter()
+            .find(|w| w.since_ns <= at_ns && at_ns < w.until_ns)
+            .map(|w| (w.period_ns, w.until_ns - w.since_ns))
+    }
+
+    /// The weight of a wait of `waited_ns` in process `tgid` that ended at
+    /// `end_ns`.
+    pub fn weight(&self, tgid: u32, end_ns: u64, waited_ns: u64) -> f64 {
+        self.window_at(tgid, end_ns)
+            .map_or(1.0, |window| window_weight(window, waited_ns))
+    }
+}
+
+/// What a wait of `waited_ns` seen in a window of (period, length) stands
+/// for.
+pub fn window_weight((period_ns, length_ns): (u64, u64), waited_ns: u64) -> f64 {
+    period_ns as f64 / length_ns.saturating_sub(waited_ns).max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(tgid: u32, since_ns: u64, until_ns: u64) -> OpenWindow {
+        OpenWindow {
+            tgid,
+            since_ns,
+            until_ns,
+            period_ns: 1_000_000_000,
+        }
+    }
+
+    #[test]
+    fn a_wait_weighs_the_inverse_of_its_chance_to_be_seen() {
+        let mut w = ParkWindows::default();
+        // A 20 ms window of each second.
+        w.open(window(7, 5_000_000_000, 5_020_000_000));
+        // A 1 ms wait that ended in it: seen with probability 19/1000.
+        let weight = w.weight(7, 5_010_000_000, 1_000_000);
+        assert!((weight - 1000.0 / 19.0).abs() < 1e-9, "{weight}");
+        // Another process, or a time outside the window: weight 1.
+        assert_eq!(w.weight(8, 5_010_000_000, 1_000_000), 1.0);
+        assert_eq!(w.weight(7, 5_020_000_000, 1_000_000), 1.0);
+    }
+
+    /// Waits of many lengths, started uniformly over many periods with a
+    /// window at a random offset in each: the weighted sum of those seen
+    /// estimates their number and total length.
+    #[test]
+    fn weighted_waits_estimate_every_wait() {
+        let period = 1_000_000_000u64;
+        let length = 25_000_000u64;
+        let mut rng = fastrand::Rng::with_seed(20261127);
+        let (mut count, mut delay) = (0.0, 0.0);
+        let (mut true_count, mut true_delay) = (0.0, 0.0);
+        for k in 0..4000u64 {
+            let mut windows = ParkWindows::default();
+            let since = k * period + rng.u64(0..period - length);
+            windows.open(window(1, since, since + length));
+            // 200 waits a period, 0.1 to 10 ms long.
+            for _ in 0..200 {
+                let start = k * period + rng.u64(0..period);
+                let waited = rng.u64(100_000..10_000_000);
+                true_count += 1.0;
+                true_delay += waited as f64;
+                let end = start + waited;
+                // What the kernel's gate keeps.
+                if start >= since && end < since + length {
+                    let weight = windows.weight(1, end, waited);
+                    count += weight;
+                    delay += weight * waited as f64;
+                }
+            }
+        }
+        assert!((count / true_count - 1.0).abs() < 0.03, "{count} vs {true_count}");
+        assert!((delay / true_delay - 1.0).abs() < 0.03, "{delay} vs {true_delay}");
+    }
+}
