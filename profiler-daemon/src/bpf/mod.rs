@@ -3,7 +3,8 @@
 //! and the refusals that follow from it (`check`), typed ring and map
 //! reads (`drain`, `map_syscalls`, and Go label sets: `go_labels`),
 //! user-space probes and their links
-//! (`uprobes`, `perf_uprobe`) and link closing, the
+//! (`uprobes`, `perf_uprobe`) and link closing, Go park probes on a duty
+//! cycle (`park_budget`), the
 //! kernel programs' own log (`log`), and where user-space probes go
 //! (`attach/`: allocators, Go and pthread park points, probe placement).
 

@@ -29,6 +29,8 @@ use crate::bpf::uprobes::{LinkKey, UprobeLinks};
 
 /// Length of a duty cycle's period; one window opens in each.
 pub const PERIOD: Duration = Duration::from_secs(1);
+/// When the rates are first read after the start.
+const FIRST_CHECK: Duration = Duration::from_millis(100);
 /// The shortest window: attaching costs some 100 µs, and waits longer
 /// than a window are not seen.
 const MIN_WINDOW: Duration = Duration::from_millis(5);
@@ -96,7 +98,9 @@ impl ParkBudget {
             runs: HashMap::new(),
             cycles: HashMap::new(),
             owners: HashMap::new(),
-            next_check: now + PERIOD,
+            // A first look soon: the processes running at the start would
+            // otherwise pay a whole period of every park probed.
+            next_check: now + FIRST_CHECK,
             last_check: now,
             stats: BudgetStats::default(),
         }
@@ -170,7 +174,10 @@ impl ParkBudget {
         cycle.opens_at = None;
         let window = cycle_window(cycle.duty);
         if !links.resume(key, tgids.first().map(|&t| exe_of(t))) {
-            self.stats.resume_failures += 1;
+            // A process that exited is no failure: its link goes with it.
+            if tgids.iter().any(|&t| exe_of(t).exists()) {
+                self.stats.resume_failures += 1;
+            }
             return;
         }
         // Open from the moment the probes are in: every park and ready
@@ -201,8 +208,10 @@ impl ParkBudget {
         self.next_check = now + PERIOD;
         let mut rates: HashMap<LinkKey, f64> = HashMap::new();
         let gates: Vec<(u32, ParkGate)> = self.gates.iter().filter_map(Result::ok).collect();
-        self.owners.retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
-        self.runs.retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
+        self.owners
+            .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
+        self.runs
+            .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
         for (tgid, gate) in gates {
             let before = self.runs.insert(tgid, gate.runs).unwrap_or(0);
             let delta = gate.runs.checked_sub(before).unwrap_or(gate.runs);

@@ -23,9 +23,9 @@ use profiler_common::{
 };
 
 use crate::bpf::link_closer::LinkCloser;
-use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::log::KernelLog;
 use crate::bpf::map_syscalls::{self, BatchError};
+use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::perf_uprobe::UprobePmu;
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::{AttachMode, SessionError, UprobeLinks, UprobeProgram};
@@ -314,7 +314,10 @@ impl Probes {
             ("FUTEX_WAKERS", config.mutex_fraction.is_some()),
             // Parks are remembered for the mutex profile's releases too.
             ("GO_PARKED", config.block || config.mutex_fraction.is_some()),
-            ("GO_PARK_GATES", config.block || config.mutex_fraction.is_some()),
+            (
+                "GO_PARK_GATES",
+                config.block || config.mutex_fraction.is_some(),
+            ),
             ("GO_FREEING", config.heap_sample_bytes.is_some()),
             ("WALK_HINTS", waits_on),
         ] {

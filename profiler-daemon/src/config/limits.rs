@@ -323,6 +323,21 @@ mod tests {
     }
 
     #[test]
+    fn the_park_budget_may_be_off_not_negative() {
+        let budget = |text: &str| {
+            table(text)
+                .expect("parse")
+                .validate()
+                .map(|l| l.go_park_runs_per_second)
+        };
+        assert_eq!(budget(""), Ok(DEFAULT_GO_PARK_RUNS_PER_SECOND));
+        assert_eq!(budget("go_park_runs_per_second = 0"), Ok(0));
+        assert_eq!(budget("go_park_runs_per_second = 500"), Ok(500));
+        let err = budget("go_park_runs_per_second = -1").expect_err("negative");
+        assert_eq!(err.key, "go_park_runs_per_second");
+    }
+
+    #[test]
     fn given_keys_replace_defaults() {
         let limits = table("stack_samples_bytes = 4096\ncounts_entries = 1\nheap_live_entries = 8")
             .expect("parse")

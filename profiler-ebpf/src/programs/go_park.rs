@@ -165,7 +165,9 @@ fn gate(tgid: u32, now: u64) -> Option<u64> {
             // SAFETY: as above; the count is added atomically (BPF's
             // atomic add: the target has no compare-and-swap, so core's
             // atomic types lack `fetch_add`), as every CPU's runs add to it.
-            unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*gate).runs, 1) };
+            unsafe {
+                atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(&raw mut (*gate).runs, 1)
+            };
             Some(since)
         }
         None => {
@@ -186,7 +188,14 @@ fn gate(tgid: u32, now: u64) -> Option<u64> {
 /// the releasing goroutine's stack (`sync.(*Mutex).Unlock` and its
 /// caller), which is the current one.
 #[inline(always)]
-fn on_release(ctx: &ProbeContext, tgid: u32, tid: u32, cookie: u64, g: u64, (since, now): (u64, u64)) {
+fn on_release(
+    ctx: &ProbeContext,
+    tgid: u32,
+    tid: u32,
+    cookie: u64,
+    g: u64,
+    (since, now): (u64, u64),
+) {
     let key = FutexKey {
         tgid,
         _pad: 0,

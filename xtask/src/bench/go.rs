@@ -10,8 +10,9 @@
 //! `tests/workloads/go_heap.go` (allocation-heavy) runs bare and under
 //! `--profiles heap` the same way: the Go runtime's sampled allocations
 //! recorded from outside; `tests/workloads/go_pingpong.go`
-//! (channel-heavy) bare and under `--profiles block,mutex`: Go's park
-//! points probed.
+//! (channel-heavy) bare, under `--profiles block,mutex` (Go's park
+//! points probed, on the default park budget) and under the same without a
+//! budget. `--go-tables` runs some of the tables only.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -90,7 +91,23 @@ struct RunFigures {
     report: String,
 }
 
-pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<String> {
+/// The tables `measure` makes, in order; `only` (empty: all) chooses.
+const TABLES: [&str; 4] = ["cpu", "heap", "channels", "goroutines"];
+
+pub fn measure(
+    root: &Path,
+    bin: &Path,
+    work: &Path,
+    seconds: u64,
+    only: &[String],
+) -> Result<String> {
+    if let Some(unknown) = only.iter().find(|t| !TABLES.contains(&t.as_str())) {
+        bail!(
+            "--go-tables: no table {unknown:?} (tables: {})",
+            TABLES.join(", ")
+        );
+    }
+    let wanted = |table: &str| only.is_empty() || only.iter().any(|t| t == table);
     let mut gos = vec![("go1.19 (Debian)", PathBuf::from("go"))];
     let current = root.join("target/tools/go-current/bin/go");
     if current.exists() {
@@ -105,8 +122,35 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
         daemon_args: &["--cpu-frequency", HZ, "--config", &labels_off],
         ..CPU
     };
+    let mut out = "# Go programs profiled from outside\n".to_string();
+    if wanted("cpu") {
+        out += &measure_cpu(root, bin, work, seconds, &gos, &cpu_labels_off)?;
+    }
+    if wanted("heap") {
+        out += &measure_heap(root, bin, work, seconds, &gos)?;
+    }
+    if wanted("channels") {
+        out += &measure_channels(root, bin, work, seconds, &gos)?;
+    }
+    if wanted("goroutines") {
+        out += &measure_goroutines(root, bin, work, seconds, &gos)?;
+    }
+    Ok(out)
+}
+
+/// The CPU table: `go_handlers.go` bare, profiled with its labels read,
+/// and profiled with them not read (`labels_off`).
+fn measure_cpu(
+    root: &Path,
+    bin: &Path,
+    work: &Path,
+    seconds: u64,
+    gos: &[(&str, PathBuf)],
+    labels_off: &Mode<'_>,
+) -> Result<String> {
+    let cpu_labels_off = labels_off;
     let mut out = format!(
-        "# Go programs profiled from outside\n\nCommand: `cargo xtask bench --go` \
+        "\nCommand: `cargo xtask bench --go` \
          ({seconds} s per run, {ROUNDS} rounds, median [min–max]). `go_handlers.go` bare, \
          under `profilerd --pid P --cpu-frequency {HZ}`, and under the same with \
          `[debug] go_labels = false` (labels not read), alternately; BPF time per \
@@ -114,7 +158,7 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
          | Go | spins/s bare | spins/s profiled | slowdown | cpu_sample ns/run, labels read | cpu_sample ns/run, labels not read | label reading per sample | labeled samples |\n\
          |---|---|---|---|---|---|---|---|\n"
     );
-    for (version, go) in &gos {
+    for (version, go) in gos {
         let handlers = build(go, root, work, "go_handlers.go")?;
         let (mut bare, mut profiled, mut unlabeled) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
@@ -127,7 +171,7 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
                 &handlers,
                 &[&own],
                 Some(bin),
-                &cpu_labels_off,
+                cpu_labels_off,
                 work,
                 seconds,
             )?);
@@ -148,9 +192,6 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             profiled.iter().map(|r| r.labeled).sum::<u64>() / ROUNDS as u64,
         );
     }
-    out += &measure_heap(root, bin, work, seconds, &gos)?;
-    out += &measure_channels(root, bin, work, seconds, &gos)?;
-    out += &measure_goroutines(root, bin, work, seconds, &gos)?;
     Ok(out)
 }
 
@@ -218,25 +259,40 @@ fn measure_channels(
     seconds: u64,
     gos: &[(&str, PathBuf)],
 ) -> Result<String> {
+    // The off switch of the park budget: every park probed all the time.
+    let unlimited = work.join("go-parks-unlimited.toml");
+    fs::write(&unlimited, "[limits]\ngo_park_runs_per_second = 0\n").context("writing a config")?;
+    let unlimited = unlimited.to_string_lossy().into_owned();
+    let block_unlimited = Mode {
+        daemon_args: &["--profiles", "block,mutex", "--config", &unlimited],
+        ..BLOCK
+    };
     let mut out = format!(
         "\nChannel-heavy: `go_pingpong.go` (two goroutines hand a token over unbuffered \
-         channels as fast as they can: every hand-off a park and a ready) bare and under \
-         `profilerd --pid P --profiles block,mutex` at the default rates, alternately, \
-         {ROUNDS} rounds; BPF time per `go_park_probe` run.\n\n\
-         | Go | round trips/s bare | round trips/s profiled | slowdown | go_park_probe ns/run | runs per second |\n\
-         |---|---|---|---|---|---|\n"
+         channels as fast as they can: every hand-off a park and a ready) bare, under \
+         `profilerd --pid P --profiles block,mutex` at the default rates and park budget \
+         (`[limits] go_park_runs_per_second`), and under the same without a budget (0), \
+         alternately, {ROUNDS} rounds; BPF time per `go_park_probe` run and runs per second \
+         of the run.\n\n\
+         | Go | round trips/s bare | profiled, default budget | slowdown | go_park_probe ns/run | runs per second | profiled, no budget | slowdown | ns/run | runs per second |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (version, go) in gos {
         let exe = build(go, root, work, "go_pingpong.go")?;
-        let (mut bare, mut profiled) = (Vec::new(), Vec::new());
+        let (mut bare, mut profiled, mut every) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             eprintln!("bench --go: channels, {version}, round {}", round + 1);
             bare.push(run(&exe, &[], None, &BLOCK, work, seconds)?);
             profiled.push(run(&exe, &[], Some(bin), &BLOCK, work, seconds)?);
+            every.push(run(&exe, &[], Some(bin), &block_unlimited, work, seconds)?);
         }
+        let unlimited_columns = profiled_columns(&bare, &every, seconds);
         out += &format!(
-            "| {version} | {} |\n",
-            profiled_columns(&bare, &profiled, seconds)
+            "| {version} | {} | {} |\n",
+            profiled_columns(&bare, &profiled, seconds),
+            unlimited_columns
+                .split_once(" | ")
+                .map_or(unlimited_columns.as_str(), |(_, rest)| rest)
         );
     }
     Ok(out)

@@ -66,6 +66,10 @@ pub struct BenchArgs {
     /// current Go (`--seconds` per run; writes target/bench-go.md).
     #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint"])]
     go: bool,
+    /// With --go: only these tables (comma-separated: cpu, heap,
+    /// channels, goroutines).
+    #[arg(long, value_name = "TABLES", requires = "go", value_delimiter = ',')]
+    go_tables: Vec<String>,
     /// With --waits: also run every profilerd setup with this daemon binary
     /// (an earlier build), in the same rounds, and compare the two.
     #[arg(long, value_name = "BIN", requires = "waits")]
@@ -107,7 +111,7 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
     } else if args.go {
         let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
             .context("enabling BPF run-time stats")
-            .and_then(|()| go::measure(root, &bin, &work, args.seconds));
+            .and_then(|()| go::measure(root, &bin, &work, args.seconds, &args.go_tables));
         (result, root.join("target/bench-go.md"))
     } else if args.waits {
         (

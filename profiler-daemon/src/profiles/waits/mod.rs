@@ -3,7 +3,9 @@
 //! stack (block.rs, for block and off-CPU), kept contended wake-ups by the
 //! waker's stack with the delays of the waits they ended (mutex.rs), and
 //! each window's profiles built. Rescaling follows Go
-//! (`rescale::block_event`, `rescale::mutex_event`).
+//! (`rescale::block_event`, `rescale::mutex_event`), and a goroutine wait
+//! seen in a duty-cycled park-probe window is weighted by its chance to
+//! be seen (park_windows.rs).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -221,7 +223,9 @@ pub(crate) fn read_wait_events(
         if kind == wait_event::BLOCK {
             waits.mutex.note_cond_word(&id);
             let weight = match go {
-                true => waits.park_windows.weight(id.tgid, event.time_ns, event.value),
+                true => waits
+                    .park_windows
+                    .weight(id.tgid, event.time_ns, event.value),
                 false => 1.0,
             };
             waits

@@ -3,8 +3,8 @@
 //! fraction (`rescale::mutex_event`), and the futex words known to lie in a
 //! condition variable.
 
-use super::*;
 use super::park_windows::window_weight;
+use super::*;
 
 /// Kept wake-ups remembered for delays that arrive late (their waits end
 /// after the window that saw the wake-up closed).

@@ -111,7 +111,13 @@ mod tests {
                 }
             }
         }
-        assert!((count / true_count - 1.0).abs() < 0.03, "{count} vs {true_count}");
-        assert!((delay / true_delay - 1.0).abs() < 0.03, "{delay} vs {true_delay}");
+        assert!(
+            (count / true_count - 1.0).abs() < 0.03,
+            "{count} vs {true_count}"
+        );
+        assert!(
+            (delay / true_delay - 1.0).abs() < 0.03,
+            "{delay} vs {true_delay}"
+        );
     }
 }
