@@ -70,8 +70,12 @@ pub mod counter {
     /// Go objects whose free was seen at `runtime.mProf_Free` (their
     /// release's special records not read: see `go_heap_fn`).
     pub const GO_FREES_AT_PROFILE_FREE: u32 = 28;
+    /// Goroutine waits not seen because they outlasted the park probes'
+    /// window they began in (a duty-cycled process's: `ParkGate`): their
+    /// ready found a park from before its window opened.
+    pub const GO_WAITS_OUTLASTING_WINDOWS: u32 = 29;
     /// Number of counters.
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 30;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -116,9 +116,12 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
         // Under the default budget: every park seen, none weighted (the
         // duty cycle's own test is below).
         assert_eq!(
-            daemon.summary_field("go_park_links_cycled"),
-            0,
-            "{version}: the park probes went on a duty cycle{diag}"
+            (
+                daemon.summary_field("go_park_links_cycled"),
+                daemon.summary_field("go_waits_outlasting_windows")
+            ),
+            (0, 0),
+            "{version}: the park probes went on a duty cycle, or waits were counted as outlasting a window{diag}"
         );
         let (recv, lock, sleep) = (
             delay_of(&ours, "main.recvWait"),
@@ -382,9 +385,10 @@ fn goroutine_waits_on_a_park_budget_agree_with_the_program() {
         pprof_tops(&mutex_files, Some(pid)),
         daemon.describe()
     );
-    let (cycled, windows) = (
+    let (cycled, windows, outlasting) = (
         daemon.summary_field("go_park_links_cycled"),
         daemon.summary_field("go_park_windows"),
+        daemon.summary_field("go_waits_outlasting_windows"),
     );
     let contentions_of = |samples: &[FlatSample], function: &str| -> i64 {
         samples
@@ -409,7 +413,7 @@ fn goroutine_waits_on_a_park_budget_agree_with_the_program() {
         field(&report, "recv_waits") as i64,
     );
     println!(
-        "{version}, park budget 1000/s: {cycled} link cycled, {windows} windows; main.recvWait delay profilerd {recv} runtime/pprof {go_recv} timed {timed_recv}, waits {recv_count} of {recv_waits}; main.lockWait {lock} runtime/pprof {go_lock}; mutex at main.holdLock {unlock} runtime/pprof {go_unlock}"
+        "{version}, park budget 1000/s: {cycled} link cycled, {windows} windows, {outlasting} waits outlasting theirs; main.recvWait delay profilerd {recv} runtime/pprof {go_recv} timed {timed_recv}, waits {recv_count} of {recv_waits}; main.lockWait {lock} runtime/pprof {go_lock}; mutex at main.holdLock {unlock} runtime/pprof {go_unlock}"
     );
     assert!(
         cycled == 1 && windows >= 3,

@@ -4,14 +4,15 @@
 //! slower. Each second this reads how often each process ran them
 //! (`ParkGate::runs`, counted in the kernel inside open windows); a
 //! process above `[limits] go_park_runs_per_second` gets its link put on a
-//! duty cycle: attached for one window of `duty × PERIOD` at a random
-//! offset in each period, detached the rest of the time. The kernel keeps
-//! only the waits that began and ended inside a window (the gate), so a
-//! wait of length L is seen with probability (W − L) / PERIOD, and the
-//! block and mutex profiles weigh it by the inverse
-//! (`profiles::waits::ParkWindows`): the estimate stays Go's, at a cost
-//! the budget bounds. Waits as long as a window are not seen at all while
-//! a process is on the cycle; that is what the budget buys
+//! duty cycle: attached for one window of W = duty × P at a random offset
+//! in each period P, detached the rest of the time. The kernel keeps only
+//! the waits that began and ended inside a window (the gate), so a wait of
+//! length L is seen with probability (W − L) / P, and the block and mutex
+//! profiles weigh it by the inverse (`profiles::waits::ParkWindows`): the
+//! estimate stays Go's, at a cost the budget bounds. A window lasts at
+//! least `MIN_WINDOW` (the period grows, up to `MAX_PERIOD`, to keep the
+//! duty): waits longer than their window are not seen while a process is
+//! on the cycle, and are counted (`GO_WAITS_OUTLASTING_WINDOWS`)
 //! (docs/design/016-go-from-outside.md, "Park probes on a budget").
 //!
 //! A link probes a file: per target process (`--pid`), or for every
@@ -27,13 +28,16 @@ use profiler_common::ParkGate;
 
 use crate::bpf::uprobes::{LinkKey, UprobeLinks};
 
-/// Length of a duty cycle's period; one window opens in each.
-pub const PERIOD: Duration = Duration::from_secs(1);
-/// When the rates are first read after the start.
+/// How often the processes' rates are read, and the shortest period.
+pub const CHECK: Duration = Duration::from_secs(1);
+/// When the rates are first read after the start: the processes running
+/// then would otherwise pay a whole second of every park probed.
 const FIRST_CHECK: Duration = Duration::from_millis(100);
-/// The shortest window: attaching costs some 100 µs, and waits longer
-/// than a window are not seen.
-const MIN_WINDOW: Duration = Duration::from_millis(5);
+/// The shortest window: waits as long are seen in every cycled process.
+const MIN_WINDOW: Duration = Duration::from_millis(100);
+/// The longest period: below a duty of MIN_WINDOW / MAX_PERIOD (1%), a
+/// process pays that duty, above its budget.
+const MAX_PERIOD: Duration = Duration::from_secs(10);
 /// A cycled link goes back to always attached when its rate in the open
 /// windows falls below this share of the budget (hysteresis).
 const LEAVE_SHARE: f64 = 0.5;
@@ -52,14 +56,57 @@ pub struct OpenWindow {
 
 /// One link on the duty cycle.
 struct Cycle {
-    /// Share of each period the link is attached.
-    duty: f64,
+    /// Its period and the window in each, for the duty last measured.
+    period: Duration,
+    window: Duration,
+    /// When the current period ends (and the next one's window is drawn).
+    period_end: Instant,
     /// When this period's window opens; None once it has.
     opens_at: Option<Instant>,
     /// While open: when to detach.
     closes_at: Option<Instant>,
-    /// How long the last window was open (the rate's denominator).
-    last_open: Duration,
+    /// Runs and open time since the rate was last measured.
+    runs: u64,
+    open: Duration,
+}
+
+impl Cycle {
+    fn new(duty: f64, now: Instant) -> Self {
+        let mut cycle = Cycle {
+            period: CHECK,
+            window: MIN_WINDOW,
+            period_end: now,
+            opens_at: None,
+            closes_at: None,
+            runs: 0,
+            open: Duration::ZERO,
+        };
+        cycle.set_duty(duty);
+        cycle.next_period(now);
+        cycle
+    }
+
+    /// The period and window for `duty`: one window a second where it is
+    /// at least MIN_WINDOW long, else a longer period (up to MAX_PERIOD).
+    fn set_duty(&mut self, duty: f64) {
+        let duty = duty.clamp(1e-6, 1.0);
+        self.period = MIN_WINDOW.div_f64(duty).clamp(CHECK, MAX_PERIOD);
+        self.window = self
+            .period
+            .mul_f64(duty)
+            .clamp(MIN_WINDOW, self.period - Duration::from_millis(3));
+    }
+
+    /// Draws the window of the period that starts now: uniformly at
+    /// random where it fits, so that every wait's chance to be seen is
+    /// (W − L) / P.
+    fn next_period(&mut self, now: Instant) {
+        let room = self
+            .period
+            .saturating_sub(self.window + Duration::from_millis(2));
+        self.opens_at = Some(now + room.mul_f64(fastrand::f64()));
+        self.period_end = now + self.period;
+    }
 }
 
 /// What the duty cycles did, for the exit summary.
@@ -71,7 +118,7 @@ pub struct BudgetStats {
     pub links_cycled: u64,
     /// Most links on a duty cycle at once.
     pub most_cycled: u64,
-    /// Windows that could not attach (the process gone meanwhile).
+    /// Windows that could not attach though their process lived.
     pub resume_failures: u64,
 }
 
@@ -98,8 +145,6 @@ impl ParkBudget {
             runs: HashMap::new(),
             cycles: HashMap::new(),
             owners: HashMap::new(),
-            // A first look soon: the processes running at the start would
-            // otherwise pay a whole period of every park probed.
             next_check: now + FIRST_CHECK,
             last_check: now,
             stats: BudgetStats::default(),
@@ -117,12 +162,12 @@ impl ParkBudget {
         }
         self.cycles
             .values()
-            .filter_map(|c| c.closes_at.or(c.opens_at))
+            .filter_map(|c| c.closes_at.or(c.opens_at).or(Some(c.period_end)))
             .chain([self.next_check])
             .min()
     }
 
-    /// Opens and closes the windows due by now, and once a period measures
+    /// Opens and closes the windows due by now, and every second measures
     /// each process's rate and puts links on or off the cycle. Returns the
     /// windows opened.
     pub fn step(&mut self, links: &mut UprobeLinks) -> Vec<OpenWindow> {
@@ -141,7 +186,7 @@ impl ParkBudget {
         opened
     }
 
-    /// Opens or closes one cycled link's window when due.
+    /// Closes, opens or draws one cycled link's window when due.
     fn turn(
         &mut self,
         key: LinkKey,
@@ -153,65 +198,71 @@ impl ParkBudget {
         let Some(cycle) = self.cycles.get_mut(&key) else {
             return;
         };
-        if let Some(closes_at) = cycle.closes_at
-            && now >= closes_at
-        {
-            cycle.closes_at = None;
-            if let Some(&tgid) = tgids.first() {
-                links.suspend(key, exe_of(tgid));
-            }
-            for &tgid in &tgids {
-                set_gate(&mut self.gates, tgid, SHUT);
+        if let Some(closes_at) = cycle.closes_at {
+            if now >= closes_at {
+                cycle.closes_at = None;
+                if let Some(&tgid) = tgids.first() {
+                    links.suspend(key, exe_of(tgid));
+                }
+                for &tgid in &tgids {
+                    set_gate(&mut self.gates, tgid, SHUT);
+                }
             }
             return;
         }
-        let Some(opens_at) = cycle.opens_at else {
+        if cycle.opens_at.is_none() {
+            if now >= cycle.period_end {
+                cycle.next_period(now);
+            }
             return;
-        };
-        if now < opens_at {
+        }
+        if cycle.opens_at.is_some_and(|at| now < at) {
             return;
         }
         cycle.opens_at = None;
-        let window = cycle_window(cycle.duty);
         if !links.resume(key, tgids.first().map(|&t| exe_of(t))) {
             // A process that exited is no failure: its link goes with it.
+            // Either way the link is gone, and so is its cycle (a process
+            // of that file seen later is attached anew).
             if tgids.iter().any(|&t| exe_of(t).exists()) {
                 self.stats.resume_failures += 1;
             }
+            self.cycles.remove(&key);
             return;
         }
         // Open from the moment the probes are in: every park and ready
         // inside [since, until) is seen.
         let since = monotonic_ns();
-        let until = since + window.as_nanos() as u64;
+        let until = since + cycle.window.as_nanos() as u64;
         for &tgid in &tgids {
             set_gate(&mut self.gates, tgid, (since, until));
             opened.push(OpenWindow {
                 tgid,
                 since_ns: since,
                 until_ns: until,
-                period_ns: PERIOD.as_nanos() as u64,
+                period_ns: cycle.period.as_nanos() as u64,
             });
         }
-        cycle.last_open = window;
+        cycle.open += cycle.window;
         // Detached a little after the gate shuts, so that nothing inside
         // the window is missed.
-        cycle.closes_at = Some(Instant::now() + window + Duration::from_millis(1));
+        cycle.closes_at = Some(Instant::now() + cycle.window + Duration::from_millis(1));
         self.stats.windows += 1;
     }
 
-    /// Once a period: each process's runs since the last check, over the
-    /// time its probes were open, decide which links cycle and how much.
+    /// Every second: each link's runs since the last check, over the time
+    /// its probes were open, decide which links cycle and how much.
     fn check(&mut self, now: Instant, links: &mut UprobeLinks) {
         let elapsed = now.duration_since(self.last_check);
         self.last_check = now;
-        self.next_check = now + PERIOD;
-        let mut rates: HashMap<LinkKey, f64> = HashMap::new();
+        self.next_check = now + CHECK;
         let gates: Vec<(u32, ParkGate)> = self.gates.iter().filter_map(Result::ok).collect();
         self.owners
             .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
         self.runs
             .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
+        // Runs since the last check, by link.
+        let mut runs: HashMap<LinkKey, u64> = HashMap::new();
         for (tgid, gate) in gates {
             let before = self.runs.insert(tgid, gate.runs).unwrap_or(0);
             let delta = gate.runs.checked_sub(before).unwrap_or(gate.runs);
@@ -222,73 +273,74 @@ impl ParkBudget {
                     None => continue,
                 },
             };
-            if delta == 0 {
-                continue;
-            }
-            let open = match self.cycles.get(&key) {
-                Some(cycle) => cycle.last_open,
-                None => elapsed,
-            };
-            let rate = delta as f64 / open.as_secs_f64().max(1e-3);
-            let entry = rates.entry(key).or_default();
-            *entry = entry.max(rate);
+            *runs.entry(key).or_default() += delta;
         }
         let budget = self.runs_per_second as f64;
-        for (key, rate) in rates {
-            match self.cycles.get_mut(&key) {
-                None if rate > budget => {
-                    let path = match self.processes_of(key).first() {
-                        Some(&tgid) => exe_of(tgid),
-                        None => continue,
-                    };
-                    if !links.suspend(key, path) {
-                        continue;
-                    }
-                    for tgid in self.processes_of(key) {
-                        set_gate(&mut self.gates, tgid, SHUT);
-                    }
-                    self.cycles.insert(
-                        key,
-                        Cycle {
-                            duty: budget / rate,
-                            opens_at: None,
-                            closes_at: None,
-                            last_open: Duration::ZERO,
-                        },
-                    );
-                    self.stats.links_cycled += 1;
-                    tracing::info!(
-                        "Go park probes of {key:?} run {rate:.0} times a second, above the budget of {budget:.0} ([limits] go_park_runs_per_second): attached {:.1}% of the time from now on, waits weighted by the time they could be seen",
-                        100.0 * budget / rate
-                    );
+        for (key, delta) in runs {
+            let Some(cycle) = self.cycles.get_mut(&key) else {
+                let rate = delta as f64 / elapsed.as_secs_f64().max(1e-3);
+                if rate > budget {
+                    self.start_cycle(key, rate, now, links);
                 }
-                Some(cycle) if rate < budget * LEAVE_SHARE => {
-                    let was_closed = cycle.closes_at.is_none();
-                    self.cycles.remove(&key);
-                    let tgids = self.processes_of(key);
-                    if was_closed {
-                        links.resume(key, tgids.first().map(|&t| exe_of(t)));
-                    }
-                    // Parks from before are stale: the goroutines may have
-                    // been readied while the probes were detached.
-                    let since = monotonic_ns();
-                    for tgid in tgids {
-                        set_gate(&mut self.gates, tgid, (since, u64::MAX));
-                    }
-                }
-                Some(cycle) => cycle.duty = (budget / rate).min(1.0),
-                None => {}
+                continue;
+            };
+            cycle.runs += delta;
+            // Measured once a window has closed since the last measure.
+            if cycle.open.is_zero() || cycle.closes_at.is_some() {
+                continue;
+            }
+            let rate = cycle.runs as f64 / cycle.open.as_secs_f64();
+            (cycle.runs, cycle.open) = (0, Duration::ZERO);
+            if rate >= budget * LEAVE_SHARE {
+                cycle.set_duty(budget / rate.max(1.0));
+                continue;
+            }
+            self.cycles.remove(&key);
+            let tgids = self.processes_of(key);
+            links.resume(key, tgids.first().map(|&t| exe_of(t)));
+            // Parks from before are stale: the goroutines may have been
+            // readied while the probes were detached.
+            let since = monotonic_ns();
+            for tgid in tgids {
+                set_gate(&mut self.gates, tgid, (since, u64::MAX));
             }
         }
-        // A link whose processes ran nothing (they parked nowhere, or
-        // exited) keeps its duty; every cycle gets this period's window.
-        for cycle in self.cycles.values_mut() {
-            let window = cycle_window(cycle.duty);
-            let room = PERIOD.saturating_sub(window + Duration::from_millis(2));
-            cycle.opens_at =
-                Some(now + room.mul_f64(fastrand::f64()).max(Duration::from_millis(1)));
-        }
         self.stats.most_cycled = self.stats.most_cycled.max(self.cycles.len() as u64);
+    }
+
+    /// Puts link `key`, whose processes ran the probes `rate` times a
+    /// second, on the duty cycle: detached now, its first window drawn.
+    fn start_cycle(&mut self, key: LinkKey, rate: f64, now: Instant, links: &mut UprobeLinks) {
+        let tgids = self.processes_of(key);
+        let Some(&first) = tgids.first() else {
+            return;
+        };
+        if !links.suspend(key, exe_of(first)) {
+            return;
+        }
+        for &tgid in &tgids {
+            set_gate(&mut self.gates, tgid, SHUT);
+        }
+        let budget = self.runs_per_second as f64;
+        let cycle = Cycle::new(budget / rate, now);
+        tracing::info!(
+            "Go park probes of process {first} ({}) run {rate:.0} times a second, above the budget of {budget:.0} ([limits] go_park_runs_per_second): from now on attached {:?} of every {:?} (waits weighted by their chance to be seen; longer waits not seen, counted as go_waits_outlasting_windows)",
+            std::fs::read_link(exe_of(first))
+                .map_or_else(|_| "?".to_string(), |p| p.display().to_string()),
+            cycle.window,
+            cycle.period,
+        );
+        self.cycles.insert(key, cycle);
+        self.stats.links_cycled += 1;
+    }
+
+    /// Forgets a process that exited or exec'd (its gate too: a new image
+    /// starts open, and its pid may be reused).
+    pub fn forget(&mut self, tgid: u32) {
+        self.runs.remove(&tgid);
+        self.owners.remove(&tgid);
+        // Gone already (evicted, or never there): nothing to do.
+        let _ = self.gates.remove(&tgid);
     }
 
     /// The processes whose gates follow link `key`: its target, or those
@@ -304,13 +356,6 @@ impl ParkBudget {
             .map(|(&tgid, _)| tgid)
             .collect()
     }
-}
-
-/// A window's length for `duty` of a period.
-fn cycle_window(duty: f64) -> Duration {
-    PERIOD
-        .mul_f64(duty.clamp(0.0, 1.0))
-        .clamp(MIN_WINDOW, PERIOD - Duration::from_millis(3))
 }
 
 fn exe_of(tgid: u32) -> PathBuf {
@@ -339,4 +384,29 @@ pub fn monotonic_ns() -> u64 {
     // SAFETY: a valid out pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duty_gets_a_window_of_at_least_the_shortest() {
+        let now = Instant::now();
+        // A quarter: one 250 ms window a second.
+        let c = Cycle::new(0.25, now);
+        assert_eq!((c.period, c.window), (CHECK, Duration::from_millis(250)));
+        // 1.25%: the period grows so that the window is 100 ms.
+        let c = Cycle::new(0.0125, now);
+        assert_eq!((c.period, c.window), (Duration::from_secs(8), MIN_WINDOW));
+        // Below 1%: the longest period, the shortest window.
+        let c = Cycle::new(0.001, now);
+        assert_eq!((c.period, c.window), (MAX_PERIOD, MIN_WINDOW));
+        // The window lies inside its period.
+        for _ in 0..100 {
+            let c = Cycle::new(0.5, now);
+            let opens = c.opens_at.expect("drawn");
+            assert!(opens >= now && opens + c.window <= c.period_end);
+        }
+    }
 }

@@ -766,6 +766,13 @@ impl Probes {
         }
     }
 
+    /// Forgets the park-probe gate of a process that exited or exec'd.
+    pub fn forget_park_gate(&mut self, tgid: u32) {
+        if let Some(budget) = &mut self.park_budget {
+            budget.forget(tgid);
+        }
+    }
+
     pub fn park_budget_stats(&self) -> BudgetStats {
         self.park_budget
             .as_ref()

@@ -531,6 +531,12 @@ impl UprobeLinks {
             return false;
         };
         let path = path.unwrap_or(suspended_with);
+        // The probe points are the file's offsets: never attach them to
+        // another file (the process exec'd since, or the pid was reused).
+        match fs::metadata(&path) {
+            Ok(meta) if (meta.dev(), meta.ino()) == key.0 => {}
+            _ => return false,
+        }
         let Some(Some(probes)) = self.files.get(&key.0).cloned() else {
             return false;
         };

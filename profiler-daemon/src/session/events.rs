@@ -80,6 +80,7 @@ pub(crate) fn take_proc_events(
                 for links in probes.uprobe_links() {
                     links.forget_process(event.tgid);
                 }
+                probes.forget_park_gate(event.tgid);
                 if unwind == UnwindMode::Auto {
                     probes.unmark_frame_pointer_process(event.tgid);
                 }
@@ -116,6 +117,7 @@ pub(crate) fn apply_new_images(
     for NewImage { event, exited } in images {
         let gone = heap.forget_process(event.tgid);
         probes.forget_live(event.tgid, &gone);
+        probes.forget_park_gate(event.tgid);
         procs.retire(event.tgid, event.time_ns);
         if !exited {
             new_image(event, procs, probes, exec_rescan, unwind);

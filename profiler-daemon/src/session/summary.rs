@@ -124,6 +124,7 @@ pub(crate) fn log_go_summary(
         go_park_links_cycled_at_once = parks.most_cycled,
         go_park_windows = parks.windows,
         go_park_window_failures = parks.resume_failures,
+        go_waits_outlasting_windows = c[counter::GO_WAITS_OUTLASTING_WINDOWS as usize],
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],

@@ -130,7 +130,11 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     let _ = GO_PARKED.remove(key);
     // Parked before this window opened: the goroutine may have been
     // readied and parked again while the probes were detached.
-    if !block_on || park.start_ns < since {
+    if park.start_ns < since {
+        count(counter::GO_WAITS_OUTLASTING_WINDOWS);
+        return Ok(0);
+    }
+    if !block_on {
         return Ok(0);
     }
     count(counter::FUTEX_WAITS);

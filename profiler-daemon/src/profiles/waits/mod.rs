@@ -463,6 +463,24 @@ mod tests {
     }
 
     #[test]
+    fn waits_seen_in_a_park_window_are_weighted() {
+        // A 100 ms window of each second: a 20 ms wait was seen with
+        // probability 80/1000, and stands for 12.5 waits.
+        let window = (1_000_000_000, 100_000_000);
+        let mut m = MutexTable::new(2);
+        m.wake_in_window(1, id(4), Some(window));
+        m.delay(1, 20_000_000);
+        let rows = m.close();
+        assert_eq!(rows[0].1.contentions, 2.0 * 12.5);
+        assert_eq!(rows[0].1.delay_ns, 2.0 * 12.5 * 20_000_000.0);
+        let mut b = BlockWindow::default();
+        b.add_weighted(id(5), 20_000_000, 1, 12.5);
+        let rows = b.close();
+        assert_eq!(rows[0].1.contentions, 12.5);
+        assert_eq!(rows[0].1.delay_ns, 12.5 * 20_000_000.0);
+    }
+
+    #[test]
     fn delays_join_their_wake_in_any_order() {
         let mut m = MutexTable::new(10);
         // A delay that arrives before its wake-up, one after, and one in
