@@ -40,7 +40,7 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 /// Bytes of the vDSO compared to tell whether a process maps our vDSO image.
 pub(super) const ELF_HEADER_LEN: usize = 64;
 /// Name given to executable memory that no file backs (JIT code), as perf does.
-const ANON_NAME: &str = "//anon";
+pub(crate) const ANON_NAME: &str = "//anon";
 const DELETED_SUFFIX: &str = " (deleted)";
 
 /// Why a process could not be snapshotted.
@@ -481,6 +481,23 @@ impl ProcessTable {
         } else {
             self.retired.get(&(tgid, generation)).map(|r| &r.info)
         }
+    }
+
+    /// The live processes (pid, generation) that have anonymous executable
+    /// memory (JIT code), whose perf maps are worth reading while they
+    /// live.
+    pub fn live_with_anonymous_code(&self) -> Vec<(u32, u32)> {
+        self.procs
+            .iter()
+            .filter(|(_, info)| {
+                !info.is_exited()
+                    && info
+                        .mappings()
+                        .iter()
+                        .any(|m| m.object.is_none() && m.mapping.path == ANON_NAME)
+            })
+            .map(|(&tgid, _)| (tgid, self.generation(tgid)))
+            .collect()
     }
 
     /// Snapshot if not known yet.

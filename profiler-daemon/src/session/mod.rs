@@ -440,6 +440,7 @@ impl Session {
             }
         }
         self.procs.settle();
+        self.symbolizer.watch_perf_maps(&self.procs);
         self.observe();
         if !self.live_targets.is_empty() {
             self.live_targets

@@ -39,7 +39,10 @@ use crate::stacks::file_pages::FilePages;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 mod go_leaf;
+mod perf_map;
 mod prefetch;
+
+use perf_map::PerfMaps;
 
 /// Mapping name of kernel frames, as perf and pprof tools expect.
 pub const KERNEL_MAPPING_NAME: &str = "[kernel.kallsyms]";
@@ -85,6 +88,12 @@ pub struct SymbolizeStats {
     pub go_leaf_callers: u64,
     /// Times the pages of mapped symbol files were let go of.
     pub file_page_releases: u64,
+    /// Frames of JIT code named from their process's perf map.
+    pub perf_map_frames: u64,
+    /// Perf-map lines that did not parse, and maps with more regions
+    /// than are kept.
+    pub perf_map_bad_lines: u64,
+    pub perf_maps_truncated: u64,
     /// Frames left unsymbolized because the symbol found before them does
     /// not cover them (its size ends before, or it lies in another section).
     pub uncovered: u64,
@@ -163,6 +172,8 @@ pub struct Symbolizer {
     warned: HashSet<ObjKey>,
     empty: Arc<[Line]>,
     user_calls: u64,
+    /// Names of JIT code, from the processes' perf maps.
+    perf_maps: PerfMaps,
     stats: SymbolizeStats,
 }
 
@@ -223,6 +234,7 @@ impl Symbolizer {
             warned: HashSet::new(),
             empty: Arc::from(Vec::new()),
             user_calls: 0,
+            perf_maps: PerfMaps::default(),
             stats: SymbolizeStats::default(),
         })
     }
@@ -259,12 +271,16 @@ impl Symbolizer {
         let mut misses: HashMap<u64, Pending> = HashMap::new();
         for (idx, (&address, found)) in lookup.iter().zip(located).enumerate() {
             let Some(MappedObject { mapping, object }) = found else {
-                self.stats.unmapped += 1;
-                self.stats.failures += 1;
+                // JIT code mapped since the last snapshot, maybe.
+                let lines = self.perf_maps.lookup((tgid, generation), address);
+                if lines.is_none() {
+                    self.stats.unmapped += 1;
+                    self.stats.failures += 1;
+                }
                 frames.push(Frame {
                     address,
                     mapping: None,
-                    lines: Arc::clone(&self.empty),
+                    lines: lines.unwrap_or_else(|| Arc::clone(&self.empty)),
                 });
                 continue;
             };
@@ -273,7 +289,13 @@ impl Symbolizer {
                 .wrapping_add(mapping.file_offset);
             let mut lines = Arc::clone(&self.empty);
             match object {
-                None => self.stats.failures += 1,
+                None => match is_anonymous(&mapping.path)
+                    .then(|| self.perf_maps.lookup((tgid, generation), address))
+                    .flatten()
+                {
+                    Some(named) => lines = named,
+                    None => self.stats.failures += 1,
+                },
                 Some(object) => match self.cached(&object, offset) {
                     Some(cached) => {
                         self.stats.cache_hits += 1;
@@ -712,11 +734,29 @@ impl Symbolizer {
     }
 
     pub fn stats(&self) -> SymbolizeStats {
+        let maps = self.perf_maps.stats;
         SymbolizeStats {
             cached: self.cache.len(),
+            perf_map_frames: maps.frames,
+            perf_map_bad_lines: maps.bad_lines,
+            perf_maps_truncated: maps.truncated,
             ..self.stats
         }
     }
+}
+
+impl Symbolizer {
+    /// Reads the perf maps of the live processes with JIT code (see
+    /// `perf_map::PerfMaps::watch`); every second.
+    pub fn watch_perf_maps(&mut self, procs: &ProcessTable) {
+        self.perf_maps.watch(&procs.live_with_anonymous_code());
+    }
+}
+
+/// Whether a mapping's name is anonymous memory (JIT code lives there):
+/// unnamed, or named by the program (`[anon:NAME]`, Linux 5.17+).
+fn is_anonymous(path: &str) -> bool {
+    path == crate::procs::process::ANON_NAME || path.starts_with("[anon:")
 }
 
 /// Heap bytes of cached lines: the shared empty answer holds none.

@@ -78,6 +78,8 @@ pub struct UnwindStats {
     pub unwinds: u64,
     /// Stacks whose walk stopped before the outermost frame.
     pub truncated: u64,
+    /// Frames of JIT code stepped over by their frame pointers.
+    pub jit_frames: u64,
     /// Objects whose unwind information was read from their file.
     pub objects_loaded: u64,
     /// Object loads that failed (not ELF, no unwind sections, I/O, or
@@ -534,6 +536,28 @@ impl Unwinder {
             // outside its modules; without CFI that guess is often wrong,
             // so the walk stops there.
             if !entry.ensure_module(lookup, process, objects, stats, budget) {
+                // JIT code (anonymous executable memory) has no CFI; the
+                // runtimes that write perf maps for it keep frame pointers
+                // there (V8, CPython's perf trampolines), so its frames
+                // are stepped over by them.
+                if is_jit_code(process, lookup)
+                    && let Some((return_address, next)) =
+                        frame_pointer_step(regs.sp(), regs.bp(), &mut read_stack)
+                {
+                    if frames.len() >= MAX_FRAMES {
+                        break true;
+                    }
+                    stats.jit_frames += 1;
+                    frames.push(return_address);
+                    regs = next;
+                    match FrameAddress::from_return_address(return_address) {
+                        Some(next) => {
+                            address = next;
+                            continue;
+                        }
+                        None => break false,
+                    }
+                }
                 trace!(tgid = process.tgid, addr = lookup, "no unwind information");
                 break true;
             }
@@ -720,9 +744,70 @@ fn process_unwinder<'a>(
 }
 
 // The tests capture their own registers with x86_64 assembly.
+/// Whether `addr` lies in anonymous executable memory of the process
+/// (JIT code: no file, so no unwind information).
+fn is_jit_code(process: &ProcessInfo, addr: u64) -> bool {
+    process
+        .find(addr)
+        .is_some_and(|m| m.object.is_none() && m.mapping.path == crate::procs::process::ANON_NAME)
+}
+
+/// One frame-pointer step from a frame whose `bp` holds its saved frame
+/// pointer (below the return address): the return address and the
+/// caller's registers. None where the chain does not go up the stack
+/// (`bp` below `sp`, a saved frame pointer not above `bp`, a zero return
+/// address): a frame without its frame pointer, not a frame to trust.
+fn frame_pointer_step(
+    sp: u64,
+    bp: u64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<(u64, UnwindRegsX86_64)> {
+    if bp < sp || !bp.is_multiple_of(8) {
+        return None;
+    }
+    let saved_bp = read(bp).ok()?;
+    let return_address = read(bp.checked_add(8)?).ok()?;
+    if return_address == 0 || (saved_bp != 0 && saved_bp <= bp) {
+        return None;
+    }
+    Some((
+        return_address,
+        UnwindRegsX86_64::new(return_address, bp + 16, saved_bp),
+    ))
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jit_frames_are_stepped_by_their_frame_pointers() {
+        // A frame at bp 0x1000 (saved bp 0x1040, return address 0x5000),
+        // its caller's at 0x1040 (saved 0, the end).
+        let words = [
+            (0x1000, 0x1040),
+            (0x1008, 0x5000),
+            (0x1040, 0),
+            (0x1048, 0x6000),
+        ];
+        let mut read = |addr: u64| {
+            words
+                .iter()
+                .find(|&&(a, _)| a == addr)
+                .map(|&(_, w)| w)
+                .ok_or(())
+        };
+        let (ret, next) = frame_pointer_step(0xff0, 0x1000, &mut read).expect("a step");
+        assert_eq!((ret, next.sp(), next.bp()), (0x5000, 0x1010, 0x1040));
+        let (ret, next) = frame_pointer_step(next.sp(), next.bp(), &mut read).expect("a step");
+        assert_eq!((ret, next.bp()), (0x6000, 0));
+        // Not up the stack, unaligned, or unreadable: no step.
+        assert!(frame_pointer_step(0x1010, 0x1000, &mut read).is_none());
+        assert!(frame_pointer_step(0xff0, 0x1004, &mut read).is_none());
+        assert!(frame_pointer_step(0xff0, 0x2000, &mut read).is_none());
+        let mut down = |addr: u64| Ok(if addr == 0x1000 { 0x800 } else { 0x5000 });
+        assert!(frame_pointer_step(0xff0, 0x1000, &mut down).is_none());
+    }
     use crate::procs::process::ProcessTable;
     use crate::stacks::symbolize::Symbolizer;
     use std::time::Instant;

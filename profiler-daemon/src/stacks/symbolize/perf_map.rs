@@ -1,0 +1,309 @@
+//! Names of JIT-compiled code from the process's perf map: the text file
+//! `/tmp/perf-PID.map` that runtimes write for perf (Node's
+//! `--perf-basic-prof`, Python 3.12's `-X perf`, .NET's
+//! `DOTNET_PerfMapEnabled=1`, the JVM's perf-map agents), one line per
+//! code region, `START SIZE name` with START and SIZE in hex. It is found
+//! through the process's own root and under its pid in its own pid
+//! namespace, so that a container's map is read where the container wrote
+//! it. A map is read again from where it was left when it has grown (the
+//! runtimes append), and from the start when it was replaced or shrank.
+//! Bounded: at most `MAX_ENTRIES` regions per process and `MAX_PROCESSES`
+//! processes; a line that does not parse is skipped and counted.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::frames::Line;
+
+/// Regions kept per process (a long-running Node service writes some
+/// tens of thousands): the map's lines past it are left unread.
+const MAX_ENTRIES: usize = 200_000;
+/// Processes whose maps are kept (least recently used first out).
+const MAX_PROCESSES: usize = 256;
+/// How often a map is looked at again for new lines, at most.
+const RECHECK: Duration = Duration::from_millis(500);
+
+/// What the perf maps did, for the exit summary.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PerfMapStats {
+    /// Frames named from a perf map.
+    pub frames: u64,
+    /// Lines that did not parse.
+    pub bad_lines: u64,
+    /// Maps that had more regions than are kept.
+    pub truncated: u64,
+}
+
+/// One process's map.
+struct PerfMap {
+    /// Where it is read, and the file it was (device, inode).
+    path: PathBuf,
+    file: (u64, u64),
+    /// Bytes read so far (lines are added from there).
+    read: u64,
+    /// Regions sorted by start: (start, end, name).
+    regions: Vec<(u64, u64, Arc<[Line]>)>,
+    /// Regions appended since the last sort.
+    unsorted: bool,
+    checked: Instant,
+    used: u64,
+    full: bool,
+}
+
+/// A process image: its pid and generation (`ProcessTable::generation`),
+/// so that an exec's new program has its map looked for afresh.
+type Image = (u32, u32);
+
+#[derive(Default)]
+pub struct PerfMaps {
+    /// Each image's map, or when it was last looked for and not found.
+    maps: HashMap<Image, Result<PerfMap, Instant>>,
+    tick: u64,
+    pub stats: PerfMapStats,
+}
+
+impl PerfMaps {
+    /// The name of the JIT code at `address` in process image `image`,
+    /// if its perf map has one.
+    pub fn lookup(&mut self, image: Image, address: u64) -> Option<Arc<[Line]>> {
+        self.tick += 1;
+        if !self.maps.contains_key(&image) && self.maps.len() >= MAX_PROCESSES {
+            self.evict();
+        }
+        let tick = self.tick;
+        let stats = &mut self.stats;
+        let slot = self
+            .maps
+            .entry(image)
+            .or_insert_with(|| PerfMap::open(image.0).ok_or_else(Instant::now));
+        if let Err(tried) = slot {
+            // Runtimes create the file at their start, maybe after the
+            // first sample: looked for again now and then.
+            if tried.elapsed() < RECHECK {
+                return None;
+            }
+            *slot = PerfMap::open(image.0).ok_or_else(Instant::now);
+        }
+        let map = slot.as_mut().ok()?;
+        map.used = tick;
+        if map.checked.elapsed() >= RECHECK || map.regions.is_empty() {
+            map.update(stats);
+        }
+        let found = map.find(address);
+        if found.is_some() {
+            stats.frames += 1;
+        }
+        found
+    }
+
+    /// Reads what was added to the maps of `images` (live processes with
+    /// JIT code) since the last read: a process's map must be read while
+    /// it lives, as its own root goes with it, and its stacks are named at
+    /// the window's end.
+    pub fn watch(&mut self, images: &[Image]) {
+        for &image in images {
+            self.lookup(image, 0);
+        }
+    }
+
+    fn evict(&mut self) {
+        if let Some((&oldest, _)) = self
+            .maps
+            .iter()
+            .min_by_key(|(_, map)| map.as_ref().map_or(0, |m| m.used))
+        {
+            self.maps.remove(&oldest);
+        }
+    }
+}
+
+impl PerfMap {
+    /// The map of process `tgid`, if it has one now (through its own
+    /// root: a file left behind by an earlier process of the same pid is
+    /// never taken for it).
+    fn open(tgid: u32) -> Option<PerfMap> {
+        let ns_pid = ns_pid(tgid)?;
+        let path = PathBuf::from(format!("/proc/{tgid}/root/tmp/perf-{ns_pid}.map"));
+        let meta = std::fs::metadata(&path).ok()?;
+        Some(PerfMap {
+            path,
+            file: (meta.dev(), meta.ino()),
+            read: 0,
+            regions: Vec::new(),
+            unsorted: false,
+            checked: Instant::now(),
+            used: 0,
+            full: false,
+        })
+    }
+
+    /// Reads the lines added since the last read (all of them if the file
+    /// was replaced or shrank).
+    fn update(&mut self, stats: &mut PerfMapStats) {
+        self.checked = Instant::now();
+        let Ok(file) = File::open(&self.path) else {
+            return;
+        };
+        let Ok(meta) = file.metadata() else { return };
+        if (meta.dev(), meta.ino()) != self.file || meta.len() < self.read {
+            self.file = (meta.dev(), meta.ino());
+            self.read = 0;
+            self.regions.clear();
+            self.full = false;
+        }
+        if meta.len() == self.read || self.full {
+            return;
+        }
+        let mut reader = BufReader::new(file);
+        if reader.seek(SeekFrom::Start(self.read)).is_err() {
+            return;
+        }
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                // A line still being written: read it next time.
+                Ok(_) if !line.ends_with('\n') => break,
+                Ok(n) => self.read += n as u64,
+            }
+            if self.regions.len() >= MAX_ENTRIES {
+                self.full = true;
+                stats.truncated += 1;
+                break;
+            }
+            match parse_line(&line) {
+                Some((start, size, name)) => {
+                    self.unsorted |= self.regions.last().is_some_and(|&(s, _, _)| s > start);
+                    self.regions.push((
+                        start,
+                        start.saturating_add(size),
+                        Arc::from([Line {
+                            function: name.to_owned(),
+                            file: None,
+                            line: 0,
+                        }]),
+                    ));
+                }
+                None => stats.bad_lines += 1,
+            }
+        }
+        if self.unsorted {
+            // A region written later for the same address replaces the
+            // earlier one (code moved or recompiled): the stable sort
+            // keeps it after, and `find` takes the last that covers.
+            self.regions.sort_by_key(|&(start, _, _)| start);
+            self.unsorted = false;
+        }
+    }
+
+    /// The last region (in the map's order) that starts at or before
+    /// `address` and covers it.
+    fn find(&self, address: u64) -> Option<Arc<[Line]>> {
+        let after = self
+            .regions
+            .partition_point(|&(start, _, _)| start <= address);
+        self.regions[..after]
+            .iter()
+            .rev()
+            .take(64)
+            .find(|&&(_, end, _)| address < end)
+            .map(|(_, _, lines)| Arc::clone(lines))
+    }
+}
+
+/// `START SIZE name`: hex numbers (with or without `0x`), the name the
+/// rest of the line.
+fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
+    let line = line.trim_end_matches(['\n', '\r']);
+    let (start, rest) = line.split_once(' ')?;
+    let (size, name) = rest.split_once(' ')?;
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    let name = name.trim();
+    if name.is_empty() {
+        return None;
+    }
+    Some((hex(start)?, hex(size)?, name))
+}
+
+/// The process's pid in its own pid namespace (the last `NSpid` field),
+/// under which it names its map.
+fn ns_pid(tgid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_as_runtimes_write_them() {
+        assert_eq!(
+            parse_line("7f3a2c00a0c0 1a8 JS:*spinHeavy /app/x.js:16:19\n"),
+            Some((0x7f3a_2c00_a0c0, 0x1a8, "JS:*spinHeavy /app/x.js:16:19"))
+        );
+        assert_eq!(
+            parse_line("0x1000 0x20 py::f:/app/m.py"),
+            Some((0x1000, 0x20, "py::f:/app/m.py"))
+        );
+        for bad in ["", "zz 10 f", "1000 10", "1000 10  ", "1000"] {
+            assert_eq!(parse_line(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_map_is_read_as_it_grows_and_from_the_start_when_replaced() {
+        use std::io::Write;
+        let dir = std::env::temp_dir().join(format!("perf-map-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("perf-1.map");
+        let mut f = File::create(&path).expect("create");
+        writeln!(f, "1000 100 first").expect("write");
+        write!(f, "garbage line\n2000 10 second\n3000 10 half").expect("write");
+        let meta = std::fs::metadata(&path).expect("meta");
+        let mut map = PerfMap {
+            path: path.clone(),
+            file: (meta.dev(), meta.ino()),
+            read: 0,
+            regions: Vec::new(),
+            unsorted: false,
+            checked: Instant::now(),
+            used: 0,
+            full: false,
+        };
+        let mut stats = PerfMapStats::default();
+        map.update(&mut stats);
+        let name = |map: &PerfMap, a: u64| map.find(a).map(|l| l[0].function.clone());
+        assert_eq!(name(&map, 0x1050).as_deref(), Some("first"));
+        assert_eq!(name(&map, 0x2005).as_deref(), Some("second"));
+        assert_eq!(name(&map, 0x1100), None);
+        // The unfinished line is read once it ends; a later region for
+        // the same code replaces the earlier.
+        assert_eq!(name(&map, 0x3005), None);
+        writeln!(f, "\n1000 100 recompiled").expect("write");
+        map.update(&mut stats);
+        assert_eq!(name(&map, 0x3005).as_deref(), Some("half"));
+        assert_eq!(name(&map, 0x1050).as_deref(), Some("recompiled"));
+        assert_eq!(stats.bad_lines, 1);
+        // Replaced: read from the start.
+        drop(f);
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::write(&path, "5000 10 fresh\n").expect("write");
+        map.update(&mut stats);
+        assert_eq!(name(&map, 0x1050), None);
+        assert_eq!(name(&map, 0x5000).as_deref(), Some("fresh"));
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

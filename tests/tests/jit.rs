@@ -1,0 +1,152 @@
+//! JIT-compiled code named from the process's perf map: a Node program
+//! run with `--perf-basic-prof` (which writes `/tmp/perf-PID.map`, as
+//! Node's documentation says for perf) splits its time 3:1 between two
+//! JavaScript functions; profilerd's CPU profile names both from the map,
+//! in the ratio the program timed and the ratio of Node's own profiler
+//! (`--cpu-prof`) on the same run, and its stacks go on through the JIT
+//! frames (by their frame pointers) into Node's own code. The program runs
+//! with `--no-turbo-inlining`: V8 would otherwise inline both leaves into
+//! their caller, whose one code object the perf map then names (perf's
+//! answer too). (Garbage lines, maps that grow and
+//! maps replaced are the unit tests' of `stacks/symbolize/perf_map.rs`.)
+
+use std::path::{Path, PathBuf};
+
+use profiler_tests::daemon::require_root;
+use profiler_tests::profiles::{FlatSample, flatten_all, read_profiles, summary};
+use profiler_tests::temp_dir;
+use profiler_tests::workloads::{WholeLife, field, profile_whole_life};
+
+/// |profiled heavy share / timed heavy share - 1| bound, and the least
+/// share of the process's samples whose leaf the map names.
+const SHARE_TOLERANCE: f64 = 0.05;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.js")
+}
+
+/// The CPU time of samples with a frame whose name (as the perf map has
+/// it, `JS:*spinHeavy /path:line:col`) names JavaScript function `f`.
+fn cpu_in(samples: &[FlatSample], f: &str) -> i64 {
+    samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|fr| names_js(&fr.function, f)))
+        .map(|s| s.cpu_ns)
+        .sum()
+}
+
+/// Whether a perf-map name is JavaScript function `f`'s: V8 writes
+/// `JS:` (or `LazyCompile:`) and a tier mark (`*`, `~`, `^`, `+`) before
+/// the name, and its script's place after it.
+fn names_js(name: &str, f: &str) -> bool {
+    name.split_whitespace().next().is_some_and(|head| {
+        head.rsplit(':')
+            .next()
+            .is_some_and(|fun| fun.trim_start_matches(['*', '~', '^', '+']) == f)
+    })
+}
+
+#[test]
+fn node_functions_are_named_from_the_perf_map() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let node = PathBuf::from("/usr/bin/node");
+    let script = script();
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        &node,
+        &[
+            "--perf-basic-prof",
+            "--no-turbo-inlining",
+            "--cpu-prof",
+            "--cpu-prof-dir",
+            tmp.path().join("own").to_str().expect("UTF-8 path"),
+            script.to_str().expect("UTF-8 path"),
+            "4",
+        ],
+        &out,
+        199,
+        &["--profiles", "cpu"],
+    );
+    // The program's map, which Node leaves behind.
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let _ = std::fs::remove_file(&map);
+    let files = read_profiles(&out, "cpu");
+    let samples: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+    let (heavy, light) = (cpu_in(&samples, "spinHeavy"), cpu_in(&samples, "spinLight"));
+    let (timed_heavy, timed_light) = (
+        field(&report, "heavy_ns") as f64,
+        field(&report, "light_ns") as f64,
+    );
+    let share = heavy as f64 / (heavy + light).max(1) as f64;
+    let (own_heavy, own_light) = node_self_samples(&tmp.path().join("own"));
+    let own_share = own_heavy as f64 / (own_heavy + own_light).max(1) as f64;
+    // Stacks that go from a JavaScript leaf through Node's C++ into libuv.
+    let through: i64 = samples
+        .iter()
+        .filter(|s| {
+            s.frames
+                .first()
+                .is_some_and(|f| f.function.starts_with("JS:"))
+                && s.has_function("Builtins_JSEntry")
+                && s.frames.iter().any(|f| f.function.starts_with("uv_"))
+        })
+        .map(|s| s.cpu_ns)
+        .sum();
+    let timed_share = timed_heavy / (timed_heavy + timed_light);
+    let named = (heavy + light) as f64 / total.max(1) as f64;
+    let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
+    let deep = through as f64 / total.max(1) as f64;
+    println!(
+        "node --perf-basic-prof: spinHeavy {heavy} ns, spinLight {light} ns of {total} ({named:.3} of the process's time): heavy share {share:.3}, timed {timed_share:.3}, node --cpu-prof {own_share:.3} ({own_heavy} and {own_light} samples); {deep:.3} of the time in stacks from a JS leaf through JSEntry into libuv; {} frames named from perf maps",
+        daemon.summary_field("perf_map_frames")
+    );
+    assert!(
+        (share - own_share).abs() <= SHARE_TOLERANCE,
+        "spinHeavy's share of the two {share:.3}, node --cpu-prof's {own_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
+    assert!(
+        deep >= 0.8,
+        "only {deep:.3} of node's time in stacks that go from a JavaScript leaf through Builtins_JSEntry into libuv{diag}"
+    );
+    assert!(
+        named >= 0.8,
+        "only {named:.3} of node's CPU time in spinHeavy or spinLight by name (expected ≥ 0.8){diag}"
+    );
+    assert!(
+        (share - timed_share).abs() <= SHARE_TOLERANCE,
+        "spinHeavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
+    assert!(daemon.summary_field("perf_map_frames") > 0, "{diag}");
+}
+
+/// Self samples of spinHeavy and spinLight in the `.cpuprofile` Node's own
+/// profiler wrote into `dir` (its nodes' `hitCount`).
+fn node_self_samples(dir: &Path) -> (u64, u64) {
+    let file = std::fs::read_dir(dir)
+        .expect("node --cpu-prof's directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "cpuprofile"))
+        .expect("a .cpuprofile");
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+    let (mut heavy, mut light) = (0, 0);
+    for node in profile["nodes"].as_array().expect("nodes") {
+        let hits = node["hitCount"].as_u64().unwrap_or(0);
+        match node["callFrame"]["functionName"].as_str() {
+            Some("spinHeavy") => heavy += hits,
+            Some("spinLight") => light += hits,
+            _ => {}
+        }
+    }
+    (heavy, light)
+}
