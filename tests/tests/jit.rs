@@ -7,8 +7,11 @@
 //! frames (by their frame pointers) into Node's own code. The program runs
 //! with `--no-turbo-inlining`: V8 would otherwise inline both leaves into
 //! their caller, whose one code object the perf map then names (perf's
-//! answer too). (Garbage lines, maps that grow and
-//! maps replaced are the unit tests' of `stacks/symbolize/perf_map.rs`.)
+//! answer too). CPython 3.12 with `-X perf` (a trampoline per Python
+//! function in the map) likewise: its functions named, nested as they
+//! were called, in the ratio the program timed. (Garbage lines, maps
+//! that grow and maps replaced are the unit tests' of
+//! `stacks/symbolize/perf_map.rs`.)
 
 use std::path::{Path, PathBuf};
 
@@ -149,4 +152,94 @@ fn node_self_samples(dir: &Path) -> (u64, u64) {
         }
     }
     (heavy, light)
+}
+
+/// CPython 3.12's own interpreter from the machine's pyenv (`-X perf`
+/// first appeared in 3.12).
+fn python312() -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let pyenv = Path::new(&home).join(".pyenv/versions");
+    std::fs::read_dir(&pyenv)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path().join("bin/python3.12"))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("no CPython 3.12 under {}", pyenv.display()))
+}
+
+/// The CPU time of samples whose stack holds Python function `f` (as
+/// CPython's perf map names its trampoline, `py::f:/path/file.py`), and
+/// of those, the time whose stack also holds the caller `caller` and
+/// `py::run` further out, in that order.
+fn python_cpu_in(samples: &[FlatSample], f: &str, caller: &str) -> (i64, i64) {
+    let at = |s: &FlatSample, name: &str| {
+        let prefix = format!("py::{name}:");
+        s.frames
+            .iter()
+            .position(|fr| fr.function.starts_with(&prefix))
+    };
+    let (mut all, mut nested) = (0, 0);
+    for s in samples {
+        let Some(leaf) = at(s, f) else { continue };
+        all += s.cpu_ns;
+        if let (Some(c), Some(r)) = (at(s, caller), at(s, "run"))
+            && leaf < c
+            && c < r
+        {
+            nested += s.cpu_ns;
+        }
+    }
+    (all, nested)
+}
+
+#[test]
+fn python_functions_are_named_from_the_perf_map() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.py");
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        &python312(),
+        &["-X", "perf", script.to_str().expect("UTF-8 path"), "4"],
+        &out,
+        199,
+        &["--profiles", "cpu"],
+    );
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let files = read_profiles(&out, "cpu");
+    let samples: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+    let (heavy, heavy_nested) = python_cpu_in(&samples, "spin_heavy", "call_heavy");
+    let (light, light_nested) = python_cpu_in(&samples, "spin_light", "call_light");
+    let (timed_heavy, timed_light) = (
+        field(&report, "heavy_ns") as f64,
+        field(&report, "light_ns") as f64,
+    );
+    let share = heavy as f64 / (heavy + light).max(1) as f64;
+    let timed_share = timed_heavy / (timed_heavy + timed_light);
+    let named = (heavy + light) as f64 / total.max(1) as f64;
+    let nested = (heavy_nested + light_nested) as f64 / (heavy + light).max(1) as f64;
+    let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
+    println!(
+        "python3.12 -X perf: spin_heavy {heavy} ns, spin_light {light} ns of {total} ({named:.3} of the process's time): heavy share {share:.3}, timed {timed_share:.3}; {nested:.3} of it under its caller and run; {} frames named from perf maps, {} JIT frames stepped",
+        daemon.summary_field("perf_map_frames"),
+        daemon.summary_field("jit_frames_by_frame_pointer")
+    );
+    assert!(
+        named >= 0.8 && nested >= 0.95,
+        "{named:.3} of python's CPU time in spin_heavy or spin_light by name (expected ≥ 0.8), {nested:.3} of that under its caller and run (expected ≥ 0.95){diag}"
+    );
+    assert!(
+        (share - timed_share).abs() <= SHARE_TOLERANCE,
+        "spin_heavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
 }

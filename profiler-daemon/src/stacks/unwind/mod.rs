@@ -542,7 +542,14 @@ impl Unwinder {
                 // are stepped over by them.
                 if is_jit_code(process, lookup)
                     && let Some((return_address, next)) =
-                        frame_pointer_step(regs.sp(), regs.bp(), &mut read_stack)
+                        frame_pointer_step(regs.sp(), regs.bp(), &mut read_stack).or_else(|| {
+                            // Not at the leaf: its stack pointer is only
+                            // known to sit at a call there.
+                            (frames.len() > 1)
+                                .then(|| fresh_frame_step(regs.sp(), &mut read_stack))
+                                .flatten()
+                                .filter(|&(ret, _)| is_file_code(process, ret.wrapping_sub(1)))
+                        })
                 {
                     if frames.len() >= MAX_FRAMES {
                         break true;
@@ -558,7 +565,13 @@ impl Unwinder {
                         None => break false,
                     }
                 }
-                trace!(tgid = process.tgid, addr = lookup, "no unwind information");
+                trace!(
+                    tgid = process.tgid,
+                    addr = lookup,
+                    sp = regs.sp(),
+                    bp = regs.bp(),
+                    "no unwind information"
+                );
                 break true;
             }
             match entry
@@ -744,19 +757,48 @@ fn process_unwinder<'a>(
 }
 
 // The tests capture their own registers with x86_64 assembly.
-/// Whether `addr` lies in anonymous executable memory of the process
-/// (JIT code: no file, so no unwind information).
+/// Whether `addr` may be JIT code: in anonymous executable memory of the
+/// process (no file, so no unwind information), or in no mapping of its
+/// snapshot at all (runtimes map JIT code as they go: CPython its perf
+/// trampolines at a function's first call, after the snapshot).
 fn is_jit_code(process: &ProcessInfo, addr: u64) -> bool {
     process
         .find(addr)
-        .is_some_and(|m| m.object.is_none() && m.mapping.path == crate::procs::process::ANON_NAME)
+        .is_none_or(|m| m.object.is_none() && m.mapping.path == crate::procs::process::ANON_NAME)
+}
+
+/// Whether `addr` lies in a file's code (which has unwind information).
+fn is_file_code(process: &ProcessInfo, addr: u64) -> bool {
+    process.find(addr).is_some_and(|m| m.object.is_some())
+}
+
+/// The step out of a frame that is only its pushed frame pointer under
+/// its return address (`push rbp; mov rbp, rsp; call ...`: CPython's
+/// perf trampolines), for when `bp` no longer points at it: its callee
+/// was built without frame pointers and used the register, and its CFI
+/// did not give it back. Taken only where the return address lies in a
+/// file's code, whose CFI then goes on.
+fn fresh_frame_step(
+    sp: u64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<(u64, UnwindRegsX86_64)> {
+    let saved_bp = read(sp).ok()?;
+    let return_address = read(sp.checked_add(8)?).ok()?;
+    (return_address != 0).then(|| {
+        (
+            return_address,
+            UnwindRegsX86_64::new(return_address, sp + 16, saved_bp),
+        )
+    })
 }
 
 /// One frame-pointer step from a frame whose `bp` holds its saved frame
 /// pointer (below the return address): the return address and the
-/// caller's registers. None where the chain does not go up the stack
-/// (`bp` below `sp`, a saved frame pointer not above `bp`, a zero return
-/// address): a frame without its frame pointer, not a frame to trust.
+/// caller's registers. None where `bp` is not a frame of this stack (below
+/// `sp`, unaligned, outside the copy) or the return address is zero. The
+/// saved frame pointer is the caller's `bp`, whatever it is: a caller
+/// built without frame pointers (CPython's evaluator, which calls its
+/// perf trampolines) is unwound by its CFI, which does not need it.
 fn frame_pointer_step(
     sp: u64,
     bp: u64,
@@ -767,7 +809,7 @@ fn frame_pointer_step(
     }
     let saved_bp = read(bp).ok()?;
     let return_address = read(bp.checked_add(8)?).ok()?;
-    if return_address == 0 || (saved_bp != 0 && saved_bp <= bp) {
+    if return_address == 0 {
         return None;
     }
     Some((
@@ -805,8 +847,10 @@ mod tests {
         assert!(frame_pointer_step(0x1010, 0x1000, &mut read).is_none());
         assert!(frame_pointer_step(0xff0, 0x1004, &mut read).is_none());
         assert!(frame_pointer_step(0xff0, 0x2000, &mut read).is_none());
-        let mut down = |addr: u64| Ok(if addr == 0x1000 { 0x800 } else { 0x5000 });
-        assert!(frame_pointer_step(0xff0, 0x1000, &mut down).is_none());
+        // A caller without frame pointers: its bp is whatever it held.
+        let mut any = |addr: u64| Ok(if addr == 0x1000 { 7 } else { 0x5000 });
+        let (ret, next) = frame_pointer_step(0xff0, 0x1000, &mut any).expect("a step");
+        assert_eq!((ret, next.bp()), (0x5000, 7));
     }
     use crate::procs::process::ProcessTable;
     use crate::stacks::symbolize::Symbolizer;
@@ -1106,7 +1150,10 @@ mod tests {
         let (table, pid) = own_table();
         let mut unwinder = Unwinder::new();
         let info = table.get(pid).unwrap();
-        let unwound = unwinder.unwind(info, 0x1000, sample.sp, sample.bp, &sample.stack);
+        // Code in no mapping may be JIT code mapped since the snapshot:
+        // stepped by its frame pointer where that points into the stack,
+        // else the walk stops there.
+        let unwound = unwinder.unwind(info, 0x1000, sample.sp, 0, &sample.stack);
         assert_eq!(
             unwound,
             UnwoundStack {
@@ -1114,6 +1161,9 @@ mod tests {
                 truncated: true
             }
         );
+        let stepped = unwinder.unwind(info, 0x1000, sample.sp, sample.bp, &sample.stack);
+        assert!(stepped.frames.len() > 1, "{stepped:?}");
+        assert_eq!(unwinder.stats().jit_frames, 1);
         // No stack at all.
         let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &[]);
         assert!(unwound.truncated);
