@@ -9,9 +9,10 @@
 //! their caller, whose one code object the perf map then names (perf's
 //! answer too). CPython 3.12 with `-X perf` (a trampoline per Python
 //! function in the map) likewise: its functions named, nested as they
-//! were called, in the ratio the program timed. (Garbage lines, maps
-//! that grow and maps replaced are the unit tests' of
-//! `stacks/symbolize/perf_map.rs`.)
+//! were called, in the ratio the program timed. A container's map, in
+//! the `/tmp` of the process's own mount namespace, is found there.
+//! (Garbage lines, maps that grow and maps replaced are the unit tests'
+//! of `stacks/symbolize/perf_map.rs`.)
 
 use std::path::{Path, PathBuf};
 
@@ -241,5 +242,62 @@ fn python_functions_are_named_from_the_perf_map() {
     assert!(
         (share - timed_share).abs() <= SHARE_TOLERANCE,
         "spin_heavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
+}
+
+/// A container's view: Node runs in a mount namespace of its own with a
+/// private `/tmp` (a tmpfs mounted there by `unshare`), so its perf map
+/// exists only inside; profilerd reads it through the process's own root
+/// and names its functions, while the host's `/tmp` has no such file.
+#[test]
+fn a_perf_map_is_found_in_the_process_own_mount_namespace() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = script();
+    // unshare and sh exec: the pid spawned is node's.
+    let inner = format!(
+        "mount -t tmpfs profilerd-jit-tmp /tmp && exec /usr/bin/node --perf-basic-prof --no-turbo-inlining {} \"$@\"",
+        script.to_str().expect("UTF-8 path")
+    );
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        Path::new("/usr/bin/unshare"),
+        &[
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            &inner,
+            "sh",
+            "3",
+        ],
+        &out,
+        199,
+        &["--profiles", "cpu"],
+    );
+    let on_host = Path::new(&format!("/tmp/perf-{pid}.map")).exists();
+    let files = read_profiles(&out, "cpu");
+    let samples: Vec<FlatSample> = flatten_all(&files)
+        .into_iter()
+        .filter(|s| s.pid() == pid)
+        .collect();
+    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+    let (heavy, light) = (cpu_in(&samples, "spinHeavy"), cpu_in(&samples, "spinLight"));
+    let named = (heavy + light) as f64 / total.max(1) as f64;
+    let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
+    println!(
+        "node in its own mount namespace: {named:.3} of its time named from its map (on the host's /tmp: {on_host}); the program's report: {report:?}"
+    );
+    assert!(!on_host, "the map was written to the host's /tmp{diag}");
+    // The split itself is the test above's; here, that the names come.
+    assert!(
+        named >= 0.8,
+        "{named:.3} of node's time named from the map in its own /tmp (expected ≥ 0.8){diag}"
     );
 }
