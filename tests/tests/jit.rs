@@ -255,9 +255,11 @@ fn a_perf_map_is_found_in_the_process_own_mount_namespace() {
     let tmp = temp_dir();
     let out = tmp.path().join("out");
     let script = script();
-    // unshare and sh exec: the pid spawned is node's.
+    // unshare and sh exec: the pid spawned is node's. The script is read
+    // before the tmpfs hides /tmp (a checkout may lie under it) and
+    // written into it.
     let inner = format!(
-        "mount -t tmpfs profilerd-jit-tmp /tmp && exec /usr/bin/node --perf-basic-prof --no-turbo-inlining {} \"$@\"",
+        "script=$(cat '{}') && mount -t tmpfs profilerd-jit-tmp /tmp && printf '%s\\n' \"$script\" > /tmp/cpu_ratio.js && exec /usr/bin/node --perf-basic-prof --no-turbo-inlining /tmp/cpu_ratio.js \"$@\"",
         script.to_str().expect("UTF-8 path")
     );
     let WholeLife {
