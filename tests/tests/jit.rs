@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use profiler_tests::daemon::require_root;
-use profiler_tests::profiles::{FlatSample, flatten_all, read_profiles, summary};
+use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{WholeLife, field, profile_whole_life};
 
@@ -80,10 +80,7 @@ fn node_functions_are_named_from_the_perf_map() {
     let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
     let _ = std::fs::remove_file(&map);
     let files = read_profiles(&out, "cpu");
-    let samples: Vec<FlatSample> = flatten_all(&files)
-        .into_iter()
-        .filter(|s| s.pid() == pid)
-        .collect();
+    let samples = of_pid(&flatten_all(&files), pid);
     let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
     let (heavy, light) = (cpu_in(&samples, "spinHeavy"), cpu_in(&samples, "spinLight"));
     let (timed_heavy, timed_light) = (
@@ -214,10 +211,7 @@ fn python_functions_are_named_from_the_perf_map() {
     );
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
     let files = read_profiles(&out, "cpu");
-    let samples: Vec<FlatSample> = flatten_all(&files)
-        .into_iter()
-        .filter(|s| s.pid() == pid)
-        .collect();
+    let samples = of_pid(&flatten_all(&files), pid);
     let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
     let (heavy, heavy_nested) = python_cpu_in(&samples, "spin_heavy", "call_heavy");
     let (light, light_nested) = python_cpu_in(&samples, "spin_light", "call_light");
@@ -285,10 +279,7 @@ fn a_perf_map_is_found_in_the_process_own_mount_namespace() {
     );
     let on_host = Path::new(&format!("/tmp/perf-{pid}.map")).exists();
     let files = read_profiles(&out, "cpu");
-    let samples: Vec<FlatSample> = flatten_all(&files)
-        .into_iter()
-        .filter(|s| s.pid() == pid)
-        .collect();
+    let samples = of_pid(&flatten_all(&files), pid);
     let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
     let (heavy, light) = (cpu_in(&samples, "spinHeavy"), cpu_in(&samples, "spinLight"));
     let named = (heavy + light) as f64 / total.max(1) as f64;

@@ -257,10 +257,9 @@ impl ParkBudget {
         self.last_check = now;
         self.next_check = now + CHECK;
         let gates: Vec<(u32, ParkGate)> = self.gates.iter().filter_map(Result::ok).collect();
-        self.owners
-            .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
-        self.runs
-            .retain(|tgid, _| gates.iter().any(|(t, _)| t == tgid));
+        let present: std::collections::HashSet<u32> = gates.iter().map(|&(t, _)| t).collect();
+        self.owners.retain(|tgid, _| present.contains(tgid));
+        self.runs.retain(|tgid, _| present.contains(tgid));
         // Runs since the last check, by link.
         let mut runs: HashMap<LinkKey, u64> = HashMap::new();
         for (tgid, gate) in gates {

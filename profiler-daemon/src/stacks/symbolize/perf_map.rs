@@ -129,6 +129,11 @@ impl PerfMap {
     fn open(tgid: u32) -> Option<PerfMap> {
         let ns_pid = ns_pid(tgid)?;
         let path = PathBuf::from(format!("/proc/{tgid}/root/tmp/perf-{ns_pid}.map"));
+        PerfMap::at(path)
+    }
+
+    /// The map at `path`, nothing read yet; None when there is no file.
+    fn at(path: PathBuf) -> Option<PerfMap> {
         let meta = std::fs::metadata(&path).ok()?;
         Some(PerfMap {
             path,
@@ -272,17 +277,7 @@ mod tests {
         let mut f = File::create(&path).expect("create");
         writeln!(f, "1000 100 first").expect("write");
         write!(f, "garbage line\n2000 10 second\n3000 10 half").expect("write");
-        let meta = std::fs::metadata(&path).expect("meta");
-        let mut map = PerfMap {
-            path: path.clone(),
-            file: (meta.dev(), meta.ino()),
-            read: 0,
-            regions: Vec::new(),
-            unsorted: false,
-            checked: Instant::now(),
-            used: 0,
-            full: false,
-        };
+        let mut map = PerfMap::at(path.clone()).expect("the map");
         let mut stats = PerfMapStats::default();
         map.update(&mut stats);
         let name = |map: &PerfMap, a: u64| map.find(a).map(|l| l[0].function.clone());
