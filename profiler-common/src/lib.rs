@@ -16,6 +16,7 @@ mod hints;
 mod notes;
 mod offcpu;
 mod proc_events;
+mod python;
 pub mod sampling;
 mod waits;
 
@@ -27,6 +28,7 @@ pub use hints::*;
 pub use notes::*;
 pub use offcpu::*;
 pub use proc_events::*;
+pub use python::*;
 pub use waits::*;
 
 /// Length of a task's `comm` in the kernel (TASK_COMM_LEN).
@@ -94,4 +96,8 @@ mod user {
     unsafe impl aya::Pod for super::Stack {}
     // SAFETY: as above.
     unsafe impl<const N: usize> aya::Pod for super::StackSample<N> {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::PyRuntime {}
+    // SAFETY: as above.
+    unsafe impl<const N: usize> aya::Pod for super::PySample<N> {}
 }

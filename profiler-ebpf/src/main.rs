@@ -8,7 +8,8 @@
 //!   writes), or the sample goes to the daemon with a stack copy to unwind;
 //!   a Go process's sample is tail-called to `go_sample` (leaf callers'
 //!   words, goroutine labels), which the daemon loads at the first Go
-//!   process.
+//!   process, and a CPython process's to `py_sample` (its Python frames,
+//!   `python.rs`), loaded at the first Python process.
 //! - `programs/heap.rs`: `heap_probe`, the allocator uprobe session.
 //! - `programs/futex.rs`, `cond_wait.rs`, `go_park.rs`: block and mutex
 //!   waits; `programs/offcpu.rs`: `sched_switch`.
@@ -34,6 +35,7 @@ mod klog;
 mod maps;
 mod process;
 mod programs;
+mod python;
 mod stack;
 mod task_storage;
 mod waits;

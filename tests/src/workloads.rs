@@ -547,6 +547,20 @@ pub fn profile_whole_life(
     hz: u64,
     extra: &[&str],
 ) -> WholeLife {
+    profile_whole_life_beside(exe, args, out, hz, extra, |_| ()).0
+}
+
+/// [`profile_whole_life`], with `beside(pid)` called once the daemon is
+/// ready and before the workload is released: to start another profiler
+/// of the same run (its answer is what `beside` returns).
+pub fn profile_whole_life_beside<T>(
+    exe: &Path,
+    args: &[&str],
+    out: &Path,
+    hz: u64,
+    extra: &[&str],
+    beside: impl FnOnce(u32) -> T,
+) -> (WholeLife, T) {
     let mut all: Vec<&str> = args.to_vec();
     all.push("--wait-stdin");
     // Spawned means exec'd: the daemon sees the workload's own image.
@@ -566,6 +580,7 @@ pub fn profile_whole_life(
     daemon_args.extend_from_slice(extra);
     let mut daemon = crate::daemon::Daemon::start(&daemon_args);
     daemon.wait_ready();
+    let besides = beside(pid);
     workload.release();
     let report = parse_report(&workload.finish(Duration::from_secs(30)), "pid");
     // The workload has exited and is reaped, as its parent would do.
@@ -573,11 +588,14 @@ pub fn profile_whole_life(
     // --pid: the daemon notices within its drain period that the target is
     // gone, writes the last window and exits 0.
     daemon.wait_success(Duration::from_secs(10));
-    WholeLife {
-        pid,
-        report,
-        daemon,
-    }
+    (
+        WholeLife {
+            pid,
+            report,
+            daemon,
+        },
+        besides,
+    )
 }
 
 /// Parses the `key=value` fields (integer values) of the last line of a

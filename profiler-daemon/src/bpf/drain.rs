@@ -4,7 +4,7 @@
 use foldhash::HashMap;
 use std::sync::Arc;
 
-use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
+use profiler_common::{COMM_LEN, PyFrame, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
 use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Drained;
@@ -47,6 +47,9 @@ pub struct SampleId {
     pub go_labels: u64,
     /// A goroutine's park: its `waitReason` number plus one (0: none).
     pub go_wait: u16,
+    /// The Python frames of a CPython thread, leaf first (see
+    /// `profiler_common::PyFrame`), when the kernel read them.
+    pub python: Option<Arc<[PyFrame]>>,
 }
 
 impl SampleId {
@@ -138,6 +141,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         cond: 0,
         go_labels: key.go_labels,
         go_wait: 0,
+        python: None,
     }
 }
 
@@ -191,6 +195,7 @@ mod tests {
             cond: 0,
             go_labels: 0,
             go_wait: 0,
+            python: None,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

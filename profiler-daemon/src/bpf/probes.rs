@@ -18,8 +18,8 @@ use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use aya::{Btf, BtfError};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    FpProcess, GoLabels, LiveKey, SampleKey, Stack, StackHash, WalkHint, WalkHintKey, control,
-    counter,
+    FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, Stack, StackHash, WalkHint, WalkHintKey,
+    control, counter,
 };
 
 use crate::bpf::link_closer::LinkCloser;
@@ -199,6 +199,12 @@ pub struct Probes {
     go_sample_tried: bool,
     /// Whether Go processes' labels are read (`[debug] go_labels`).
     go_labels: bool,
+    /// `cpu_sample`'s tail call to `py_sample`, loaded at the first
+    /// CPython process marked (as `go_programs`).
+    py_programs: ProgramArray<MapData>,
+    py_sample_tried: bool,
+    /// CPython processes and where their interpreter keeps its frames.
+    py_processes: HashMap<MapData, u32, PyRuntime>,
     possible_cpus: usize,
     proc_events: Option<Ring>,
     stack_samples: Option<Ring>,
@@ -444,6 +450,8 @@ impl Probes {
         ];
         let go_label_sets = hash(take_map(&mut ebpf, "GO_LABEL_SETS")?, "GO_LABEL_SETS")?;
         let go_programs = typed_map(&mut ebpf, "GO_PROGRAMS")?;
+        let py_programs = typed_map(&mut ebpf, "PY_PROGRAMS")?;
+        let py_processes = typed_map(&mut ebpf, "PY_PROCESSES")?;
         let possible_cpus =
             aya::util::nr_cpus().map_err(|(path, e)| ProbeError::Cpus { path, source: e })?;
         let twice = !switches.rings_mapped_once;
@@ -477,6 +485,9 @@ impl Probes {
             // only where it is used.
             go_sample_tried: !config.cpu,
             go_labels: config.stack_switches.go_labels,
+            py_programs,
+            py_sample_tried: !config.cpu,
+            py_processes,
             possible_cpus,
             proc_events: Some(proc_events),
             stack_samples: Some(stack_samples),
@@ -833,22 +844,39 @@ impl Probes {
         if std::mem::replace(&mut self.go_sample_tried, true) {
             return;
         }
-        const NAME: &str = "go_sample";
-        let loaded = (|| -> Result<(), ProbeError> {
-            let fd = load_perf_event(&mut self.ebpf, NAME)?
-                .fd()
-                .map_err(|source| ProbeError::Program { name: NAME, source })?;
-            self.go_programs
-                .set(0, fd, 0)
-                .map_err(|source| ProbeError::Map {
-                    name: "GO_PROGRAMS",
-                    source,
-                })
-        })();
-        match loaded {
+        match load_tail_program(
+            &mut self.ebpf,
+            "go_sample",
+            (&mut self.go_programs, "GO_PROGRAMS"),
+        ) {
             Ok(()) => tracing::debug!("Go samples get their leaf callers and labels"),
             Err(e) => tracing::warn!("Go samples go without their leaf callers and labels: {e}"),
         }
+    }
+
+    /// Has the kernel record the Python frames of CPython process `tgid`'s
+    /// CPU samples, read with `runtime`'s layout; loads `py_sample` at the
+    /// first (as `go_sample`).
+    pub fn mark_python_process(&mut self, tgid: u32, runtime: PyRuntime) {
+        if let Err(e) = self.py_processes.insert(tgid, runtime, 0) {
+            tracing::debug!("marking process {tgid} as a Python process failed: {e}");
+        }
+        if std::mem::replace(&mut self.py_sample_tried, true) {
+            return;
+        }
+        match load_tail_program(
+            &mut self.ebpf,
+            "py_sample",
+            (&mut self.py_programs, "PY_PROGRAMS"),
+        ) {
+            Ok(()) => tracing::debug!("Python processes' samples get their Python frames"),
+            Err(e) => tracing::warn!("Python processes' samples go without Python frames: {e}"),
+        }
+    }
+
+    /// Forgets a process marked with `mark_python_process`.
+    pub fn unmark_python_process(&mut self, tgid: u32) {
+        let _ = self.py_processes.remove(&tgid);
     }
 
     /// Forgets a process marked with `mark_frame_pointer_process`.
@@ -1006,6 +1034,22 @@ fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
 }
 
 /// Loads perf-event program `name` of the object (not attached).
+/// Loads perf-event program `name` and puts it in slot 0 of `array`,
+/// where a program tail-calls it.
+fn load_tail_program(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    (array, array_name): (&mut ProgramArray<MapData>, &'static str),
+) -> Result<(), ProbeError> {
+    let fd = load_perf_event(ebpf, name)?
+        .fd()
+        .map_err(|source| ProbeError::Program { name, source })?;
+    array.set(0, fd, 0).map_err(|source| ProbeError::Map {
+        name: array_name,
+        source,
+    })
+}
+
 fn load_perf_event<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,

@@ -16,7 +16,7 @@
 //! whose goroutines Go leaves out, from the pclntab. The `g` fields are
 //! per Go release, from the DWARF of a binary built by each release read.
 
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use foldhash::HashMap;
@@ -28,6 +28,7 @@ use crate::model::go_pclntab::Pclntab;
 use crate::model::text::display_name;
 use crate::procs::go_code;
 use crate::procs::go_runtime::{first_segment, load_bias_of, runtime_layout};
+use crate::procs::memory::Memory;
 
 /// Goroutines read at most per process and window; the rest are counted
 /// (`GoroutineStats::not_read`).
@@ -485,8 +486,8 @@ fn list_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
         .chunks_exact(32)
         .map(|entry| {
             Some((
-                mem.string(u64_at(entry, 0)?, u64_at(entry, 8)?)?,
-                mem.string(u64_at(entry, 16)?, u64_at(entry, 24)?)?,
+                go_string(mem, u64_at(entry, 0)?, u64_at(entry, 8)?)?,
+                go_string(mem, u64_at(entry, 16)?, u64_at(entry, 24)?)?,
             ))
         })
         .collect()
@@ -524,8 +525,8 @@ fn map_labels(mem: &Memory, at: u64) -> Option<Vec<(String, String)>> {
                 let key = 8 + 16 * slot;
                 let value = 8 + 128 + 16 * slot;
                 labels.push((
-                    mem.string(u64_at(&bucket, key)?, u64_at(&bucket, key + 8)?)?,
-                    mem.string(u64_at(&bucket, value)?, u64_at(&bucket, value + 8)?)?,
+                    go_string(mem, u64_at(&bucket, key)?, u64_at(&bucket, key + 8)?)?,
+                    go_string(mem, u64_at(&bucket, value)?, u64_at(&bucket, value + 8)?)?,
                 ));
             }
             next = u64_at(&bucket, BUCKET - 8)?;
@@ -568,111 +569,15 @@ fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
     }))
 }
 
-/// A process's memory, read through `/proc/PID/mem` and, many pieces at
-/// once, `process_vm_readv`.
-struct Memory {
-    pid: libc::pid_t,
-    file: std::fs::File,
-}
-
-/// Pieces per `process_vm_readv` (the kernel's `UIO_MAXIOV`).
-const IOV_MAX: usize = 1024;
-
-impl Memory {
-    fn open(tgid: u32) -> Option<Memory> {
-        Some(Memory {
-            pid: libc::pid_t::try_from(tgid).ok()?,
-            file: std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?,
-        })
+/// A Go string's text (at most `MAX_LABEL_BYTES`), as every label value
+/// is shown.
+fn go_string(mem: &Memory, at: u64, len: u64) -> Option<String> {
+    let len = usize::try_from(len).ok()?.min(MAX_LABEL_BYTES);
+    let mut bytes = vec![0u8; len];
+    if len > 0 && !mem.read(at, &mut bytes) {
+        return None;
     }
-
-    /// Reads every (address, length) of `ranges` into `out`, one after the
-    /// other; returns, per range, whether it was read (a range that was not
-    /// is left zero). The kernel stops a call at the first range it cannot
-    /// read: the rest are asked again.
-    fn read_many(&self, ranges: &[(u64, usize)], out: &mut Vec<u8>) -> Vec<bool> {
-        let total = ranges.iter().map(|r| r.1).sum();
-        out.clear();
-        out.resize(total, 0);
-        let mut ok = vec![false; ranges.len()];
-        let mut starts = Vec::with_capacity(ranges.len());
-        let mut at = 0;
-        for r in ranges {
-            starts.push(at);
-            at += r.1;
-        }
-        let mut next = 0;
-        while next < ranges.len() {
-            let end = (next + IOV_MAX).min(ranges.len());
-            let mut local = Vec::with_capacity(end - next);
-            let mut remote = Vec::with_capacity(end - next);
-            for i in next..end {
-                let (address, len) = ranges[i];
-                local.push(libc::iovec {
-                    // SAFETY: within `out`, which is `total` long.
-                    iov_base: unsafe { out.as_mut_ptr().add(starts[i]) }.cast(),
-                    iov_len: len,
-                });
-                remote.push(libc::iovec {
-                    iov_base: address as *mut libc::c_void,
-                    iov_len: len,
-                });
-            }
-            // SAFETY: every local piece is writable memory of `out`; the
-            // kernel checks the remote ones.
-            let got = unsafe {
-                libc::process_vm_readv(
-                    self.pid,
-                    local.as_ptr(),
-                    local.len() as libc::c_ulong,
-                    remote.as_ptr(),
-                    remote.len() as libc::c_ulong,
-                    0,
-                )
-            };
-            let mut got = usize::try_from(got).unwrap_or(0);
-            let mut i = next;
-            // Whole ranges first: the call stops at a range boundary.
-            while i < end && ranges[i].1 <= got {
-                got -= ranges[i].1;
-                ok[i] = ranges[i].0 >= 4096;
-                i += 1;
-            }
-            // Range i failed (or was cut): skip it.
-            next = i + 1;
-        }
-        ok
-    }
-
-    fn read(&self, at: u64, buf: &mut [u8]) -> bool {
-        // The first page is never mapped: a null or tiny pointer is none.
-        at >= 4096 && self.file.read_exact_at(buf, at).is_ok()
-    }
-
-    fn u64(&self, at: u64) -> Option<u64> {
-        let mut word = [0u8; 8];
-        self.read(at, &mut word).then(|| u64::from_le_bytes(word))
-    }
-
-    /// Two adjacent words.
-    fn pair(&self, at: u64) -> Option<(u64, u64)> {
-        let mut words = [0u8; 16];
-        if !self.read(at, &mut words) {
-            return None;
-        }
-        Some((u64_at(&words, 0)?, u64_at(&words, 8)?))
-    }
-
-    /// A Go string's text (at most `MAX_LABEL_BYTES`), as every label
-    /// value is shown.
-    fn string(&self, at: u64, len: u64) -> Option<String> {
-        let len = usize::try_from(len).ok()?.min(MAX_LABEL_BYTES);
-        let mut bytes = vec![0u8; len];
-        if len > 0 && !self.read(at, &mut bytes) {
-            return None;
-        }
-        Some(display_name(&bytes))
-    }
+    Some(display_name(&bytes))
 }
 
 fn u64_at(data: &[u8], at: usize) -> Option<u64> {

@@ -2,12 +2,16 @@
 //! lifetimes, fed by process events), the labels their environment
 //! gives them (container, pod, systemd unit), and what the kernel needs
 //! to read of a Go process (`go_runtime`), and the goroutines read from
-//! a Go process's memory (`goroutines`).
+//! a Go process's memory (`goroutines`); reading a process's memory
+//! (`memory`); and where a CPython process keeps its threads' frames
+//! (`python_runtime`).
 
 pub mod environment;
 pub(crate) mod go_code;
 pub(crate) mod go_runtime;
 pub(crate) mod goroutines;
 mod lineage;
+pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod process;
+pub(crate) mod python_runtime;

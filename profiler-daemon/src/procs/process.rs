@@ -500,6 +500,14 @@ impl ProcessTable {
             .collect()
     }
 
+    /// The live processes' current snapshots, with their generations.
+    pub fn live_images(&self) -> impl Iterator<Item = (u32, u32, &ProcessInfo)> {
+        self.procs
+            .iter()
+            .filter(|(_, info)| !info.is_exited())
+            .map(|(&tgid, info)| (tgid, self.generation(tgid), info))
+    }
+
     /// Snapshot if not known yet.
     pub fn ensure(&mut self, tgid: u32) {
         self.settle();

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use profiler_common::{MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample};
+use profiler_common::{
+    MAX_STACK_DEPTH, PY_FRAMES_MAX, PyFrame, PyFrames, PySample, SHORT_STACK_BYTES,
+    STACK_COPY_BYTES, StackSample,
+};
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
 use crate::bpf::go_labels::add_go_labels;
@@ -73,11 +76,21 @@ pub(crate) fn read_stack_samples(
     while let Some(item) = ring.next() {
         // Two record forms, told apart by their length (the short one
         // when the thread's stack is known to fit).
-        if let Some(sample) = record::<StackSample>(&item) {
-            take_stack_sample(sample, procs, unwinder, cpu, waiting);
+        // A CPython process's samples add the thread's Python frames.
+        // Largest form first: a record is taken as the first form it is
+        // at least as long as.
+        if let Some(py) = record::<PySample<STACK_COPY_BYTES>>(&item) {
+            let python = python_frames(&py.python);
+            take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
+        } else if let Some(sample) = record::<StackSample>(&item) {
+            take_stack_sample(sample, None, procs, unwinder, cpu, waiting);
+        } else if let Some(py) = record::<PySample<SHORT_STACK_BYTES>>(&item) {
+            SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
+            let python = python_frames(&py.python);
+            take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
         } else if let Some(sample) = record::<StackSample<SHORT_STACK_BYTES>>(&item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            take_stack_sample(sample, procs, unwinder, cpu, waiting);
+            take_stack_sample(sample, None, procs, unwinder, cpu, waiting);
         }
     }
 }
@@ -99,7 +112,23 @@ pub(crate) static SAMPLES_IMAGE_UNHEARD: AtomicU64 = AtomicU64::new(0);
 /// event has named the new image's mappings, never with the old one's.
 #[derive(Default)]
 pub(crate) struct WaitingSamples {
-    samples: Vec<Box<StackSample>>,
+    samples: Vec<(Box<StackSample>, PythonFrames)>,
+}
+
+/// A sample's Python frames, leaf first (None: not a Python sample).
+type PythonFrames = Option<Arc<[PyFrame]>>;
+
+/// Python samples whose frames went past `PY_FRAMES_MAX` (those nearest
+/// the root are missing), for the exit summary.
+pub(crate) static PYTHON_STACKS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
+
+/// The Python frames a sample carries, if any.
+fn python_frames(python: &PyFrames) -> PythonFrames {
+    if python.truncated != 0 {
+        PYTHON_STACKS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
+    }
+    let len = (python.len as usize).min(PY_FRAMES_MAX);
+    (len > 0).then(|| Arc::from(&python.frames[..len]))
 }
 
 impl WaitingSamples {
@@ -116,15 +145,15 @@ impl WaitingSamples {
         if self.samples.is_empty() {
             return;
         }
-        for sample in std::mem::take(&mut self.samples) {
+        for (sample, python) in std::mem::take(&mut self.samples) {
             let known = procs.knows_image(sample.tgid, sample.image_since);
             if known || all {
                 if !known {
                     SAMPLES_IMAGE_UNHEARD.fetch_add(1, Ordering::Relaxed);
                 }
-                add_stack_sample(&sample, procs, unwinder, cpu);
+                add_stack_sample(&sample, python, procs, unwinder, cpu);
             } else {
-                self.samples.push(sample);
+                self.samples.push((sample, python));
             }
         }
     }
@@ -132,6 +161,7 @@ impl WaitingSamples {
 
 fn take_stack_sample<const N: usize>(
     sample: &StackSample<N>,
+    python: PythonFrames,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     cpu: &mut CpuWindow,
@@ -140,12 +170,12 @@ fn take_stack_sample<const N: usize>(
     if !procs.knows_image(sample.tgid, sample.image_since) {
         if waiting.samples.len() < MAX_WAITING_SAMPLES {
             SAMPLES_WAITED_FOR_IMAGE.fetch_add(1, Ordering::Relaxed);
-            waiting.samples.push(widen(sample));
+            waiting.samples.push((widen(sample), python));
             return;
         }
         SAMPLES_IMAGE_UNHEARD.fetch_add(1, Ordering::Relaxed);
     }
-    add_stack_sample(sample, procs, unwinder, cpu);
+    add_stack_sample(sample, python, procs, unwinder, cpu);
 }
 
 /// A copy of a sample in the long form, on the heap.
@@ -171,6 +201,7 @@ fn widen<const N: usize>(sample: &StackSample<N>) -> Box<StackSample> {
 
 pub(crate) fn add_stack_sample<const N: usize>(
     sample: &StackSample<N>,
+    python: PythonFrames,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     cpu: &mut CpuWindow,
@@ -208,6 +239,7 @@ pub(crate) fn add_stack_sample<const N: usize>(
         cond: 0,
         go_labels: 0,
         go_wait: 0,
+        python,
     });
 }
 
@@ -234,7 +266,14 @@ pub(crate) fn build_cpu_profile(
             symbolizer.kernel_stack(ips)
         });
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
-            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
+            let native = symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words);
+            match &id.python {
+                Some(python) => {
+                    let segments = symbolizer.python.segments(id.tgid, python);
+                    symbolizer.python.interleave(native, segments)
+                }
+                None => native,
+            }
         });
         let count = count as i64;
         let mut labels = sample_labels(settings, procs, id);
@@ -298,6 +337,7 @@ mod tests {
 
         take_stack_sample(
             &sample(pid, 150, 100),
+            None,
             &mut procs,
             &mut unwinder,
             &mut cpu,
@@ -306,6 +346,7 @@ mod tests {
         // The exec at 300: a sample of the new image read before its event.
         take_stack_sample(
             &sample(pid, 310, 300),
+            None,
             &mut procs,
             &mut unwinder,
             &mut cpu,
@@ -327,6 +368,7 @@ mod tests {
         // An exec whose event never comes: added when the window closes.
         take_stack_sample(
             &sample(pid, 410, 400),
+            None,
             &mut procs,
             &mut unwinder,
             &mut cpu,
@@ -343,6 +385,7 @@ mod tests {
         for _ in 0..MAX_WAITING_SAMPLES + 1 {
             take_stack_sample(
                 &sample(pid, 510, 500),
+                None,
                 &mut procs,
                 &mut unwinder,
                 &mut cpu,

@@ -139,6 +139,7 @@ fn sample_id(procs: &ProcessTable, group: &Group) -> SampleId {
         cond: 0,
         go_labels: 0,
         go_wait: group.wait,
+        python: None,
     }
 }
 

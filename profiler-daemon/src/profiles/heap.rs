@@ -240,6 +240,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         cond: 0,
         go_labels: 0,
         go_wait: 0,
+        python: None,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -336,6 +337,7 @@ mod tests {
             cond: 0,
             go_labels: 0,
             go_wait: 0,
+            python: None,
         }
     }
 

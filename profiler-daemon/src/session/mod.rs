@@ -45,6 +45,7 @@ use crate::session::targets::{
 use crate::session::window::{Sources, Window, write_window};
 use crate::stacks::budget::MemoryBudget;
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonMark;
 use crate::stacks::unwind::Unwinder;
 
 /// How often the kernel buffers are drained. Short enough that the count
@@ -73,6 +74,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut child = s.start_command()?;
     s.announce_ready();
     s.mark_running_go_processes();
+    // The processes known at the start (the targets of --pid), not a
+    // second later at the first tick.
+    s.watch_python();
 
     let deadline = s.settings.duration.map(|d| s.window.started + d);
     let mut drain_tick =
@@ -360,6 +364,20 @@ impl Session {
         }
     }
 
+    /// Tells the kernel which processes run CPython, and where their
+    /// threads' frames are (see `symbolize::python::PythonCodes::watch`).
+    fn watch_python(&mut self) {
+        if !self.settings.profiles.contains(&ProfileKind::Cpu) {
+            return;
+        }
+        for mark in self.symbolizer.python.watch(&self.procs) {
+            match mark {
+                PythonMark::Mark(tgid, runtime) => self.probes.mark_python_process(tgid, runtime),
+                PythonMark::Unmark(tgid) => self.probes.unmark_python_process(tgid),
+            }
+        }
+    }
+
     fn take_proc_events(&mut self, ring: &mut Ring) {
         take_proc_events(
             ring,
@@ -441,6 +459,7 @@ impl Session {
         }
         self.procs.settle();
         self.symbolizer.watch_perf_maps(&self.procs);
+        self.watch_python();
         self.observe();
         if !self.live_targets.is_empty() {
             self.live_targets

@@ -265,6 +265,20 @@ pub(crate) fn log_summary(
         },
         "summary"
     );
+    let py = symbolizer.python.stats;
+    if py.processes > 0 {
+        tracing::info!(target: "profilerd::session",
+            python_processes = py.processes,
+            python_samples = c[counter::PY_SAMPLES as usize],
+            python_threads_unfound = c[counter::PY_THREADS_UNFOUND as usize],
+            python_stacks_truncated = crate::profiles::cpu::PYTHON_STACKS_TRUNCATED
+                .load(Ordering::Relaxed),
+            python_frames = py.frames,
+            python_frames_unread = py.frames_unread,
+            python_segments_unplaced = py.segments_unplaced,
+            "python summary"
+        );
+    }
 }
 
 /// The daemon's peak resident set (VmHWM), in bytes; 0 if unknown.

@@ -21,9 +21,9 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, FpProcess, MAX_STACK_DEPTH, SHORT_STACK_BYTES, STACK_COPY_BYTES,
-    STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey, Stack, StackHash,
-    StackSample, control, counter,
+    COMM_LEN, COUNTS_ENTRIES, FpProcess, MAX_STACK_DEPTH, PyRuntime, PySample, SHORT_STACK_BYTES,
+    STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey,
+    Stack, StackHash, StackSample, control, counter,
 };
 
 use crate::{
@@ -33,6 +33,7 @@ use crate::{
     klog::{self, klog, why},
     maps::wake_flag,
     process::{anchor_young_image, is_target, note_process},
+    python::{is_python, python_frames, python_process},
     stack::{
         UserRegs,
         copy::{counted_copy_stack, stack_fits},
@@ -87,8 +88,26 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     anchor_young_image(ctx.as_ptr(), tgid, image_since);
 
     let comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
-    if use_dwarf(tgid) && send_stack_sample(&ctx, (tgid, tid, image_since), &comm) {
-        return Ok(0);
+    if use_dwarf(tgid) {
+        // A CPython process's sample is taken by a program of its own,
+        // which adds the thread's Python frames; loaded once a Python
+        // process is marked. Until then (or if the call fails), it is
+        // taken here, native frames only.
+        if is_python(tgid)
+            && let Some(pending) = PENDING_SAMPLE.get_ptr_mut(0)
+        {
+            // SAFETY: this CPU's slot; the tail-called program reads it next.
+            unsafe {
+                (*pending).tgid = tgid;
+                (*pending).tid = tid;
+                (*pending).image_since = image_since;
+                (*pending).comm = comm;
+                PY_PROGRAMS.tail_call(&ctx, 0);
+            }
+        }
+        if send_stack_sample(&ctx, (tgid, tid, image_since), &comm) {
+            return Ok(0);
+        }
     }
     // A Go process's sample is taken by a program of its own, which adds
     // the words a frameless leaf's caller may be in and the goroutine's
@@ -168,6 +187,10 @@ static PENDING_SAMPLE: PerCpuArray<PendingSample> = PerCpuArray::with_max_entrie
 #[map]
 static GO_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
+/// Slot 0: `py_sample`, set by the daemon when it loads it.
+#[map]
+static PY_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
 /// `go_sample`, tail-called by `cpu_sample` for a sample of a Go process:
 /// records its frame-pointer stacks as `cpu_sample` does, adds the words
 /// a frameless leaf's caller may be in and the goroutine's label set, and
@@ -196,6 +219,67 @@ fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     }
     add_count(active, &key);
     Ok(0)
+}
+
+/// `py_sample`, tail-called by `cpu_sample` for a sample of a CPython
+/// process: sends it with its stack copy, as `cpu_sample` does, and the
+/// Python frames of the thread.
+#[perf_event]
+pub fn py_sample(ctx: PerfEventContext) -> u32 {
+    klog::run(ctx, try_py_sample)
+}
+
+#[inline(always)]
+fn try_py_sample(ctx: PerfEventContext) -> Result<u32, u32> {
+    let pending = PENDING_SAMPLE.get_ptr(0).ok_or(0u32)?;
+    // SAFETY: this CPU's slot, written by cpu_sample just before.
+    let pending = unsafe { &*pending };
+    let (tgid, tid, comm, image_since) =
+        (pending.tgid, pending.tid, pending.comm, pending.image_since);
+    let sent = match (user_regs(&ctx), python_process(tgid)) {
+        (Some(UserRegs { ip, sp, bp, .. }), Some(py)) => {
+            // SAFETY: a map value, read in place.
+            let py = unsafe { &*py };
+            let (who, regs) = ((tgid, tid, image_since), (ip, sp, bp));
+            if stack_fits(tid, sp, SHORT_STACK_BYTES) {
+                send_py_sample_in::<SHORT_STACK_BYTES>(&ctx, who, &comm, regs, py)
+            } else {
+                send_py_sample_in::<STACK_COPY_BYTES>(&ctx, who, &comm, regs, py)
+            }
+        }
+        _ => false,
+    };
+    if sent {
+        count(counter::STACK_SAMPLES);
+    } else {
+        count(counter::STACK_SAMPLES_FULL);
+        let (active, key) = walked_sample(&ctx, tgid, tid, comm, image_since);
+        add_count(active, &key);
+    }
+    Ok(0)
+}
+
+/// Sends a CPU sample of a CPython process, with an N-byte stack copy and
+/// the thread's Python frames.
+#[inline(always)]
+fn send_py_sample_in<const N: usize>(
+    ctx: &PerfEventContext,
+    who: (u32, u32, u64),
+    comm: &[u8; COMM_LEN],
+    regs: (u64, u64, u64),
+    py: &PyRuntime,
+) -> bool {
+    let Some(mut entry) = STACK_SAMPLES.reserve::<PySample<N>>(0) else {
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; written in place.
+    unsafe {
+        fill_stack_sample::<N>(ctx, &mut (*out).sample, who, comm, regs);
+        python_frames(py, who.1, &mut (*out).python);
+    }
+    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
+    true
 }
 
 /// Adds one to the count of `key` in buffer `active`.
@@ -288,9 +372,32 @@ fn send_stack_sample_in<const N: usize>(
     let Some(mut entry) = STACK_SAMPLES.reserve::<StackSample<N>>(0) else {
         return false;
     };
-    let out = entry.as_mut_ptr();
-    // SAFETY: the entry is ours until submitted; fields are written in
-    // place because the record is far larger than the BPF stack.
+    // SAFETY: the entry is ours until submitted.
+    unsafe {
+        fill_stack_sample::<N>(
+            ctx,
+            &mut *entry.as_mut_ptr(),
+            (tgid, tid, image_since),
+            comm,
+            (ip, sp, bp),
+        )
+    };
+    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
+    true
+}
+
+/// Writes a CPU sample with an N-byte stack copy into `out`, in place:
+/// the record is far larger than the BPF stack.
+#[inline(always)]
+fn fill_stack_sample<const N: usize>(
+    ctx: &PerfEventContext,
+    out: &mut StackSample<N>,
+    (tgid, tid, image_since): (u32, u32, u64),
+    comm: &[u8; COMM_LEN],
+    (ip, sp, bp): (u64, u64, u64),
+) {
+    let out: *mut StackSample<N> = out;
+    // SAFETY: `out` is a ring entry the caller owns.
     unsafe {
         (*out).tgid = tgid;
         (*out).tid = tid;
@@ -315,8 +422,6 @@ fn send_stack_sample_in<const N: usize>(
         (*out).kernel_len = kernel_len;
         (*out).stack_len = counted_copy_stack::<N>((*out).stack.as_mut_ptr(), sp);
     }
-    entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
-    true
 }
 
 /// Whether the interrupted code ran in user mode (CPL 3 in CS).

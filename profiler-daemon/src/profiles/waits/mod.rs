@@ -209,6 +209,7 @@ pub(crate) fn read_wait_events(
             cond: event.cond,
             go_labels: event.go_labels,
             go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
+            python: None,
         };
         if kind == wait_event::BLOCK
             && let Some(reason) = go_wait_reasons::key_text(id.go_wait)
@@ -281,6 +282,7 @@ pub(crate) fn read_offcpu_event(
         cond: 0,
         go_labels: event.go_labels,
         go_wait: 0,
+        python: None,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -413,6 +415,7 @@ mod tests {
             cond: 0,
             go_labels: 0,
             go_wait: 0,
+            python: None,
         }
     }
 
@@ -446,6 +449,7 @@ mod tests {
             cond,
             go_labels: 0,
             go_wait: 0,
+            python: None,
             ..id(frame)
         };
         // A wait inside pthread_cond_wait on word 0x1008 of condition

@@ -11,7 +11,9 @@
 //! kallsyms), each charged the growth of the heap its parsing caused.
 //!
 //! `go_leaf.rs` puts back the caller a frame-pointer walk skipped under a
-//! Go leaf; `prefetch.rs` resolves a window's misses one object at a time.
+//! Go leaf; `prefetch.rs` resolves a window's misses one object at a time;
+//! `perf_map.rs` names JIT code; `python.rs` names Python frames and
+//! places them among the native ones.
 //! A little over the ~800 lines a file should hold: user and kernel
 //! lookups and the three caches they share are one state; the caches'
 //! eviction (`shed`) is the next part to go to a file of its own.
@@ -41,6 +43,7 @@ use crate::stacks::plt::{ObjectLayout, Placement};
 mod go_leaf;
 mod perf_map;
 mod prefetch;
+pub mod python;
 
 use perf_map::PerfMaps;
 
@@ -174,6 +177,8 @@ pub struct Symbolizer {
     user_calls: u64,
     /// Names of JIT code, from the processes' perf maps.
     perf_maps: PerfMaps,
+    /// CPython processes and their code objects.
+    pub python: python::PythonCodes,
     stats: SymbolizeStats,
 }
 
@@ -235,6 +240,7 @@ impl Symbolizer {
             empty: Arc::from(Vec::new()),
             user_calls: 0,
             perf_maps: PerfMaps::default(),
+            python: python::PythonCodes::default(),
             stats: SymbolizeStats::default(),
         })
     }

@@ -1,0 +1,112 @@
+//! CPython: where the interpreter keeps a thread's frames (the offsets the
+//! daemon gives the kernel per process, by CPython release), and the
+//! Python frames a CPU sample of such a process carries besides its
+//! native stack copy.
+
+use crate::StackSample;
+
+/// Python processes marked at once (`PY_PROCESSES`).
+pub const PY_PROCESSES_ENTRIES: u32 = 4096;
+
+/// Threads whose `PyThreadState` is remembered at once (`PY_THREADS`,
+/// least recently used go).
+pub const PY_THREADS_ENTRIES: u32 = 16_384;
+
+/// Thread states looked at per sample when a thread's is not remembered:
+/// a process with more Python threads than this may go without the
+/// frames of the later ones.
+pub const PY_THREADS_SEARCHED: usize = 32;
+
+/// Python frames recorded per sample, boundaries included (the frames
+/// nearest the leaf are kept).
+pub const PY_FRAMES_MAX: usize = 64;
+
+/// Bytes of an interpreter frame read at once: every field used lies in
+/// them, in every release handled (`_PyInterpreterFrame` up to its
+/// `localsplus`).
+pub const PY_FRAME_BYTES: usize = 72;
+
+/// A field of [`PyRuntime`] that the release does not have.
+pub const PY_NO_FIELD: u16 = u16::MAX;
+
+/// Where process's interpreter keeps its threads and their frames (value
+/// of `PY_PROCESSES`): the address of `_PyRuntime` and, for its release,
+/// the offsets of the fields walked. Frame fields are offsets into the
+/// first [`PY_FRAME_BYTES`] of a `_PyInterpreterFrame`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PyRuntime {
+    /// Address of `_PyRuntime` in the process.
+    pub runtime: u64,
+    /// `_PyRuntimeState.interpreters.head`: the main interpreter.
+    pub interpreters_head: u16,
+    /// `PyInterpreterState.threads.head`.
+    pub threads_head: u16,
+    /// `PyThreadState.next`.
+    pub thread_next: u16,
+    /// `PyThreadState.native_thread_id` (the thread's kernel id).
+    pub thread_native_id: u16,
+    /// `PyThreadState.cframe` (3.11, 3.12), or [`PY_NO_FIELD`] when the
+    /// thread state holds its current frame itself (3.13).
+    pub thread_cframe: u16,
+    /// `_PyCFrame.current_frame`, or `PyThreadState.current_frame` (3.13).
+    pub current_frame: u16,
+    /// `_PyInterpreterFrame.f_code` (`f_executable` in 3.13).
+    pub frame_code: u16,
+    /// `_PyInterpreterFrame.previous`.
+    pub frame_previous: u16,
+    /// `_PyInterpreterFrame.prev_instr` (`instr_ptr` in 3.13).
+    pub frame_instr: u16,
+    /// `_PyInterpreterFrame.owner` (one byte).
+    pub frame_owner: u16,
+    /// `_PyInterpreterFrame.is_entry` (one byte, 3.11), or
+    /// [`PY_NO_FIELD`]: later releases mark an evaluator's entry with a
+    /// frame owned by the C stack instead.
+    pub frame_is_entry: u16,
+    pub _pad: u16,
+}
+
+/// `_PyInterpreterFrame.owner` of the frame an evaluator call keeps on
+/// the C stack for itself (3.12 and later): the boundary between the
+/// Python frames of two evaluator calls.
+pub const PY_FRAME_OWNED_BY_CSTACK: u8 = 3;
+
+/// One recorded Python frame: its code object and where in it the frame
+/// is (the frame's instruction pointer). A frame whose `code` is 0 is a
+/// boundary: the frames before it (nearer the leaf) ran in one call of
+/// the evaluator, those after it in the calls below.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PyFrame {
+    pub code: u64,
+    pub instr: u64,
+}
+
+/// The Python frames of a sample, leaf first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PyFrames {
+    /// Frames of `frames` in use.
+    pub len: u32,
+    /// Nonzero when the walk stopped at [`PY_FRAMES_MAX`] before the
+    /// thread's first frame.
+    pub truncated: u32,
+    pub frames: [PyFrame; PY_FRAMES_MAX],
+}
+
+/// A CPU sample of a Python process: the native sample with its stack
+/// copy, and the Python frames of the thread. Sent through the same ring
+/// as [`StackSample`]; the daemon tells the forms apart by their length.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PySample<const N: usize> {
+    pub sample: StackSample<N>,
+    pub python: PyFrames,
+}
+
+// The daemon tells the four CPU record forms apart by length, largest
+// first: the short Python form must be shorter than the long native one.
+const _: () = assert!(
+    core::mem::size_of::<PySample<{ crate::SHORT_STACK_BYTES }>>()
+        < core::mem::size_of::<StackSample<{ crate::STACK_COPY_BYTES }>>()
+);

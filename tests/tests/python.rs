@@ -1,0 +1,293 @@
+//! CPython without any flag: a program splitting its time 3:1 between two
+//! Python functions, each reached through a caller of its own, is
+//! profiled with `--pid` while py-spy (CPython's own sampling profiler,
+//! from PyPI) records the same run. The kernel reads each sampled
+//! thread's Python frames (its thread state, then the interpreter frames'
+//! code objects and instruction pointers) and the daemon names them
+//! `function` (file:line) in place of the evaluator's native frames. On
+//! Debian's CPython 3.11 (a static build) and the machine's pyenv 3.12
+//! and 3.13 (shared `libpython`):
+//!
+//! - the heavy function's share of the two is the program's own timing
+//!   and py-spy's, within ±5 points;
+//! - the Python stacks are py-spy's: `<module>` → `main` → `run` →
+//!   `call_heavy` → `spin_heavy`, the caller frames at the lines py-spy
+//!   gives them;
+//! - native frames stay: the C leaf (the interpreter's long arithmetic)
+//!   above the Python frame that ran it, `PyEval_EvalCode` below;
+//! - every file reads with `go tool pprof -raw`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use profiler_tests::daemon::require_root;
+use profiler_tests::pprof_tool::check_readable;
+use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
+use profiler_tests::temp_dir;
+use profiler_tests::workloads::{WholeLife, field, profile_whole_life_beside};
+
+/// Bound of |share - reference| for the heavy function's share.
+const SHARE_TOLERANCE: f64 = 0.05;
+/// Samples per second of profilerd, and of py-spy (whose own share is
+/// the noisier: it sees ~4 s at this rate).
+const HZ: u64 = 199;
+const PY_SPY_HZ: u64 = 499;
+/// Seconds the workload runs.
+const SECONDS: &str = "4";
+
+/// The interpreters tried: Debian's, and pyenv's 3.12 and 3.13.
+fn interpreters() -> Vec<(String, PathBuf)> {
+    let mut found = vec![(
+        "python3.11 (Debian)".to_string(),
+        PathBuf::from("/usr/bin/python3.11"),
+    )];
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let pyenv = Path::new(&home).join(".pyenv/versions");
+    for minor in ["3.12", "3.13"] {
+        let mut versions: Vec<PathBuf> = std::fs::read_dir(&pyenv)
+            .ok()
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{minor}."))
+            })
+            .map(|e| e.path().join(format!("bin/python{minor}")))
+            .filter(|p| p.exists())
+            .collect();
+        versions.sort();
+        let python = versions
+            .pop()
+            .unwrap_or_else(|| panic!("no CPython {minor} under {}", pyenv.display()));
+        found.push((format!("python{minor} (pyenv)"), python));
+    }
+    found
+}
+
+fn py_spy() -> PathBuf {
+    std::env::var_os("PROFILERD_TEST_PY_SPY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/py-spy/bin/py-spy")
+        })
+}
+
+/// Starts py-spy on `pid` for the workload's run, without pausing it.
+fn start_py_spy(pid: u32, output: &Path) -> Child {
+    Command::new(py_spy())
+        .args(["record", "--nonblocking", "--format", "raw", "--rate"])
+        .arg(PY_SPY_HZ.to_string())
+        .arg("--pid")
+        .arg(pid.to_string())
+        .arg("--output")
+        .arg(output)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", py_spy().display()))
+}
+
+/// py-spy's collapsed stacks (root first, `function (file:line)` each),
+/// with their sample counts.
+fn py_spy_stacks(child: Child, output: &Path) -> Vec<(Vec<(String, u32)>, u64)> {
+    let done = child.wait_with_output().expect("py-spy");
+    let text = std::fs::read_to_string(output).unwrap_or_else(|e| {
+        panic!(
+            "py-spy wrote no {} ({e}): {}",
+            output.display(),
+            String::from_utf8_lossy(&done.stderr)
+        )
+    });
+    text.lines()
+        .filter_map(|line| {
+            let (stack, count) = line.rsplit_once(' ')?;
+            let frames = stack
+                .split(';')
+                .map(|f| {
+                    let (name, place) = f.rsplit_once(" (").unwrap_or((f, ""));
+                    let line = place
+                        .trim_end_matches(')')
+                        .rsplit(':')
+                        .next()
+                        .and_then(|l| l.parse().ok())
+                        .unwrap_or(0);
+                    (name.to_string(), line)
+                })
+                .collect();
+            Some((frames, count.parse().ok()?))
+        })
+        .collect()
+}
+
+/// profilerd's time per Python stack (root first, function and line),
+/// from the outermost `<module>` frame to the innermost Python frame.
+fn python_stacks(samples: &[FlatSample]) -> BTreeMap<Vec<(String, u32)>, i64> {
+    let mut stacks = BTreeMap::new();
+    for s in samples {
+        let python: Vec<(String, u32)> = s
+            .frames
+            .iter()
+            .rev()
+            .filter(|f| f.file.ends_with(".py"))
+            .map(|f| (f.function.clone(), f.line as u32))
+            .collect();
+        if !python.is_empty() {
+            *stacks.entry(python).or_insert(0) += s.cpu_ns;
+        }
+    }
+    stacks
+}
+
+/// The share of `heavy` in time under `heavy` or `light` (as the stack's
+/// innermost Python function), from (stack, weight) pairs.
+fn heavy_share<'a>(stacks: impl Iterator<Item = (&'a [(String, u32)], f64)>) -> f64 {
+    let (mut heavy, mut light) = (0.0, 0.0);
+    for (stack, weight) in stacks {
+        match stack.last().map(|f| f.0.as_str()) {
+            Some("spin_heavy") => heavy += weight,
+            Some("spin_light") => light += weight,
+            _ => {}
+        }
+    }
+    heavy / (heavy + light).max(f64::MIN_POSITIVE)
+}
+
+/// The line most of the time of stacks whose frame `depth` (from the
+/// root) is `function` was at.
+fn main_line<'a>(
+    stacks: impl Iterator<Item = (&'a [(String, u32)], f64)>,
+    depth: usize,
+    function: &str,
+) -> Option<u32> {
+    let mut at: BTreeMap<u32, f64> = BTreeMap::new();
+    for (stack, weight) in stacks {
+        if let Some((name, line)) = stack.get(depth)
+            && name == function
+        {
+            *at.entry(*line).or_insert(0.0) += weight;
+        }
+    }
+    at.into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(line, _)| line)
+}
+
+#[test]
+fn python_functions_are_named_without_any_flag() {
+    require_root();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.py");
+    let script = script.to_str().expect("UTF-8 path");
+    for (name, python) in interpreters() {
+        let tmp = temp_dir();
+        let out = tmp.path().join("out");
+        let spy_out = tmp.path().join("py-spy.txt");
+        let (
+            WholeLife {
+                pid,
+                report,
+                daemon,
+            },
+            spy,
+        ) = profile_whole_life_beside(
+            &python,
+            &[script, SECONDS],
+            &out,
+            HZ,
+            &["--profiles", "cpu"],
+            |pid| start_py_spy(pid, &spy_out),
+        );
+        let spy = py_spy_stacks(spy, &spy_out);
+        let files = read_profiles(&out, "cpu");
+        for file in &files {
+            check_readable(&file.path, !file.profile.sample.is_empty());
+        }
+        let samples = of_pid(&flatten_all(&files), pid);
+        let ours = python_stacks(&samples);
+        let ours_weighted = || ours.iter().map(|(s, &ns)| (s.as_slice(), ns as f64));
+        let spy_weighted = || spy.iter().map(|(s, n)| (s.as_slice(), *n as f64));
+        let share = heavy_share(ours_weighted());
+        let spy_share = heavy_share(spy_weighted());
+        let (timed_heavy, timed_light) = (
+            field(&report, "heavy_ns") as f64,
+            field(&report, "light_ns") as f64,
+        );
+        let timed_share = timed_heavy / (timed_heavy + timed_light);
+        let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+        let in_python: i64 = ours.values().sum();
+        let expected: Vec<&str> = vec!["<module>", "main", "run", "call_heavy", "spin_heavy"];
+        let whole: i64 = ours
+            .iter()
+            .filter(|(s, _)| s.iter().map(|f| f.0.as_str()).eq(expected.iter().copied()))
+            .map(|(_, &ns)| ns)
+            .sum();
+        let heavy_time: i64 = ours
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|f| f.0 == "spin_heavy"))
+            .map(|(_, &ns)| ns)
+            .sum();
+        // A C leaf above the Python frame, and
+        // `PyEval_EvalCode` below `<module>`: native frames kept around.
+        let native_around: i64 = samples
+            .iter()
+            .filter(|s| {
+                let py = |f: &&profiler_tests::profiles::Frame| f.file.ends_with(".py");
+                s.frames.first().is_some_and(|f| !f.file.ends_with(".py"))
+                    && s.frames.iter().any(|f| py(&f))
+                    && s.frames
+                        .iter()
+                        .rev()
+                        .take_while(|f| !py(f))
+                        .any(|f| f.function == "PyEval_EvalCode")
+            })
+            .map(|s| s.cpu_ns)
+            .sum();
+        let diag = format!(
+            "\nprofilerd's Python stacks: {ours:#?}\npy-spy's: {spy:#?}\n{}\n{}",
+            summary(&samples),
+            daemon.describe()
+        );
+        println!(
+            "{name}: heavy share {share:.3}, timed {timed_share:.3}, py-spy {spy_share:.3}; {:.3} of the process's time in Python frames; {:.3} of spin_heavy's under <module>, main, run, call_heavy; {:.3} with a native leaf and PyEval_EvalCode around Python frames; {} Python samples, {} Python frames named",
+            in_python as f64 / total.max(1) as f64,
+            whole as f64 / heavy_time.max(1) as f64,
+            native_around as f64 / total.max(1) as f64,
+            daemon.summary_field("python_samples"),
+            daemon.summary_field("python_frames"),
+        );
+        assert!(
+            (share - timed_share).abs() <= SHARE_TOLERANCE,
+            "{name}: spin_heavy's share {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+        );
+        assert!(
+            (share - spy_share).abs() <= SHARE_TOLERANCE,
+            "{name}: spin_heavy's share {share:.3}, py-spy's {spy_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+        );
+        // Marked at the start (a --pid target): from the first sample.
+        assert!(
+            in_python as f64 >= 0.95 * total as f64,
+            "{name}: only {in_python} of {total} ns in stacks with Python frames{diag}"
+        );
+        assert!(
+            whole as f64 >= 0.95 * heavy_time as f64,
+            "{name}: {whole} of spin_heavy's {heavy_time} ns under <module>, main, run and call_heavy{diag}"
+        );
+        assert!(
+            native_around as f64 >= 0.5 * in_python as f64,
+            "{name}: {native_around} ns with a native leaf and PyEval_EvalCode around Python frames, of {in_python}{diag}"
+        );
+        for (depth, function) in [(2, "run"), (3, "call_heavy"), (4, "spin_heavy")] {
+            let (ours, theirs) = (
+                main_line(ours_weighted(), depth, function),
+                main_line(spy_weighted(), depth, function),
+            );
+            assert_eq!(
+                ours, theirs,
+                "{name}: {function}'s main line: profilerd {ours:?}, py-spy {theirs:?}{diag}"
+            );
+        }
+        assert_eq!(daemon.summary_field("python_frames_unread"), 0, "{diag}");
+    }
+}
