@@ -76,14 +76,14 @@ fn read<T>(addr: u64) -> Option<T> {
 
 /// Reads `len` (at most `room`) bytes of user memory at `src` into `dst`.
 ///
-/// `MASKED` (for `go_park_probe`): the size is also masked into
-/// `1..=room` (`room` a power of two) just before the call. Inlined into
-/// `go_park_probe`, LLVM compared one copy of the length and passed
+/// `MASKED` (every read of a length the program was given): the size is
+/// also masked into `1..=room` (`room` a power of two) just before the
+/// call. Inlined, LLVM compared one copy of the length and passed
 /// another, spilled to the stack, and Linux 6.1's verifier, which lost the
 /// spilled copy's bounds, refused the program ("R2 min value is
-/// negative"); a mask bounds the register the call takes. Not in
-/// `go_sample`, which 6.1 takes as it is and whose verification the mask
-/// made far longer there (the daemon's rings went unread meanwhile).
+/// negative"): `go_park_probe` first, and `go_sample` too (found when
+/// `profilerd --check` began loading it in the 6.1 VM). A mask bounds the
+/// register the call takes. Unmasked only for reads of a constant size.
 #[inline(always)]
 fn read_into<const MASKED: bool>(dst: *mut u8, room: u64, src: u64, len: u64) -> bool {
     let len = if len > room { room } else { len };
@@ -104,8 +104,7 @@ fn read_into<const MASKED: bool>(dst: *mut u8, room: u64, src: u64, len: u64) ->
 /// `g` (R14) runs for, recording the set's text if it is new; 0 when there
 /// is none or it cannot be read.
 ///
-/// `MASKED` as for [`read_into`]: `go_sample` reads plainly, the
-/// switch-out of an off-CPU interval with its sizes masked (Linux 6.1's
+/// `MASKED` as for [`read_into`] (every caller masks: Linux 6.1's
 /// verifier).
 #[inline(always)]
 pub(crate) fn go_label_set<const MASKED: bool>(go: &GoRuntime, g: u64) -> u64 {

@@ -69,6 +69,21 @@ fn check_finds_every_type_ready_here() {
     }
 }
 
+/// The programs that take Go and Python processes' CPU samples are loaded
+/// only at the first such process: `--check` loads them, so that the
+/// kernel matrix verifies them on every kernel (it runs this test).
+#[test]
+fn check_loads_the_go_and_python_sample_programs() {
+    let (code, report) = check(&["--profiles", "cpu"], "");
+    assert_eq!(code, 0, "{report}");
+    for kind in ["cpu", "go", "python"] {
+        assert!(
+            state(&report, kind).starts_with("ready"),
+            "{kind}:\n{report}"
+        );
+    }
+}
+
 #[test]
 fn check_names_what_an_older_kernel_lacks() {
     let missing = "uprobe_session,uprobe_multi,uprobe_pmu,btf";

@@ -65,14 +65,41 @@ pub fn probe_config(
 /// Whether this kernel loads `kind`'s programs: None when it does, else
 /// the first line of why not. Nothing stays attached.
 fn trial_load(settings: &Settings, features: &KernelFeatures, kind: ProfileKind) -> Option<String> {
+    trial_probes(settings, features, kind).err()
+}
+
+/// `kind`'s programs loaded as `trial_load` loads them.
+fn trial_probes(
+    settings: &Settings,
+    features: &KernelFeatures,
+    kind: ProfileKind,
+) -> Result<Probes, String> {
     let mut config = probe_config(settings, features, &[kind]);
     // An empty target set: the programs run and return at once.
     config.filter_targets = true;
     config.follow_forks = false;
-    match Probes::load(&config) {
-        // Dropped at once: everything it attached goes with it.
-        Ok(_probes) => None,
-        Err(e) => Some(reason(&format!("{:#}", anyhow::Error::from(e)))),
+    Probes::load(&config).map_err(|e| reason(&format!("{:#}", anyhow::Error::from(e))))
+}
+
+/// The CPU samples of Go and Python processes, taken by programs of their
+/// own (loaded at the first such process): whether this kernel loads
+/// them, one line each.
+fn check_sample_programs(settings: &Settings, features: &KernelFeatures) {
+    let Ok(mut probes) = trial_probes(settings, features, ProfileKind::Cpu) else {
+        return;
+    };
+    for (runtime, loaded) in probes.load_sample_programs() {
+        let what = match runtime {
+            "go" => "Go leaf callers and labels on CPU samples",
+            _ => "Python frames on CPU samples",
+        };
+        match loaded {
+            Ok(()) => println!("{runtime:<8} ready ({what})"),
+            Err(e) => println!(
+                "{runtime:<8} unavailable ({what}: {})",
+                reason(&format!("{:#}", anyhow::Error::from(e)))
+            ),
+        }
     }
 }
 
@@ -193,6 +220,7 @@ pub fn run_check(settings: &Settings) -> ExitCode {
         }
         println!("{:<8} {state}", kind.name());
     }
+    check_sample_programs(settings, &features);
     // Frame pointers are walked in the kernel and .eh_frame from stack
     // copies in the daemon: both need only bpf_probe_read_user (5.5).
     for mode in ["fp", "dwarf", "auto"] {

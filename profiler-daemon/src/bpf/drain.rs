@@ -4,10 +4,11 @@
 use foldhash::HashMap;
 use std::sync::Arc;
 
-use profiler_common::{COMM_LEN, PyFrame, STACK_LOST, STACK_NONE, SampleKey, StackHash};
+use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
 use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Drained;
+use crate::model::frames::PyLoc;
 
 /// What became of one of the two stacks of a sample.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -47,9 +48,9 @@ pub struct SampleId {
     pub go_labels: u64,
     /// A goroutine's park: its `waitReason` number plus one (0: none).
     pub go_wait: u16,
-    /// The Python frames of a CPython thread, leaf first (see
-    /// `profiler_common::PyFrame`), when the kernel read them.
-    pub python: Option<Arc<[PyFrame]>>,
+    /// The Python frames of a CPython thread, leaf first, settled (see
+    /// `PyLoc`), when the kernel read them.
+    pub python: Option<Arc<[PyLoc]>>,
 }
 
 impl SampleId {

@@ -879,6 +879,31 @@ impl Probes {
         let _ = self.py_processes.remove(&tgid);
     }
 
+    /// Loads `go_sample` and `py_sample` now, as their first process
+    /// would (for `--check`): whether each loads on this kernel.
+    pub fn load_sample_programs(&mut self) -> [(&'static str, Result<(), ProbeError>); 2] {
+        self.go_sample_tried = true;
+        self.py_sample_tried = true;
+        [
+            (
+                "go",
+                load_tail_program(
+                    &mut self.ebpf,
+                    "go_sample",
+                    (&mut self.go_programs, "GO_PROGRAMS"),
+                ),
+            ),
+            (
+                "python",
+                load_tail_program(
+                    &mut self.ebpf,
+                    "py_sample",
+                    (&mut self.py_programs, "PY_PROGRAMS"),
+                ),
+            ),
+        ]
+    }
+
     /// Forgets a process marked with `mark_frame_pointer_process`.
     pub fn unmark_frame_pointer_process(&mut self, tgid: u32) {
         let _ = self.fp_processes.remove(&tgid);

@@ -37,3 +37,78 @@ pub struct Frame {
     pub mapping: Option<Arc<Mapping>>,
     pub lines: Arc<[Line]>,
 }
+
+/// A Python function as its code object names it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PyFunction {
+    /// `co_qualname`.
+    pub name: String,
+    /// `co_filename`.
+    pub file: String,
+}
+
+/// A Python frame of a sample, settled when its record is read (while the
+/// process lives, so that its code objects can still be read). Samples at
+/// different instructions of the same line are one.
+#[derive(Clone, Debug)]
+pub enum PyLoc {
+    Frame {
+        /// None: its code object could not be read.
+        function: Option<Arc<PyFunction>>,
+        line: u32,
+        /// The first frame of an evaluator call (3.11's `is_entry`): the
+        /// frames after it ran in the calls below.
+        first_of_call: bool,
+    },
+    /// The boundary between the frames of two evaluator calls (3.12+).
+    Boundary,
+}
+
+/// Equal when of the same function object (one per code object read, so
+/// comparing the pointers is comparing the functions) and line.
+impl PartialEq for PyLoc {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                PyLoc::Frame {
+                    function: a,
+                    line: la,
+                    first_of_call: fa,
+                },
+                PyLoc::Frame {
+                    function: b,
+                    line: lb,
+                    first_of_call: fb,
+                },
+            ) => {
+                let same = match (a, b) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                };
+                same && la == lb && fa == fb
+            }
+            (PyLoc::Boundary, PyLoc::Boundary) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for PyLoc {}
+
+impl std::hash::Hash for PyLoc {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            PyLoc::Frame {
+                function,
+                line,
+                first_of_call,
+            } => {
+                function.as_ref().map(Arc::as_ptr).hash(state);
+                line.hash(state);
+                first_of_call.hash(state);
+            }
+            PyLoc::Boundary => 0u8.hash(state),
+        }
+    }
+}

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use profiler_common::{
-    MAX_STACK_DEPTH, PY_FRAMES_MAX, PyFrame, PyFrames, PySample, SHORT_STACK_BYTES,
-    STACK_COPY_BYTES, StackSample,
+    MAX_STACK_DEPTH, PY_FRAMES_MAX, PyFrames, PySample, SHORT_STACK_BYTES, STACK_COPY_BYTES,
+    StackSample,
 };
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
@@ -16,13 +16,14 @@ use crate::bpf::go_labels::add_go_labels;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::Settings;
-use crate::model::frames::Frame;
+use crate::model::frames::{Frame, PyLoc};
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{kernel_stack, record};
 use crate::profiles::samples::{prefetch_user_stack, push_stack, sample_labels};
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
 /// How long a program that read the old buffer index may still be writing.
@@ -67,6 +68,7 @@ pub(crate) static SHORT_RECORDS: AtomicU64 = AtomicU64::new(0);
 /// `waiting` for it.
 pub(crate) fn read_stack_samples(
     ring: &mut Ring,
+    codes: &mut PythonCodes,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     cpu: &mut CpuWindow,
@@ -80,13 +82,13 @@ pub(crate) fn read_stack_samples(
         // Largest form first: a record is taken as the first form it is
         // at least as long as.
         if let Some(py) = record::<PySample<STACK_COPY_BYTES>>(&item) {
-            let python = python_frames(&py.python);
+            let python = python_frames(codes, py.sample.tgid, &py.python);
             take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
         } else if let Some(sample) = record::<StackSample>(&item) {
             take_stack_sample(sample, None, procs, unwinder, cpu, waiting);
         } else if let Some(py) = record::<PySample<SHORT_STACK_BYTES>>(&item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            let python = python_frames(&py.python);
+            let python = python_frames(codes, py.sample.tgid, &py.python);
             take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
         } else if let Some(sample) = record::<StackSample<SHORT_STACK_BYTES>>(&item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
@@ -116,19 +118,20 @@ pub(crate) struct WaitingSamples {
 }
 
 /// A sample's Python frames, leaf first (None: not a Python sample).
-type PythonFrames = Option<Arc<[PyFrame]>>;
+type PythonFrames = Option<Arc<[PyLoc]>>;
 
 /// Python samples whose frames went past `PY_FRAMES_MAX` (those nearest
 /// the root are missing), for the exit summary.
 pub(crate) static PYTHON_STACKS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
 
-/// The Python frames a sample carries, if any.
-fn python_frames(python: &PyFrames) -> PythonFrames {
+/// The Python frames a sample of `tgid` carries, if any, settled while
+/// the process lives (its code objects read).
+fn python_frames(codes: &mut PythonCodes, tgid: u32, python: &PyFrames) -> PythonFrames {
     if python.truncated != 0 {
         PYTHON_STACKS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
     }
     let len = (python.len as usize).min(PY_FRAMES_MAX);
-    (len > 0).then(|| Arc::from(&python.frames[..len]))
+    (len > 0).then(|| codes.settle(tgid, &python.frames[..len]))
 }
 
 impl WaitingSamples {
@@ -269,7 +272,7 @@ pub(crate) fn build_cpu_profile(
             let native = symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words);
             match &id.python {
                 Some(python) => {
-                    let segments = symbolizer.python.segments(id.tgid, python);
+                    let segments = symbolizer.python.segments(python);
                     symbolizer.python.interleave(native, segments)
                 }
                 None => native,

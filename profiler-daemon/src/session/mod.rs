@@ -408,6 +408,7 @@ impl Session {
     fn read_stack_samples(&mut self, ring: &mut Ring) {
         read_stack_samples(
             ring,
+            &mut self.symbolizer.python,
             &mut self.procs,
             &mut self.unwinder,
             &mut self.window.cpu,

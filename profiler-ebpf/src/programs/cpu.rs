@@ -215,7 +215,7 @@ fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
         // SAFETY: as above; the entry is read after the walk, unchanged.
         let process = unsafe { &*PENDING_SAMPLE.get_ptr(0).ok_or(0u32)? }.process;
         key.leaf_words = leaf_words(&process, regs.sp);
-        key.go_labels = go_label_set::<false>(&process.go, regs.r14);
+        key.go_labels = go_label_set::<true>(&process.go, regs.r14);
     }
     add_count(active, &key);
     Ok(0)

@@ -17,7 +17,8 @@
 //! `cargo xtask bench --waits` the block, mutex and off-CPU profiles
 //! (waits.rs), with `--baseline BIN` side by side with another build of
 //! the daemon; `cargo xtask bench --go` what profiling a Go program costs
-//! it (go.rs).
+//! it (go.rs); `cargo xtask bench --runtimes` what a CPU sample costs in
+//! C, Python and Node processes (runtimes.rs).
 
 use std::fs;
 use std::path::Path;
@@ -29,6 +30,7 @@ pub mod footprint;
 pub mod go;
 pub mod harness;
 pub mod heap;
+pub mod runtimes;
 pub mod waits;
 
 #[derive(clap::Args)]
@@ -66,6 +68,12 @@ pub struct BenchArgs {
     /// current Go (`--seconds` per run; writes target/bench-go.md).
     #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint"])]
     go: bool,
+    /// Measure what a CPU sample costs by runtime instead: C, CPython
+    /// without a flag (3.11, 3.12), CPython 3.12 `-X perf` and Node,
+    /// daemon CPU and BPF time per sample (`--seconds` per run; writes
+    /// target/bench-runtimes.md).
+    #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint", "go"])]
+    runtimes: bool,
     /// With --go: only these tables (comma-separated: cpu, heap,
     /// channels, goroutines).
     #[arg(long, value_name = "TABLES", requires = "go", value_delimiter = ',')]
@@ -113,6 +121,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
             .context("enabling BPF run-time stats")
             .and_then(|()| go::measure(root, &bin, &work, args.seconds, &args.go_tables));
         (result, root.join("target/bench-go.md"))
+    } else if args.runtimes {
+        let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
+            .context("enabling BPF run-time stats")
+            .and_then(|()| runtimes::measure(root, &bin, &work, args.seconds));
+        (result, root.join("target/bench-runtimes.md"))
     } else if args.waits {
         (
             waits::measure(&bin, baseline.as_deref(), &work),

@@ -1,7 +1,8 @@
 //! Python frames: which processes run CPython (and where the kernel finds
 //! their threads' frames, `procs::python_runtime`), the code objects the
 //! kernel's frames point to, read from the process's memory once each
-//! (qualified name, file, first line and location table), and the
+//! (qualified name, file, first line and location table) when the
+//! sample's record is read, while the process lives, and the
 //! placing of a sample's Python frames among its native ones: each call
 //! of the evaluator (`_PyEval_EvalFrameDefault`) on the native stack is
 //! replaced by the Python frames it ran, as `py-spy --native` shows them.
@@ -19,7 +20,7 @@ use std::time::Instant;
 
 use profiler_common::{PyFrame, PyRuntime};
 
-use crate::model::frames::{Frame, Line};
+use crate::model::frames::{Frame, Line, PyFunction, PyLoc};
 use crate::model::python_lines::line_of;
 use crate::procs::memory::Memory;
 use crate::procs::process::ProcessTable;
@@ -52,8 +53,7 @@ pub enum PythonMark {
 /// What is known of a code object.
 #[derive(Debug)]
 struct Code {
-    qualname: String,
-    filename: String,
+    function: Arc<PyFunction>,
     first_line: u32,
     table: Vec<u8>,
     /// Address of its first instruction.
@@ -150,20 +150,21 @@ impl PythonCodes {
         marks
     }
 
-    /// The Python frames of a sample of `tgid`, as segments (leaf first),
-    /// one per evaluator call, the innermost first.
-    pub fn segments(&mut self, tgid: u32, frames: &[PyFrame]) -> Vec<Vec<Frame>> {
-        let mut segments = vec![Vec::new()];
+    /// Settles the Python frames of a sample of `tgid` (see [`PyLoc`]),
+    /// reading the code objects not known yet.
+    pub fn settle(&mut self, tgid: u32, frames: &[PyFrame]) -> Arc<[PyLoc]> {
         let Some(process) = self.procs.get_mut(&tgid) else {
-            return Vec::new();
+            return Arc::from(Vec::new());
         };
         let Some(python) = process.python else {
-            return Vec::new();
+            return Arc::from(Vec::new());
         };
-        let mem = Memory::open(tgid);
+        // Opened at the first code object not known yet.
+        let mut mem: Option<Option<Memory>> = None;
+        let mut locs = Vec::with_capacity(frames.len());
         for frame in frames {
             if frame.code == 0 {
-                segments.push(Vec::new());
+                locs.push(PyLoc::Boundary);
                 continue;
             }
             let address = frame.code & !7;
@@ -174,28 +175,51 @@ impl PythonCodes {
                 .codes
                 .entry(address)
                 .or_insert_with(|| {
-                    let mem = mem.as_ref()?;
+                    let mem = mem.get_or_insert_with(|| Memory::open(tgid)).as_ref()?;
                     read_code(mem, &python.code, address, &mut process.code_type).map(Arc::new)
                 })
                 .clone();
-            let named = match code {
-                Some(code) => {
+            let line = code.as_ref().map_or(0, |code| {
+                let unit = frame.instr.wrapping_sub(code.start) / 2;
+                line_of(&code.table, code.first_line, unit).unwrap_or(code.first_line)
+            });
+            locs.push(PyLoc::Frame {
+                function: code.map(|code| Arc::clone(&code.function)),
+                line,
+                first_of_call: frame.code & 1 != 0,
+            });
+        }
+        Arc::from(locs)
+    }
+
+    /// A sample's Python frames as segments (leaf first), one per
+    /// evaluator call, the innermost first.
+    pub fn segments(&mut self, locs: &[PyLoc]) -> Vec<Vec<Frame>> {
+        let mut segments = vec![Vec::new()];
+        for loc in locs {
+            let PyLoc::Frame {
+                function,
+                line,
+                first_of_call,
+            } = loc
+            else {
+                segments.push(Vec::new());
+                continue;
+            };
+            let named = match function {
+                Some(function) => {
                     self.stats.frames += 1;
-                    let unit = frame.instr.wrapping_sub(code.start) / 2;
-                    let line =
-                        line_of(&code.table, code.first_line, unit).unwrap_or(code.first_line);
-                    python_frame(frame.instr, &code.qualname, Some(&code.filename), line)
+                    python_frame(&function.name, Some(&function.file), *line)
                 }
                 None => {
                     self.stats.frames_unread += 1;
-                    python_frame(frame.instr, "[unknown Python code]", None, 0)
+                    python_frame("[unknown Python code]", None, 0)
                 }
             };
             if let Some(last) = segments.last_mut() {
                 last.push(named);
             }
-            // 3.11: the first frame of an evaluator call.
-            if frame.code & 1 != 0 {
+            if *first_of_call {
                 segments.push(Vec::new());
             }
         }
@@ -240,9 +264,11 @@ fn is_evaluator(frame: &Frame) -> bool {
         .is_some_and(|line| line.function.starts_with(EVALUATOR))
 }
 
-fn python_frame(instr: u64, function: &str, file: Option<&str>, line: u32) -> Frame {
+/// A Python frame: no address of its own (one location per function and
+/// line).
+fn python_frame(function: &str, file: Option<&str>, line: u32) -> Frame {
     Frame {
-        address: instr,
+        address: 0,
         mapping: None,
         lines: Arc::from(vec![Line {
             function: function.to_owned(),
@@ -287,8 +313,10 @@ fn read_code(
         i32::from_le_bytes(head.get(at..at + 4)?.try_into().ok()?)
     };
     Some(Code {
-        qualname: read_str(mem, layout, word(layout.qualname)?)?,
-        filename: read_str(mem, layout, word(layout.filename)?)?,
+        function: Arc::new(PyFunction {
+            name: read_str(mem, layout, word(layout.qualname)?)?,
+            file: read_str(mem, layout, word(layout.filename)?)?,
+        }),
         first_line: u32::try_from(first_line).unwrap_or(0),
         table: read_bytes(mem, word(layout.linetable)?)?,
         start: address.checked_add(layout.code_start)?,
@@ -346,7 +374,7 @@ mod tests {
     use super::*;
 
     fn named(function: &str) -> Frame {
-        python_frame(0, function, None, 0)
+        python_frame(function, None, 0)
     }
 
     fn names(frames: &[Frame]) -> Vec<&str> {
