@@ -38,6 +38,12 @@ pub const PY_NO_FIELD: u16 = u16::MAX;
 pub struct PyRuntime {
     /// Address of `_PyRuntime` in the process.
     pub runtime: u64,
+    /// The process's pid namespace (`st_dev` and `st_ino` of
+    /// `/proc/PID/ns/pid`) when it is not the daemon's, else 0: the
+    /// thread states hold thread ids as the process sees them, in its
+    /// namespace (a container's).
+    pub pid_ns_dev: u64,
+    pub pid_ns_ino: u64,
     /// `_PyRuntimeState.interpreters.head`: the main interpreter.
     pub interpreters_head: u16,
     /// `PyInterpreterState.threads.head`.

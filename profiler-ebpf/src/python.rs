@@ -1,11 +1,13 @@
 //! The Python frames of a CPython thread, read at a CPU sample: the
 //! thread's `PyThreadState` (found in the main interpreter's thread list
-//! by its kernel thread id, then remembered), its current
+//! by its kernel thread id, as the process's pid namespace numbers it,
+//! then remembered), its current
 //! `_PyInterpreterFrame`, and each frame's code object and instruction
 //! pointer down the `previous` chain. Offsets come from the daemon per
 //! process (`PyRuntime`), by CPython release.
 
 use aya_ebpf::{
+    bindings::bpf_pidns_info,
     helpers::{bpf_probe_read_user, generated},
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
@@ -61,7 +63,7 @@ fn read<T>(addr: u64) -> Option<T> {
 pub(crate) fn python_frames(py: &PyRuntime, tid: u32, out: &mut PyFrames) {
     out.len = 0;
     out.truncated = 0;
-    let Some(thread) = thread_state(py, tid) else {
+    let Some(thread) = thread_state(py, tid, thread_id_in_namespace(py, tid)) else {
         count(counter::PY_THREADS_UNFOUND);
         return;
     };
@@ -77,15 +79,36 @@ pub(crate) fn python_frames(py: &PyRuntime, tid: u32, out: &mut PyFrames) {
     }
 }
 
-/// The `PyThreadState` of thread `tid`: the remembered one if it still
+/// The current thread's id in the process's pid namespace (`tid`, the
+/// host's, when it is the daemon's or cannot be read).
+#[inline(always)]
+fn thread_id_in_namespace(py: &PyRuntime, tid: u32) -> u32 {
+    if py.pid_ns_ino == 0 {
+        return tid;
+    }
+    let mut ids = bpf_pidns_info { pid: 0, tgid: 0 };
+    // SAFETY: the helper writes `ids`, of the size passed.
+    let got = unsafe {
+        generated::bpf_get_ns_current_pid_tgid(
+            py.pid_ns_dev,
+            py.pid_ns_ino,
+            &mut ids,
+            core::mem::size_of::<bpf_pidns_info>() as u32,
+        )
+    };
+    if got == 0 { ids.pid } else { tid }
+}
+
+/// The `PyThreadState` of thread `tid` (`ns_tid` in the process's pid
+/// namespace, as the thread state has it): the remembered one if it still
 /// names the thread, else the first of the main interpreter's thread list
 /// that does (remembered for the next sample).
 #[inline(always)]
-fn thread_state(py: &PyRuntime, tid: u32) -> Option<u64> {
+fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
     let native_id = u64::from(py.thread_native_id);
     // SAFETY: a copy of the value.
     if let Some(&known) = unsafe { PY_THREADS.get(tid) }
-        && read::<u64>(known.wrapping_add(native_id)) == Some(u64::from(tid))
+        && read::<u64>(known.wrapping_add(native_id)) == Some(u64::from(ns_tid))
     {
         return Some(known);
     }
@@ -95,7 +118,7 @@ fn thread_state(py: &PyRuntime, tid: u32) -> Option<u64> {
         if thread == 0 {
             return None;
         }
-        if read::<u64>(thread.wrapping_add(native_id)) == Some(u64::from(tid)) {
+        if read::<u64>(thread.wrapping_add(native_id)) == Some(u64::from(ns_tid)) {
             // A full map drops its least recently used thread.
             let _ = PY_THREADS.insert(tid, thread, 0);
             return Some(thread);

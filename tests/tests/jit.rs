@@ -10,16 +10,19 @@
 //! answer too). CPython 3.12 with `-X perf` (a trampoline per Python
 //! function in the map) likewise: its functions named, nested as they
 //! were called, in the ratio the program timed. A container's map, in
-//! the `/tmp` of the process's own mount namespace, is found there.
+//! the `/tmp` of the process's own mount namespace and under its pid in
+//! its own pid namespace, is found there.
 //! (Garbage lines, maps that grow and maps replaced are the unit tests'
 //! of `stacks/symbolize/perf_map.rs`.)
 
 use std::path::{Path, PathBuf};
 
-use profiler_tests::daemon::require_root;
+use std::time::Duration;
+
+use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{WholeLife, field, profile_whole_life};
+use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life};
 
 /// |profiled heavy share / timed heavy share - 1| bound, and the least
 /// share of the process's samples whose leaf the map names.
@@ -240,57 +243,87 @@ fn python_functions_are_named_from_the_perf_map() {
 }
 
 /// A container's view: Node runs in a mount namespace of its own with a
-/// private `/tmp` (a tmpfs mounted there by `unshare`), so its perf map
-/// exists only inside; profilerd reads it through the process's own root
-/// and names its functions, while the host's `/tmp` has no such file.
+/// private `/tmp` (a tmpfs mounted there by `unshare`) and in a pid
+/// namespace of its own, where it is pid 1: its perf map is
+/// `/tmp/perf-1.map` and exists only inside. profilerd reads it through
+/// the process's own root, under its pid in its namespace (`NSpid`), and
+/// names its functions, while the host's `/tmp` has no map of either pid.
 #[test]
-fn a_perf_map_is_found_in_the_process_own_mount_namespace() {
+fn a_perf_map_is_found_in_the_process_own_namespaces() {
     require_root();
     let tmp = temp_dir();
     let out = tmp.path().join("out");
     let script = script();
-    // unshare and sh exec: the pid spawned is node's. The script is read
-    // before the tmpfs hides /tmp (a checkout may lie under it) and
-    // written into it.
+    // sh execs node, the first process of the new pid namespace (unshare
+    // forks it, and kills it if unshare dies). The script is read before
+    // the tmpfs hides /tmp (a checkout may lie under it) and written into
+    // it.
     let inner = format!(
         "script=$(cat '{}') && mount -t tmpfs profilerd-jit-tmp /tmp && printf '%s\\n' \"$script\" > /tmp/cpu_ratio.js && exec /usr/bin/node --perf-basic-prof --no-turbo-inlining /tmp/cpu_ratio.js \"$@\"",
         script.to_str().expect("UTF-8 path")
     );
-    let WholeLife {
-        pid,
-        report,
-        daemon,
-    } = profile_whole_life(
+    let mut unshare = Running::start(
         Path::new("/usr/bin/unshare"),
         &[
             "--mount",
             "--propagation",
             "private",
+            "--pid",
+            "--fork",
+            "--kill-child",
             "--",
             "/bin/sh",
             "-c",
             &inner,
             "sh",
             "3",
+            "--wait-stdin",
         ],
-        &out,
-        199,
-        &["--profiles", "cpu"],
     );
-    let on_host = Path::new(&format!("/tmp/perf-{pid}.map")).exists();
+    let ready = unshare.wait_line(Duration::from_secs(20), |l| l.starts_with("ready "));
+    let node = child_of(unshare.pid());
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &node.to_string(),
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--interval",
+        "2s",
+        "--cpu-frequency",
+        "199",
+    ]);
+    daemon.wait_ready();
+    unshare.release();
+    let report = unshare.finish(Duration::from_secs(30));
+    daemon.wait_success(Duration::from_secs(10));
+    let on_host = [node.to_string(), "1".to_string()]
+        .iter()
+        .any(|p| Path::new(&format!("/tmp/perf-{p}.map")).exists());
     let files = read_profiles(&out, "cpu");
-    let samples = of_pid(&flatten_all(&files), pid);
+    let samples = of_pid(&flatten_all(&files), node);
     let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
     let (heavy, light) = (cpu_in(&samples, "spinHeavy"), cpu_in(&samples, "spinLight"));
     let named = (heavy + light) as f64 / total.max(1) as f64;
     let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
     println!(
-        "node in its own mount namespace: {named:.3} of its time named from its map (on the host's /tmp: {on_host}); the program's report: {report:?}"
+        "node as pid 1 of its own pid and mount namespaces (host pid {node}; it said {ready:?}): {named:.3} of its time named from its map (a map on the host's /tmp: {on_host}); its report: {report}"
     );
-    assert!(!on_host, "the map was written to the host's /tmp{diag}");
+    assert!(ready.contains("pid=1"), "node is not pid 1 inside: {ready}");
+    assert!(!on_host, "a map was written to the host's /tmp{diag}");
     // The split itself is the test above's; here, that the names come.
     assert!(
         named >= 0.8,
         "{named:.3} of node's time named from the map in its own /tmp (expected ≥ 0.8){diag}"
     );
+}
+
+/// The one child of process `pid` (unshare's forked child).
+fn child_of(pid: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_else(|e| panic!("children of {pid}: {e}"));
+    children
+        .split_whitespace()
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
 }

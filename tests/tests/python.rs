@@ -16,16 +16,20 @@
 //! - native frames stay: the C leaf (the interpreter's long arithmetic)
 //!   above the Python frame that ran it, `PyEval_EvalCode` below;
 //! - every file reads with `go tool pprof -raw`.
+//!
+//! And a container's interpreter, pid 1 of its own pid namespace, whose
+//! thread states hold that namespace's thread ids.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
-use profiler_tests::daemon::require_root;
+use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::pprof_tool::check_readable;
 use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{WholeLife, field, profile_whole_life_beside};
+use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life_beside};
 
 /// Bound of |share - reference| for the heavy function's share.
 const SHARE_TOLERANCE: f64 = 0.05;
@@ -290,4 +294,75 @@ fn python_functions_are_named_without_any_flag() {
         }
         assert_eq!(daemon.summary_field("python_frames_unread"), 0, "{diag}");
     }
+}
+
+/// A container's Python: the interpreter runs as pid 1 of a pid namespace
+/// of its own, where its thread states hold the thread ids that namespace
+/// gives (not the host's): its frames are read as outside one.
+#[test]
+fn python_frames_of_a_process_in_its_own_pid_namespace() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.py");
+    let mut unshare = Running::start(
+        Path::new("/usr/bin/unshare"),
+        &[
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--",
+            "/usr/bin/python3.11",
+            script.to_str().expect("UTF-8 path"),
+            "3",
+            "--wait-stdin",
+        ],
+    );
+    let ready = unshare.wait_line(Duration::from_secs(20), |l| l.starts_with("ready "));
+    let python = child_of(unshare.pid());
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &python.to_string(),
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--interval",
+        "2s",
+        "--cpu-frequency",
+        &HZ.to_string(),
+    ]);
+    daemon.wait_ready();
+    unshare.release();
+    let report = unshare.finish(Duration::from_secs(30));
+    daemon.wait_success(Duration::from_secs(10));
+    let samples = of_pid(&flatten_all(&read_profiles(&out, "cpu")), python);
+    let ours = python_stacks(&samples);
+    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+    let in_python: i64 = ours.values().sum();
+    let share = heavy_share(ours.iter().map(|(s, &ns)| (s.as_slice(), ns as f64)));
+    let diag = format!("\n{ours:#?}\n{}\n{}", summary(&samples), daemon.describe());
+    println!(
+        "python3.11 as pid 1 of its own pid namespace (host pid {python}; it said {ready:?}): {:.3} of its time in Python frames, heavy share {share:.3}; {} threads without a thread state; its report: {report}",
+        in_python as f64 / total.max(1) as f64,
+        daemon.summary_field("python_threads_unfound"),
+    );
+    assert!(
+        ready.contains("pid=1"),
+        "python is not pid 1 inside: {ready}"
+    );
+    assert!(
+        in_python as f64 >= 0.95 * total as f64,
+        "only {in_python} of {total} ns in stacks with Python frames{diag}"
+    );
+    assert_eq!(daemon.summary_field("python_threads_unfound"), 0, "{diag}");
+}
+
+/// The one child of process `pid` (unshare's forked child).
+fn child_of(pid: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_else(|e| panic!("children of {pid}: {e}"));
+    children
+        .split_whitespace()
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
 }

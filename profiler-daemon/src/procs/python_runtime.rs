@@ -58,6 +58,8 @@ pub fn layout(minor: u32) -> Option<(PyRuntime, CodeLayout)> {
     let runtime =
         |threads_head, native, cframe, current, code, previous, owner, is_entry| PyRuntime {
             runtime: 0,
+            pid_ns_dev: 0,
+            pid_ns_ino: 0,
             interpreters_head: if minor >= 13 { 632 } else { 40 },
             threads_head,
             thread_next: 8,
@@ -155,11 +157,26 @@ fn interpreter_in(tgid: u32, mapped: &MappedObject) -> Option<Result<PythonProce
     };
     let bias = load_bias(&elf, mapped.mapping.start, mapped.mapping.file_offset)?;
     runtime.runtime = runtime_at.checked_add(bias)?;
+    (runtime.pid_ns_dev, runtime.pid_ns_ino) = pid_namespace(tgid)?;
     Some(Ok(PythonProcess {
         minor,
         runtime,
         code,
     }))
+}
+
+/// Process `tgid`'s pid namespace (device, inode), or zeros when it is the
+/// daemon's own.
+fn pid_namespace(tgid: u32) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = std::fs::metadata(format!("/proc/{tgid}/ns/pid")).ok()?;
+    let ours = std::fs::metadata("/proc/self/ns/pid").ok()?;
+    Some(
+        match (theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()) {
+            true => (0, 0),
+            false => (theirs.dev(), theirs.ino()),
+        },
+    )
 }
 
 /// The minor release in a name such as `libpython3.11.so.1.0`.
