@@ -74,11 +74,12 @@ pub mod counter {
     /// window they began in (a duty-cycled process's: `ParkGate`): their
     /// ready found a park from before its window opened.
     pub const GO_WAITS_OUTLASTING_WINDOWS: u32 = 29;
-    /// CPU samples of Python processes sent with their Python frames.
+    /// CPU samples and off-CPU switch-outs of Python processes' threads
+    /// recorded with their Python frames.
     pub const PY_SAMPLES: u32 = 30;
-    /// CPU samples of Python processes whose thread had no thread state
-    /// among those searched (a thread that never ran Python, or one past
-    /// `PY_THREADS_SEARCHED`): sent with native frames only.
+    /// Those whose thread had no thread state among those searched (a
+    /// thread that never ran Python, or one past `PY_THREADS_SEARCHED`):
+    /// recorded with native frames only.
     pub const PY_THREADS_UNFOUND: u32 = 31;
     /// Number of counters (at most 32: arrays of them derive `Default`).
     pub const COUNT: u32 = 32;

@@ -18,7 +18,8 @@
 //! - every file reads with `go tool pprof -raw`.
 //!
 //! And a container's interpreter, pid 1 of its own pid namespace, whose
-//! thread states hold that namespace's thread ids.
+//! thread states hold that namespace's thread ids; and off-CPU time of
+//! Python functions, charged to them against the program's timing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -365,4 +366,82 @@ fn child_of(pid: u32) -> u32 {
         .next()
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
+}
+
+/// Off-CPU time of Python code: two threads of `off_cpu.py` sleep 3 ms
+/// and 1 ms a call in `nap_long` and `nap_short`. The off-CPU profile
+/// charges each function's time to it, under `napper` and the thread's
+/// `Thread.run`, against what the program timed around the calls.
+#[test]
+fn python_frames_on_off_cpu_waits() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/off_cpu.py");
+    let (
+        WholeLife {
+            pid,
+            report,
+            daemon,
+        },
+        (),
+    ) = profile_whole_life_beside(
+        Path::new("/usr/bin/python3.11"),
+        &[script.to_str().expect("UTF-8 path"), "3"],
+        &out,
+        HZ,
+        &["--profiles", "offcpu"],
+        |_| (),
+    );
+    let files = read_profiles(&out, "offcpu");
+    for file in &files {
+        check_readable(&file.path, !file.profile.sample.is_empty());
+    }
+    let samples = of_pid(&flatten_all(&files), pid);
+    let diag = format!(
+        "\n{:#?}\n{}\n{}",
+        python_stacks_by_value(&samples),
+        summary(&samples),
+        daemon.describe()
+    );
+    for (function, timed) in [("nap_long", "long_ns"), ("nap_short", "short_ns")] {
+        // Off-CPU nanoseconds (the profile's last value) in stacks whose
+        // Python frames run Thread.run → napper → the function.
+        let off: i64 = samples
+            .iter()
+            .filter(|s| {
+                let python: Vec<&str> = s
+                    .frames
+                    .iter()
+                    .filter(|f| f.file.ends_with(".py"))
+                    .map(|f| f.function.as_str())
+                    .collect();
+                python.starts_with(&[function, "napper", "Thread.run"])
+            })
+            .map(|s| s.values.last().copied().unwrap_or(0))
+            .sum();
+        let timed = field(&report, timed) as f64;
+        let ratio = off as f64 / timed.max(1.0);
+        println!("{function}: {off} ns off the CPU, {timed} ns timed by the program: {ratio:.3}");
+        assert!(
+            (0.85..=1.02).contains(&ratio),
+            "{function}: {off} ns off the CPU under napper and Thread.run, the program timed {timed} ns ({ratio:.3}; expected 0.85 to 1.02){diag}"
+        );
+    }
+    assert_eq!(daemon.summary_field("python_threads_unfound"), 0, "{diag}");
+}
+
+/// Each sample's Python functions (leaf first) with its last value.
+fn python_stacks_by_value(samples: &[FlatSample]) -> BTreeMap<Vec<String>, i64> {
+    let mut stacks = BTreeMap::new();
+    for s in samples {
+        let python: Vec<String> = s
+            .frames
+            .iter()
+            .filter(|f| f.file.ends_with(".py"))
+            .map(|f| f.function.clone())
+            .collect();
+        *stacks.entry(python).or_insert(0) += s.values.last().copied().unwrap_or(0);
+    }
+    stacks
 }

@@ -7,8 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use profiler_common::{
-    MAX_STACK_DEPTH, PY_FRAMES_MAX, PyFrames, PySample, SHORT_STACK_BYTES, STACK_COPY_BYTES,
-    StackSample,
+    MAX_STACK_DEPTH, PySample, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
 };
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
@@ -16,12 +15,14 @@ use crate::bpf::go_labels::add_go_labels;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::Settings;
-use crate::model::frames::{Frame, PyLoc};
+use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{kernel_stack, record};
-use crate::profiles::samples::{prefetch_user_stack, push_stack, sample_labels};
+use crate::profiles::samples::{
+    PythonFrames, prefetch_user_stack, push_stack, python_frames, sample_labels, user_frames,
+};
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
@@ -115,23 +116,6 @@ pub(crate) static SAMPLES_IMAGE_UNHEARD: AtomicU64 = AtomicU64::new(0);
 #[derive(Default)]
 pub(crate) struct WaitingSamples {
     samples: Vec<(Box<StackSample>, PythonFrames)>,
-}
-
-/// A sample's Python frames, leaf first (None: not a Python sample).
-type PythonFrames = Option<Arc<[PyLoc]>>;
-
-/// Python samples whose frames went past `PY_FRAMES_MAX` (those nearest
-/// the root are missing), for the exit summary.
-pub(crate) static PYTHON_STACKS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
-
-/// The Python frames a sample of `tgid` carries, if any, settled while
-/// the process lives (its code objects read).
-fn python_frames(codes: &mut PythonCodes, tgid: u32, python: &PyFrames) -> PythonFrames {
-    if python.truncated != 0 {
-        PYTHON_STACKS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
-    }
-    let len = (python.len as usize).min(PY_FRAMES_MAX);
-    (len > 0).then(|| codes.settle(tgid, &python.frames[..len]))
 }
 
 impl WaitingSamples {
@@ -269,14 +253,7 @@ pub(crate) fn build_cpu_profile(
             symbolizer.kernel_stack(ips)
         });
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
-            let native = symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words);
-            match &id.python {
-                Some(python) => {
-                    let segments = symbolizer.python.segments(python);
-                    symbolizer.python.interleave(native, segments)
-                }
-                None => native,
-            }
+            user_frames(symbolizer, procs, id, ips, leaf_words)
         });
         let count = count as i64;
         let mut labels = sample_labels(settings, procs, id);

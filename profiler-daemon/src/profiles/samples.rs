@@ -1,14 +1,19 @@
 //! A sample's frames and labels as the profiles show them: resolved stacks
-//! cut at their root or marked `[truncated]`/`[lost ...]`, and the pid,
-//! tid, thread, lock and condition labels.
+//! cut at their root or marked `[truncated]`/`[lost ...]`, with a CPython
+//! thread's Python frames in place of the evaluator's, and the pid, tid,
+//! thread, lock and condition labels.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use profiler_common::{PY_FRAMES_MAX, PyFrames};
 
 use crate::bpf::drain::{SampleId, Stack};
 use crate::config::Settings;
-use crate::model::frames::{Frame, Line};
+use crate::model::frames::{Frame, Line, PyLoc};
 use crate::procs::process::ProcessTable;
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonCodes;
 
 pub(crate) fn push_stack(
     frames: &mut Vec<Frame>,
@@ -37,6 +42,42 @@ pub(crate) fn push_stack(
         Stack::None => {}
         // Visible rather than silently shorter: the sample still counts.
         Stack::Lost => frames.push(marker_frame(format!("[lost {what} stack]"))),
+    }
+}
+
+/// A sample's Python frames, leaf first (None: not a Python sample).
+pub(crate) type PythonFrames = Option<Arc<[PyLoc]>>;
+
+/// Python samples whose frames went past `PY_FRAMES_MAX` (those nearest
+/// the root are missing), for the exit summary.
+pub(crate) static PYTHON_STACKS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
+
+/// The Python frames a sample of `tgid` carries, if any, settled while
+/// the process lives (its code objects read).
+pub(crate) fn python_frames(codes: &mut PythonCodes, tgid: u32, python: &PyFrames) -> PythonFrames {
+    if python.truncated != 0 {
+        PYTHON_STACKS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
+    }
+    let len = (python.len as usize).min(PY_FRAMES_MAX);
+    (len > 0).then(|| codes.settle(tgid, &python.frames[..len]))
+}
+
+/// The user frames of sample `id` walked as `ips`: the native walk, with
+/// the sample's Python frames (if any) in place of the evaluator's calls.
+pub(crate) fn user_frames(
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    id: &SampleId,
+    ips: &[u64],
+    leaf_words: [u64; 2],
+) -> Vec<Frame> {
+    let native = symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words);
+    match &id.python {
+        Some(python) => {
+            let segments = symbolizer.python.segments(python);
+            symbolizer.python.interleave(native, segments)
+        }
+        None => native,
     }
 }
 

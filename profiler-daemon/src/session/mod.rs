@@ -367,7 +367,9 @@ impl Session {
     /// Tells the kernel which processes run CPython, and where their
     /// threads' frames are (see `symbolize::python::PythonCodes::watch`).
     fn watch_python(&mut self) {
-        if !self.settings.profiles.contains(&ProfileKind::Cpu) {
+        // CPU samples and off-CPU switch-outs carry Python frames.
+        let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
+        if !kinds.iter().any(|k| self.settings.profiles.contains(k)) {
             return;
         }
         for mark in self.symbolizer.python.watch(&self.procs) {
@@ -390,7 +392,13 @@ impl Session {
     }
 
     fn read_wait_events(&mut self, ring: &mut Ring) {
-        read_wait_events(ring, &mut self.procs, &mut self.unwinder, &mut self.waits);
+        read_wait_events(
+            ring,
+            &mut self.symbolizer.python,
+            &mut self.procs,
+            &mut self.unwinder,
+            &mut self.waits,
+        );
         self.settle_budget();
     }
 

@@ -271,7 +271,7 @@ pub(crate) fn log_summary(
             python_processes = py.processes,
             python_samples = c[counter::PY_SAMPLES as usize],
             python_threads_unfound = c[counter::PY_THREADS_UNFOUND as usize],
-            python_stacks_truncated = crate::profiles::cpu::PYTHON_STACKS_TRUNCATED
+            python_stacks_truncated = crate::profiles::samples::PYTHON_STACKS_TRUNCATED
                 .load(Ordering::Relaxed),
             python_frames = py.frames,
             python_frames_unread = py.frames_unread,

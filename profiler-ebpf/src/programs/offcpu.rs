@@ -1,6 +1,7 @@
 //! `sched_switch`, for off-CPU profiles: the user stack of a targeted
-//! thread that blocks is parked until it runs again, when the interval is
-//! kept by Go's block rule and sent with its kernel stack.
+//! thread that blocks (and a CPython thread's Python frames) is parked
+//! until it runs again, when the interval is kept by Go's block rule and
+//! sent with its kernel stack.
 
 use aya_ebpf::{
     EbpfContext,
@@ -30,6 +31,7 @@ use crate::{
     klog::{self, klog, why},
     maps::wake_flag,
     process::is_target,
+    python::{python_frames, python_process},
     stack::{
         fp_process,
         hints::{
@@ -146,6 +148,11 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
         (*record).hint_id = 0;
         (*record).frames_len = 0;
         (*record).go_labels = go_labels;
+        // A CPython thread's frames, read where it blocked.
+        match python_process(tgid) {
+            Some(py) => python_frames(&*py, tid, &mut (*record).python),
+            None => (*record).python.len = 0,
+        }
         // A kernel thread (sp 0) has no user stack.
         match sp {
             0 => (*record).stack_len = 0,

@@ -34,9 +34,10 @@ use crate::profiles::records::{
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
     hide_go_runtime, hide_sync_release, is_tracing_frame, prefetch_user_stack, push_stack,
-    sample_labels,
+    python_frames, sample_labels, user_frames,
 };
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
 mod block;
@@ -134,6 +135,7 @@ impl Waits {
 /// Adds the kept waits, wake-ups and delays that the futex probes reported.
 pub(crate) fn read_wait_events(
     ring: &mut Ring,
+    codes: &mut PythonCodes,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     waits: &mut Waits,
@@ -146,7 +148,7 @@ pub(crate) fn read_wait_events(
         match kind {
             wait_event::OFFCPU => {
                 if let Some(event) = record::<OffcpuRecord>(&item) {
-                    read_offcpu_event(event, procs, unwinder, waits);
+                    read_offcpu_event(event, codes, procs, unwinder, waits);
                 }
                 continue;
             }
@@ -245,6 +247,7 @@ pub(crate) fn read_wait_events(
 /// A kept off-CPU interval: the stacks at the thread's switch-out.
 pub(crate) fn read_offcpu_event(
     event: &OffcpuRecord,
+    codes: &mut PythonCodes,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
     waits: &mut Waits,
@@ -282,7 +285,7 @@ pub(crate) fn read_offcpu_event(
         cond: 0,
         go_labels: event.go_labels,
         go_wait: 0,
-        python: None,
+        python: python_frames(codes, event.tgid, &event.python),
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -353,7 +356,7 @@ pub(crate) fn build_wait_profile(
         let tracing = frames.iter().take_while(|f| is_tracing_frame(f)).count();
         frames.drain(..tracing);
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
-            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
+            user_frames(symbolizer, procs, id, ips, leaf_words)
         });
         if id.go_wait == 0 && is_go_runtime_futex(&frames) {
             // The Go runtime's own futex (an idle thread's sleep, or the
