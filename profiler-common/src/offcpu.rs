@@ -47,10 +47,10 @@ pub struct OffcpuRecord {
     /// ran when it blocked (a `GO_LABEL_SETS` key; 0: none).
     pub go_labels: u64,
     pub comm: [u8; COMM_LEN],
-    /// A CPython thread's Python frames at the switch-out (none for other
-    /// processes).
-    pub python: crate::PyFrames,
     pub kernel: [u64; OFFCPU_KERNEL_DEPTH],
     pub frames: [u64; MAX_STACK_DEPTH],
     pub stack: [u8; OFFCPU_STACK_BYTES],
+    /// A CPython thread's Python frames at the switch-out (none for other
+    /// processes; copied from the parked record only when there are).
+    pub python: crate::PyFrames<{ crate::OFFCPU_PY_FRAMES }>,
 }

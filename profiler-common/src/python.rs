@@ -88,16 +88,21 @@ pub struct PyFrame {
     pub instr: u64,
 }
 
-/// The Python frames of a sample, leaf first.
+/// Python frames recorded per off-CPU interval, boundaries included: the
+/// record of every interval (Python or not) has room for them, and the
+/// wait ring is the busiest, so fewer than a CPU sample's.
+pub const OFFCPU_PY_FRAMES: usize = 32;
+
+/// The Python frames of a sample, leaf first (at most N).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct PyFrames {
+pub struct PyFrames<const N: usize = PY_FRAMES_MAX> {
     /// Frames of `frames` in use.
     pub len: u32,
-    /// Nonzero when the walk stopped at [`PY_FRAMES_MAX`] before the
-    /// thread's first frame.
+    /// Nonzero when the walk stopped at N frames before the thread's
+    /// first frame.
     pub truncated: u32,
-    pub frames: [PyFrame; PY_FRAMES_MAX],
+    pub frames: [PyFrame; N],
 }
 
 /// A CPU sample of a Python process: the native sample with its stack

@@ -13,7 +13,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use profiler_common::{
-    PY_FRAME_BYTES, PY_FRAME_OWNED_BY_CSTACK, PY_FRAMES_MAX, PY_NO_FIELD, PY_PROCESSES_ENTRIES,
+    PY_FRAME_BYTES, PY_FRAME_OWNED_BY_CSTACK, PY_NO_FIELD, PY_PROCESSES_ENTRIES,
     PY_THREADS_ENTRIES, PY_THREADS_SEARCHED, PyFrame, PyFrames, PyRuntime, counter,
 };
 
@@ -60,7 +60,7 @@ fn read<T>(addr: u64) -> Option<T> {
 /// when the thread has no thread state (it never ran Python) or its
 /// memory cannot be read.
 #[inline(always)]
-pub(crate) fn python_frames(py: &PyRuntime, tid: u32, out: &mut PyFrames) {
+pub(crate) fn python_frames<const N: usize>(py: &PyRuntime, tid: u32, out: &mut PyFrames<N>) {
     out.len = 0;
     out.truncated = 0;
     let Some(thread) = thread_state(py, tid, thread_id_in_namespace(py, tid)) else {
@@ -151,14 +151,14 @@ fn byte_at(bytes: &[u8; PY_FRAME_BYTES], at: u16) -> u8 {
 /// is recorded as a boundary (code 0); the first frame of an evaluator
 /// call in 3.11 (`is_entry`) has bit 0 of its code set.
 #[inline(always)]
-fn walk(py: &PyRuntime, mut frame: u64, out: &mut PyFrames) {
+fn walk<const N: usize>(py: &PyRuntime, mut frame: u64, out: &mut PyFrames<N>) {
     let Some(scratch) = PY_FRAME_SCRATCH.get_ptr_mut(0) else {
         return;
     };
     // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
     let bytes = unsafe { &mut *scratch };
     let mut len = 0u32;
-    for slot in 0..PY_FRAMES_MAX {
+    for slot in 0..N {
         if frame < 4096 {
             break;
         }
@@ -190,7 +190,7 @@ fn walk(py: &PyRuntime, mut frame: u64, out: &mut PyFrames) {
     }
     out.len = len;
     // Counted by the daemon.
-    if len as usize == PY_FRAMES_MAX && frame >= 4096 {
+    if len as usize == N && frame >= 4096 {
         out.truncated = 1;
     }
 }

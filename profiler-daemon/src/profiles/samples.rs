@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use profiler_common::{PY_FRAMES_MAX, PyFrames};
+use profiler_common::PyFrames;
 
 use crate::bpf::drain::{SampleId, Stack};
 use crate::config::Settings;
@@ -54,11 +54,15 @@ pub(crate) static PYTHON_STACKS_TRUNCATED: AtomicU64 = AtomicU64::new(0);
 
 /// The Python frames a sample of `tgid` carries, if any, settled while
 /// the process lives (its code objects read).
-pub(crate) fn python_frames(codes: &mut PythonCodes, tgid: u32, python: &PyFrames) -> PythonFrames {
+pub(crate) fn python_frames<const N: usize>(
+    codes: &mut PythonCodes,
+    tgid: u32,
+    python: &PyFrames<N>,
+) -> PythonFrames {
     if python.truncated != 0 {
         PYTHON_STACKS_TRUNCATED.fetch_add(1, Ordering::Relaxed);
     }
-    let len = (python.len as usize).min(PY_FRAMES_MAX);
+    let len = (python.len as usize).min(N);
     (len > 0).then(|| codes.settle(tgid, &python.frames[..len]))
 }
 

@@ -17,9 +17,9 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use profiler_common::{
-    COMM_LEN, MAX_STACK_DEPTH, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_STACK_BYTES,
-    OffcpuRecord, WALK_HINT_WORDS, WalkHintKey, counter, sampling::keep_block_event, wait_event,
-    wait_flags,
+    COMM_LEN, MAX_STACK_DEPTH, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_PY_FRAMES,
+    OFFCPU_STACK_BYTES, OffcpuRecord, PyFrame, WALK_HINT_WORDS, WalkHintKey, counter,
+    sampling::keep_block_event, wait_event, wait_flags,
 };
 
 use crate::{
@@ -282,7 +282,8 @@ fn unpark(next: *mut task_struct, now: u64) {
 }
 
 /// Copies a parked off-CPU record: its head, the `frames_len` frames of a
-/// frame-pointer walk, and the `stack_len` bytes of its stack copy; not
+/// frame-pointer walk, its Python frames, and the `stack_len` bytes of its
+/// stack copy; not
 /// the kernel frames, which the caller walks itself. Only what is in use
 /// is written: the ring's memory is cold in this CPU's cache. 0 on
 /// success.
@@ -304,6 +305,31 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
                 (*out).frames.as_mut_ptr().cast(),
                 (frames * 8) as u32,
                 (*parked).frames.as_ptr().cast(),
+            )
+        };
+        if copied != 0 {
+            return copied;
+        }
+    }
+    // A CPython thread's Python frames (the ring's memory is not zeroed:
+    // the count is written for every record).
+    // SAFETY: as above.
+    let python = bounded(
+        u64::from(unsafe { (*parked).python.len }),
+        OFFCPU_PY_FRAMES as u64,
+    );
+    // SAFETY: `out` is the caller's entry.
+    unsafe {
+        (*out).python.len = python as u32;
+        (*out).python.truncated = (*parked).python.truncated;
+    }
+    if python > 0 {
+        // SAFETY: python <= the frame arrays' length.
+        let copied = unsafe {
+            read_kernel(
+                (*out).python.frames.as_mut_ptr().cast(),
+                (python * core::mem::size_of::<PyFrame>() as u64) as u32,
+                (*parked).python.frames.as_ptr().cast(),
             )
         };
         if copied != 0 {
