@@ -15,7 +15,8 @@ use anyhow::{Context, Result, bail};
 /// The tests run in the VMs: (test file, test name). Each profile type's
 /// accuracy against what the workload measured of itself, under `--pid`
 /// and under `-- COMMAND`, the Go runtime's park points, environment
-/// labels, a process started after the daemon, and process churn.
+/// labels, a process started after the daemon, and process churn (with a
+/// thread's id taken by a new process).
 pub const SUITE: &[(&str, &str)] = &[
     ("cpu_profile", "c_workload_under_pid"),
     ("cpu_profile", "command_and_its_descendants"),
@@ -33,6 +34,12 @@ pub const SUITE: &[(&str, &str)] = &[
     ("wait_accuracy", "waits_above_the_rate_are_all_kept"),
     ("labels", "pid_mode_carries_the_environment"),
     ("churn", "process_churn_briefly"),
+    // New threads are told from new processes by task_newtask's clone
+    // flags, whose record each kernel lays out its own way.
+    (
+        "churn",
+        "thread_id_reused_by_a_new_process_keeps_its_own_name",
+    ),
 ];
 
 /// Where the test binaries go in the VM.
