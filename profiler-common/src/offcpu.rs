@@ -25,6 +25,11 @@ pub struct OffcpuRecord {
     pub tid: u32,
     /// `wait_flags` (`HINT_MATCHED`, `BRIEF`).
     pub flags: u32,
+    /// The process that forked this one, when the kernel knows it for a
+    /// child of a known process that has not exec'd (set when the record
+    /// is sent); else 0.
+    pub parent: u32,
+    pub _pad: u32,
     /// When it left the CPU (ns, CLOCK_MONOTONIC).
     pub start_ns: u64,
     /// How long it was off the CPU (set when it is switched in).

@@ -7,9 +7,9 @@ pub const TARGETS_ENTRIES: u32 = 8_192;
 /// Processes whose first appearance has been reported to the daemon.
 pub const SEEN_ENTRIES: u32 = 32_768;
 
-/// Children of known processes that have not exec'd yet (LRU: the oldest
-/// are forgotten first; the daemon trusts a fork record for a few seconds
-/// only).
+/// Processes forked by known processes that have not exec'd yet, each with
+/// its parent (LRU: the oldest are forgotten first; the daemon trusts a
+/// fork record for a few seconds only).
 pub const FORKED_ENTRIES: u32 = 16_384;
 
 /// Bytes in the process-event ring buffer.
@@ -18,16 +18,20 @@ pub const PROC_EVENTS_BYTES: u32 = 256 * 1024;
 /// What a [`ProcEvent`] reports.
 pub mod proc_event {
     /// A process was seen for the first time: snapshot its metadata now,
-    /// while it lives.
+    /// while it lives. `parent` is the process that forked it if the
+    /// kernel knows it for a child of that process that has not exec'd
+    /// since (its [`FORK`] was sent), else 0: only then may the parent's
+    /// snapshot stand in for it. A fork record of its id that names
+    /// another parent, or none, is of an earlier task under that id.
     pub const NEW: u32 = 1;
     /// A process called exec: its mappings changed.
     pub const EXEC: u32 = 2;
     /// A process's main thread exited.
     pub const EXIT: u32 = 3;
-    /// A known (already sampled) process forked: `tgid` is the new task's
-    /// id (a process, or a thread the daemon never sees as a tgid) and
-    /// `parent` the forking process. Until it execs, a child maps what its
-    /// parent mapped.
+    /// A known (already sampled) process forked a new process: `tgid` is
+    /// the child's id and `parent` the forking process. Until it execs, a
+    /// child maps what its parent mapped. New threads are not reported:
+    /// their ids are never a process's.
     pub const FORK: u32 = 4;
     /// A child reported by [`FORK`] exec'd (sent when [`EXEC`] is not):
     /// its parent's mappings no longer stand for it.
@@ -91,7 +95,9 @@ pub struct ProcEvent {
     pub kind: u32,
     /// Process id.
     pub tgid: u32,
-    /// The forking process for [`proc_event::FORK`], else 0.
+    /// The forking process for [`proc_event::FORK`], and for
+    /// [`proc_event::NEW`] of a child that has not exec'd since its fork
+    /// was reported; else 0.
     pub parent: u32,
     pub _pad: u32,
     /// When it happened (ns, CLOCK_MONOTONIC, as the records' `time_ns`):

@@ -234,6 +234,11 @@ pub struct WaitHead {
     pub tid: u32,
     /// `wait_flags`.
     pub flags: u32,
+    /// The process that forked this one, when the kernel knows it for a
+    /// child of a known process that has not exec'd (as
+    /// `proc_event::NEW`'s `parent`); else 0.
+    pub parent: u32,
+    pub _pad: u32,
     /// BLOCK: how long the wait lasted (ns). MUTEX_WAKE: the wake-up's id.
     pub value: u64,
     /// The futex word.

@@ -14,10 +14,14 @@ pub(crate) static FILTER_TARGETS: u8 = 0;
 #[unsafe(no_mangle)]
 pub(crate) static FOLLOW_FORKS: u8 = 0;
 
-/// Offset of `child_pid` in the sched_process_fork record, read by the
-/// daemon from the tracepoint's format file (it differs between kernels).
+/// Offsets of `pid` and `clone_flags` in the task_newtask record, read by
+/// the daemon from the tracepoint's format file (they may differ between
+/// kernels).
 #[unsafe(no_mangle)]
-pub(crate) static FORK_CHILD_PID_OFFSET: u32 = 44;
+pub(crate) static NEW_TASK_PID_OFFSET: u32 = 8;
+
+#[unsafe(no_mangle)]
+pub(crate) static NEW_TASK_FLAGS_OFFSET: u32 = 32;
 
 /// How user stacks are unwound (`unwind_mode`).
 #[unsafe(no_mangle)]

@@ -6,7 +6,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, LruHashMap, RingBuf},
 };
-use profiler_common::{SEEN_ENTRIES, TARGETS_ENTRIES};
+use profiler_common::{FORKED_ENTRIES, SEEN_ENTRIES, TARGETS_ENTRIES};
 
 #[map]
 pub(crate) static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_ENTRIES, 0);
@@ -19,6 +19,16 @@ pub(crate) static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(TARGETS_
 /// process under the same pid.
 #[map]
 pub(crate) static SEEN: LruHashMap<u32, u64> = LruHashMap::with_max_entries(SEEN_ENTRIES, 0);
+
+/// Processes forked by a known process that have not exec'd, each with
+/// the process that forked it: their exec must reach the daemon, which
+/// symbolizes them with their parent's mappings until then, and the
+/// records sent of them name the parent (`forked_parent`), which the
+/// daemon's fork record must match. Cleared for every new task's id and
+/// written for a new process of a known parent, removed at its exec and
+/// exit: it always speaks of the task that holds the id now.
+#[map]
+pub(crate) static FORKED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(FORKED_ENTRIES, 0);
 
 /// Ring buffer wake-up policy: waking the daemon for every record would
 /// cost a context switch each; it reads the rings every second anyway and

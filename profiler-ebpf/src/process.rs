@@ -19,7 +19,7 @@ use crate::{
     counters::count,
     globals::{FILTER_TARGETS, global_u8},
     klog::{self, klog, why},
-    maps::{SEEN, TARGETS},
+    maps::{FORKED, SEEN, TARGETS},
 };
 
 /// Anchor records sent for a young image (see [`anchor_young_image`]).
@@ -74,6 +74,18 @@ pub(crate) fn send_proc_event_at(kind: u32, tgid: u32, parent: u32, time_ns: u64
     }
 }
 
+/// The process that forked `tgid`, if `tgid` is a child of a known
+/// process that has not exec'd (in `FORKED`), else 0; asked while the
+/// process lives, so of the task that has the id now. The daemon lets the
+/// parent's snapshot stand in for a child gone before it is read only
+/// when a record names the parent: a fork record it holds may be of an
+/// earlier task that had the id.
+#[inline(always)]
+pub(crate) fn forked_parent(tgid: u32) -> u32 {
+    // SAFETY: the value is copied out.
+    unsafe { FORKED.get(tgid) }.copied().unwrap_or(0)
+}
+
 /// The value of a `SEEN` process whose main thread exited.
 pub(crate) const EXITED: u64 = u64::MAX;
 
@@ -90,7 +102,7 @@ pub(crate) fn note_process(tgid: u32) -> u64 {
     let now = unsafe { bpf_ktime_get_ns() };
     // BPF_NOEXIST: when two CPUs race here, only one sends the event.
     if SEEN.insert(tgid, now, BPF_NOEXIST as u64).is_ok() {
-        send_proc_event_at(proc_event::NEW, tgid, 0, now);
+        send_proc_event_at(proc_event::NEW, tgid, forked_parent(tgid), now);
         return now;
     }
     // SAFETY: the value is copied out.

@@ -20,6 +20,7 @@ use crate::{
     globals::{BRIEF_RECORDS, WAIT_EVENTS_RING, global_u8},
     klog::{klog, why},
     maps::wake_flag,
+    process::forked_parent,
     programs::cond_wait::cond_of,
     stack::{
         hints::{HINT_SCRATCH, HintScratch, copy_frames, hint_key, hinted_walk},
@@ -54,6 +55,8 @@ pub(crate) fn send_wait_stack(
         tgid,
         tid,
         flags: 0,
+        parent: forked_parent(tgid),
+        _pad: 0,
         value,
         uaddr,
         ip,

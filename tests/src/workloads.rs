@@ -79,9 +79,13 @@ pub enum Workload {
     /// `churn.c`: short-lived processes (half of them exec'd afresh) or
     /// threads at a steady rate, each allocating, waiting on a futex and
     /// burning a little CPU under a shared mutex;
-    /// `procs|threads RATE SECONDS [--wait-stdin]`; `gcc -O2`, no frame
-    /// pointers.
+    /// `procs|threads RATE SECONDS [--wait-stdin]`, or `tid SECONDS` (a
+    /// thread's id left free: see the file); `gcc -O2`, no frame pointers.
     Churn,
+    /// `pid_reuse.c`: a child forced onto a chosen pid (clone3 with
+    /// `set_tid`) burns CPU in reuse_burn without exec; `PID SECONDS`,
+    /// exit status 3 if the pid is taken; frame pointers.
+    PidReuse,
     /// `chan_block.go`: goroutines blocked on a channel receive, built with
     /// `go build` (GOPATH mode, offline, a private cache).
     ChanBlockGo,
@@ -161,7 +165,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 22] = [
+    pub const ALL: [Workload; 23] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -176,6 +180,7 @@ impl Workload {
         Workload::CondWait,
         Workload::Mixed,
         Workload::Churn,
+        Workload::PidReuse,
         Workload::ChanBlockGo,
         Workload::GoHandlers,
         Workload::GoHeap,
@@ -257,6 +262,7 @@ impl Workload {
             Workload::CondWait => "cond_wait.c",
             Workload::Mixed => "mixed.c",
             Workload::Churn => "churn.c",
+            Workload::PidReuse => "pid_reuse.c",
             Workload::ChanBlockGo => "chan_block.go",
             Workload::GoHandlers => "go_handlers.go",
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",

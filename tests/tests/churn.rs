@@ -9,14 +9,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::process::run_with_timeout;
 use profiler_tests::profiles::{
     FlatSample, ProfileFile, WaitKind, dir_entries, flatten_all, parse_file_name, read_profiles,
-    sample_types, summary, total_of,
+    sample_types, summary, total_count, total_of,
 };
 use profiler_tests::resources::{Sampler, Usage, fd_kinds, max_after, mean_between, table};
-use profiler_tests::workloads::{Running, Workload, field, parse_report};
+use profiler_tests::workloads::{Running, Workload, comm_of, field, parse_report};
 use profiler_tests::{
-    check_cpu_files, check_heap_files, check_wait_files, pause, pprof_tool, pprof_tops, temp_dir,
+    check_cpu_files, check_heap_files, check_wait_files, cpu_hz, pause, pprof_tool, pprof_tops,
+    temp_dir,
 };
 
 const ALL_PROFILES: &str = "cpu,heap,block,mutex,offcpu";
@@ -220,6 +222,35 @@ fn check_common(run: &ChurnRun, files: usize) {
         "the workload's tasks failed{}",
         d()
     );
+    // Every sample named for the churn program was taken in one of its
+    // tasks (none renames itself): a task of another program must never
+    // carry its name, as one under an id that a churned task had once did.
+    // The program's first process is left out: the test started it, and a
+    // sample taken inside that exec may be named for either side of it.
+    for (kind, files) in [
+        ("cpu", &run.cpu),
+        ("heap", &run.heap),
+        ("block", &run.block),
+        ("mutex", &run.mutex),
+        ("offcpu", &run.offcpu),
+    ] {
+        let strays: Vec<FlatSample> = flatten_all(files)
+            .into_iter()
+            .filter(|s| {
+                s.pid() != run.workload_pid
+                    && s.label("comm") == Some(run.comm.as_str())
+                    && s.label("thread") != Some(run.comm.as_str())
+            })
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "{kind}: {} samples named {:?} taken in other programs' threads:\n{}{}",
+            strays.len(),
+            run.comm,
+            summary(&strays),
+            d()
+        );
+    }
     // Every file of every type is valid pprof (also for `go tool pprof`).
     check_cpu_files(&run.cpu, 99);
     check_heap_files(&run.heap, HEAP_RATE);
@@ -600,6 +631,136 @@ fn thread_churn_every_profile() {
         tids.len(),
         alloc_bytes / truth,
     );
+}
+
+/// A thread's id taken at once by a new process: the churned program
+/// (`churn tid`, sampled from its start) runs a thread that burns and
+/// exits, then, while the daemon is stopped, pid_reuse forks a child onto
+/// that id (clone3 `set_tid`), which burns 0.3 s in reuse_burn and exits
+/// before the daemon can read it. Its parent is a process the daemon has
+/// not read either. The child's samples carry its own name (its thread's,
+/// pid_reuse's), never that of the process whose thread had the id, and
+/// no sample of another process carries the owner's name.
+/// Before, the kernel reported new threads as forks; the daemon kept a
+/// record of the thread's id under its process, and the child gone before
+/// its snapshot took that process's name and mappings (`churn_threads`
+/// once named a shell's sample in CI).
+#[test]
+fn thread_id_reused_by_a_new_process_keeps_its_own_name() {
+    require_root();
+    let tmp = temp_dir();
+    let donor = Workload::Churn.build(tmp.path(), "tid_donor");
+    let taker = Workload::PidReuse.build(tmp.path(), "tid_taker");
+    let out = tmp.path().join("out");
+    let hz = cpu_hz(99);
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().expect("a UTF-8 temporary path"),
+        "--interval",
+        "60s",
+        "--cpu-frequency",
+        &hz.to_string(),
+    ]);
+    daemon.wait_ready();
+    let mut owner = Running::start(&donor, &["tid", "0.3"]);
+    let line = owner.wait_line(Duration::from_secs(20), |l| l.starts_with("tid="));
+    let tid: u32 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tid=")?.parse().ok())
+        .unwrap_or_else(|| panic!("no thread id in {line:?}"));
+    let owner_pid = owner.pid();
+    let taken = {
+        daemon.signal(libc::SIGSTOP);
+        let _resume = Resume(daemon.pid());
+        take_id(&taker, tid)
+    };
+    // The daemon reads the events of the stop, then the last window.
+    pause(Duration::from_millis(1500));
+    owner.release();
+    owner.finish(Duration::from_secs(10));
+    daemon.signal(libc::SIGTERM);
+    daemon.wait_success(EXIT_BOUND);
+
+    let files = read_profiles(&out, "cpu");
+    let samples = flatten_all(&files);
+    let of_owner = of_comm(&samples, &comm_of(&donor));
+    let child: Vec<FlatSample> = samples.iter().filter(|s| s.pid() == tid).cloned().collect();
+    let d = || {
+        format!(
+            "\ntaking {tid} from a thread of {owner_pid}: {taken}\nsamples of the id:\n{}\nsamples named for the owner:\n{}\n{}",
+            summary(&child),
+            summary(&of_owner),
+            daemon.describe()
+        )
+    };
+    // The new process is not symbolized: it is gone before it is read,
+    // and no process the daemon read maps its program. Its name is what
+    // counts here.
+    let names: BTreeSet<&str> = child.iter().filter_map(|s| s.label("comm")).collect();
+    println!(
+        "thread id reused: {} samples of pid {tid}, named {names:?}; {} samples named for the owner",
+        total_count(&child),
+        total_count(&of_owner),
+    );
+    assert!(
+        total_count(&child) >= 3,
+        "{} samples of the new process{}",
+        total_count(&child),
+        d()
+    );
+    let taker_comm = comm_of(&taker);
+    assert!(
+        child
+            .iter()
+            .all(|s| s.label("comm") == Some(taker_comm.as_str())),
+        "samples of the new process under pid {tid} named otherwise than {taker_comm:?}: {names:?}{}",
+        d()
+    );
+    assert!(
+        of_owner.iter().all(|s| s.pid() == owner_pid),
+        "samples of other processes named for the owner {owner_pid}{}",
+        d()
+    );
+    println!(
+        "thread id reused: {} processes inherited from a parent, {} fork records unconfirmed, {} pids read as threads",
+        daemon.summary_field("processes_inherited_from_parent"),
+        daemon.summary_field("fork_records_unconfirmed"),
+        daemon.summary_field("pids_read_as_threads"),
+    );
+}
+
+/// Runs pid_reuse to start a child on `id`, which the thread that had it
+/// released a moment ago (the kernel frees an exited thread's id a little
+/// after its join); returns what pid_reuse printed.
+fn take_id(taker: &Path, id: u32) -> String {
+    for _ in 0..100 {
+        let mut cmd = std::process::Command::new(taker);
+        cmd.args([&id.to_string(), "0.3"]);
+        let run = run_with_timeout(cmd, "pid_reuse", Duration::from_secs(15));
+        match run.status.code() {
+            Some(0) => return String::from_utf8_lossy(&run.stdout).trim().to_string(),
+            // EEXIST: not free yet.
+            Some(3) => pause(Duration::from_millis(10)),
+            _ => panic!(
+                "starting a process with pid {id}: {} {}",
+                run.status,
+                String::from_utf8_lossy(&run.stderr)
+            ),
+        }
+    }
+    panic!("pid {id} stayed taken");
+}
+
+/// Sends SIGCONT to a stopped process when dropped, a failing test
+/// included.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall; the pid is the test's own daemon, which
+        // is not reaped while this guard lives.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
 }
 
 /// A minute and a half of the soak's load (cpu, heap and block over a

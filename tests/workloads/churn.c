@@ -4,11 +4,15 @@
  * type sees a stream of tasks that appear and vanish.
  *
  * usage: churn procs|threads RATE SECONDS [--wait-stdin]
+ *        churn tid SECONDS
  *   procs    fork RATE children a second; every other child execs this
  *            program again (a new image, mappings read afresh) before it
  *            works; each exits within a few milliseconds
  *   threads  create RATE threads a second in this process; each locks a
  *            mutex shared with the others, works and exits
+ *   tid      burn SECONDS in churn_burn, then SECONDS more on one new
+ *            thread; once that thread is gone print "tid=T pid=P" (its id
+ *            is free for another task to take) and wait for stdin to close
  *   --wait-stdin  print "ready pid=P", then read one byte (or EOF) from
  *                 stdin before starting
  *
@@ -28,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -139,14 +144,57 @@ static void reap(int block, long *live, long *finished, long *failed)
     }
 }
 
+/* Burns about `seconds` in churn_burn. */
+static void burn_for(double seconds)
+{
+    uint64_t end = mono_ns() + (uint64_t)(seconds * 1e9);
+    while (mono_ns() < end)
+        churn_burn();
+}
+
+static double tid_seconds;
+
+static void *tid_thread(void *arg)
+{
+    *(pid_t *)arg = (pid_t)syscall(SYS_gettid);
+    burn_for(tid_seconds);
+    return NULL;
+}
+
+/* The `tid` mode: a sampled process whose thread's id is left free. */
+static int tid_mode(double seconds)
+{
+    tid_seconds = seconds;
+    /* Sampled first: the process is known before its thread starts. */
+    burn_for(seconds);
+    pid_t tid = 0;
+    pthread_t t;
+    if (pthread_create(&t, NULL, tid_thread, &tid) != 0 || pthread_join(t, NULL) != 0)
+        return 1;
+    /* The id is released a little after the join returns. */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d", (int)tid);
+    for (int i = 0; i < 5000 && access(path, F_OK) == 0; i++)
+        usleep(1000);
+    printf("tid=%d pid=%d\n", (int)tid, getpid());
+    fflush(stdout);
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 3 && strcmp(argv[1], "tid") == 0)
+        return tid_mode(atof(argv[2]));
     if (argc == 2 && strcmp(argv[1], "--child") == 0) {
         churn_work();
         return 0;
     }
     if (argc < 4 || (strcmp(argv[1], "procs") != 0 && strcmp(argv[1], "threads") != 0)) {
-        fprintf(stderr, "usage: churn procs|threads RATE SECONDS [--wait-stdin]\n");
+        fprintf(stderr, "usage: churn procs|threads RATE SECONDS [--wait-stdin]\n"
+                        "       churn tid SECONDS\n");
         return 2;
     }
     int threads = strcmp(argv[1], "threads") == 0;

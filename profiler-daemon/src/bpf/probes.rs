@@ -239,7 +239,8 @@ impl Probes {
     pub fn load(config: &ProbeConfig) -> Result<Self, ProbeError> {
         raise_memlock_limit();
         ensure_tracefs()?;
-        let fork_offset = tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?;
+        let new_task_pid = tracepoint_field_offset("task", "task_newtask", "pid")?;
+        let new_task_flags = tracepoint_field_offset("task", "task_newtask", "clone_flags")?;
         let filter = u8::from(config.filter_targets);
         let follow = u8::from(config.follow_forks);
         let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
@@ -334,7 +335,8 @@ impl Probes {
         let mut ebpf = loader
             .override_global("FILTER_TARGETS", &filter, true)
             .override_global("FOLLOW_FORKS", &follow, true)
-            .override_global("FORK_CHILD_PID_OFFSET", &fork_offset, true)
+            .override_global("NEW_TASK_PID_OFFSET", &new_task_pid, true)
+            .override_global("NEW_TASK_FLAGS_OFFSET", &new_task_flags, true)
             .override_global("UNWIND_MODE", &config.unwind_mode, true)
             .override_global("HEAP_SAMPLE_BYTES", &heap_bytes, true)
             .override_global("SELF_TGID", &self_tgid, true)
@@ -507,11 +509,11 @@ impl Probes {
             closer,
             kernel_log,
         };
-        for name in [
-            "sched_process_fork",
-            "sched_process_exec",
-            "sched_process_exit",
-        ] {
+        // New tasks from task_newtask rather than sched_process_fork: its
+        // record has the clone flags, which tell a new thread (never to be
+        // taken for a process) from a new process.
+        probes.attach_tracepoint("task_newtask", &[("task", "task_newtask")])?;
+        for name in ["sched_process_exec", "sched_process_exit"] {
             probes.attach_tracepoint(name, &[("sched", name)])?;
         }
         // Where an exec gives the thread its new name, which records from

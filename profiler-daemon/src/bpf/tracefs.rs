@@ -69,7 +69,7 @@ pub(crate) fn tracefs_root() -> &'static str {
 }
 
 /// Offset of one field of a tracepoint record, from its format file:
-/// `field:pid_t child_pid; offset:44; size:4; signed:1;` (tab-separated).
+/// `field:pid_t pid; offset:8; size:4; signed:1;` (tab-separated).
 pub fn tracepoint_field_offset(
     category: &str,
     name: &str,
@@ -117,5 +117,13 @@ mod tests {
         assert_eq!(parse_field_offset(format, "child_pid"), Some(44));
         assert_eq!(parse_field_offset(format, "parent_pid"), Some(24));
         assert_eq!(parse_field_offset(format, "nope"), None);
+    }
+
+    #[test]
+    fn parses_new_task_format() {
+        // Linux 6.1's (and 6.12's) task_newtask.
+        let format = "name: task_newtask\nID: 131\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n\tfield:pid_t pid;\toffset:8;\tsize:4;\tsigned:1;\n\tfield:char comm[16];\toffset:12;\tsize:16;\tsigned:0;\n\tfield:unsigned long clone_flags;\toffset:32;\tsize:8;\tsigned:0;\n\tfield:short oom_score_adj;\toffset:40;\tsize:2;\tsigned:1;\n";
+        assert_eq!(parse_field_offset(format, "pid"), Some(8));
+        assert_eq!(parse_field_offset(format, "clone_flags"), Some(32));
     }
 }

@@ -15,9 +15,10 @@ use super::process::*;
 use crate::model::frames::Mapping;
 
 impl ProcessTable {
-    /// Records that `parent` forked `child` (a process or a thread). Until
-    /// the child execs, it maps what its parent maps: if it is gone before
-    /// its own snapshot, the parent's stands in for it.
+    /// Records that `parent` forked the process `child`. Until the child
+    /// execs, it maps what its parent maps: if it is gone before its own
+    /// snapshot, the parent's stands in for it (see
+    /// [`ProcessTable::snapshot_new`]).
     pub fn note_fork(&mut self, child: u32, parent: u32) {
         let now = Instant::now();
         while self.fork_order.len() >= self.max_processes {
@@ -46,13 +47,15 @@ impl ProcessTable {
         }
     }
 
-    /// For a child gone before its snapshot: a copy of its parent's
-    /// snapshot, marked exited, if it forked recently and has not exec'd.
-    pub(super) fn inherit_from_parent(&mut self, tgid: u32) -> bool {
-        let Some(&(parent, at)) = self.forks.get(&tgid) else {
+    /// For a child gone before its snapshot, of which the kernel named
+    /// `parent` as the process that forked it: a copy of its parent's
+    /// snapshot, marked exited, if the fork is recorded, recent, and not
+    /// followed by an exec.
+    pub(super) fn inherit_from_parent(&mut self, tgid: u32, parent: u32) -> bool {
+        let Some(&(recorded, at)) = self.forks.get(&tgid) else {
             return false;
         };
-        if at.elapsed() > FORK_RECORD_TTL || self.procs.contains_key(&tgid) {
+        if recorded != parent || at.elapsed() > FORK_RECORD_TTL || self.procs.contains_key(&tgid) {
             return false;
         }
         let Some(from) = self.procs.get(&parent) else {

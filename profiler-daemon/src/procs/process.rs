@@ -93,6 +93,14 @@ pub struct ProcessStats {
     pub inherited: u64,
     /// Fork records (child to parent) dropped because the table was full.
     pub fork_evictions: u64,
+    /// Fork records dropped unused because the kernel did not name their
+    /// parent at the process's first sight: they were of an earlier task
+    /// under its id (a child gone unsampled, its id since reused), whose
+    /// parent's mappings and name are not the process's.
+    pub forks_unconfirmed: u64,
+    /// Reads of a pid that was by then a thread of another process (its
+    /// id reused by a thread): not taken for the process.
+    pub not_processes: u64,
     /// Processes gone before their mappings were read, placed instead from
     /// the kernel's image anchors and files known by build ID.
     pub anchored: u64,
@@ -265,7 +273,48 @@ impl ProcessTable {
     /// Returns false if the process is gone (or cannot be read).
     pub fn snapshot(&mut self, tgid: u32) -> bool {
         self.settle();
-        self.take_snapshot(tgid, 0)
+        self.take_snapshot(tgid, 0, None)
+    }
+
+    /// [`Self::snapshot`] at a process's first sight (its NEW event).
+    /// `parent` is the process the kernel says forked it and whose image
+    /// it still runs (0: none known). If it is gone already, a fork record
+    /// of that same parent lets the parent's snapshot stand in for it. A
+    /// record of another parent, or of none, is of an earlier task under
+    /// the same id (a process gone unsampled, whose id was reused since):
+    /// it is dropped, so that its parent's name and mappings are never
+    /// given to the process.
+    pub fn snapshot_new(&mut self, tgid: u32, parent: u32) -> bool {
+        let confirmed = self.confirmed_fork(tgid, parent);
+        if confirmed.is_none() && self.forks.remove(&tgid).is_some() {
+            // The events come in order: no later task under the id has
+            // been told of yet, so the record is of an earlier one.
+            self.stats.forks_unconfirmed += 1;
+        }
+        self.settle();
+        self.take_snapshot(tgid, 0, confirmed)
+    }
+
+    /// [`Self::ensure`] for a record (a wait, an off-CPU interval) that
+    /// names `parent` as the process that forked `tgid` (0: none known),
+    /// as the kernel knew it when it sent the record: a process gone
+    /// before it is read takes its parent's snapshot as in
+    /// [`Self::snapshot_new`]. A fork record that names another parent is
+    /// kept: the record read may be of an earlier task under the id than
+    /// the fork record.
+    pub fn ensure_child(&mut self, tgid: u32, parent: u32) {
+        self.settle();
+        if !self.procs.contains_key(&tgid) {
+            let confirmed = self.confirmed_fork(tgid, parent);
+            self.take_snapshot(tgid, 0, confirmed);
+        }
+    }
+
+    /// `parent`, if the kernel named it (not 0) and the fork record of
+    /// `tgid` names it too.
+    fn confirmed_fork(&self, tgid: u32, parent: u32) -> Option<u32> {
+        let recorded = self.forks.get(&tgid).map(|&(recorded, _)| recorded);
+        (parent != 0 && recorded == Some(parent)).then_some(parent)
     }
 
     /// Re-reads, once per settle delay, the mappings of processes
@@ -286,15 +335,16 @@ impl ProcessTable {
                     .is_some_and(|info| info.exited.is_none() && info.snapshot_at == at);
                 if due {
                     self.stats.settles += 1;
-                    self.take_snapshot(tgid, stage + 1);
+                    self.take_snapshot(tgid, stage + 1, None);
                 }
             }
         }
     }
 
     /// Reads the process and, if `settle_stage` names a settle delay, queues
-    /// the re-read after it.
-    fn take_snapshot(&mut self, tgid: u32, settle_stage: usize) -> bool {
+    /// the re-read after it. A process gone before it is read takes the
+    /// snapshot of `forked_by` (see [`Self::snapshot_new`]), if given.
+    fn take_snapshot(&mut self, tgid: u32, settle_stage: usize, forked_by: Option<u32>) -> bool {
         match self.read_process(tgid) {
             Ok((comm, mappings)) => {
                 let replaced = settle_stage > 0
@@ -356,8 +406,8 @@ impl ProcessTable {
                 debug!(tgid, %err, "process snapshot failed");
                 if matches!(err, ProcessError::Gone(_)) {
                     self.mark_exited(tgid);
-                    if settle_stage == 0 {
-                        return self.inherit_from_parent(tgid);
+                    if let Some(parent) = forked_by {
+                        return self.inherit_from_parent(tgid, parent);
                     }
                 }
                 false
@@ -529,12 +579,12 @@ impl ProcessTable {
     pub fn refresh(&mut self, tgid: u32) -> bool {
         self.settle();
         match self.procs.get(&tgid) {
-            None => self.take_snapshot(tgid, 0),
+            None => self.take_snapshot(tgid, 0, None),
             Some(info) if info.exited.is_some() => false,
             Some(info) if info.snapshot_at.elapsed() < REFRESH_INTERVAL => false,
             Some(_) => {
                 self.stats.refreshes += 1;
-                self.take_snapshot(tgid, SETTLE_DELAYS.len())
+                self.take_snapshot(tgid, SETTLE_DELAYS.len(), None)
             }
         }
     }
@@ -558,10 +608,8 @@ impl ProcessTable {
         // that are gone, so they do not stay until evicted.
         let tick = self.bump();
         for info in self.procs.values_mut() {
-            if info.exited.is_none()
-                && info.last_used.get() <= last
-                && !Path::new(&format!("/proc/{}", info.tgid)).exists()
-            {
+            // A pid given to a thread since has a /proc entry too.
+            if info.exited.is_none() && info.last_used.get() <= last && !is_process(info.tgid) {
                 info.exited = Some(tick);
             }
         }
@@ -658,6 +706,20 @@ impl ProcessTable {
     fn read_process(&mut self, tgid: u32) -> Result<(String, Vec<MappedObject>), ProcessError> {
         let pid = i32::try_from(tgid).map_err(|_| ProcessError::Gone(tgid))?;
         let proc = Process::new(pid).map_err(|e| proc_error(tgid, e))?;
+        // /proc/ID opens for a thread's id too, with the thread's name and
+        // its process's mappings: a pid read after its process exited and
+        // the id went to a thread would give the process another's.
+        // Bytes: the file starts with the task's name, which need not be
+        // UTF-8.
+        let mut status = Vec::new();
+        proc.open_relative("status")
+            .map_err(|e| proc_error(tgid, e))?
+            .read_to_end(&mut status)
+            .map_err(|e| proc_error(tgid, ProcError::Io(e, None)))?;
+        if status_tgid(&String::from_utf8_lossy(&status)) != Some(tgid) {
+            self.stats.not_processes += 1;
+            return Err(ProcessError::Gone(tgid));
+        }
         // Bytes, not a String: a process may name itself with anything
         // but NUL (invalid UTF-8, newlines), and must be profiled all the same.
         let mut comm = Vec::new();
@@ -803,6 +865,23 @@ impl ProcessTable {
     }
 }
 
+/// Whether `id` is a live process (a thread group's leader), not a thread
+/// of another process nor gone.
+pub(crate) fn is_process(id: u32) -> bool {
+    crate::model::text::read_proc_text(format!("/proc/{id}/status"))
+        .ok()
+        .and_then(|status| status_tgid(&status))
+        .is_some_and(|tgid| tgid == id)
+}
+
+/// The `Tgid:` of a /proc/ID/status text: the process the task belongs to.
+pub(crate) fn status_tgid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 pub(super) fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> ProcessError {
     move |source| ProcessError::Io {
         what: what.to_owned(),
@@ -887,7 +966,15 @@ pub(crate) mod tests {
         let mut table = ProcessTable::new(8);
         assert!(table.snapshot(me));
         table.note_fork(pid, me);
-        assert!(table.snapshot(pid), "the parent's snapshot stands in");
+        // Only at its first sight, which names its parent: a snapshot
+        // taken for a record of it (its first sight was lost) does not
+        // know which task under the id the record is of.
+        assert!(!table.snapshot(pid));
+        assert!(table.get(pid).is_none());
+        assert!(
+            table.snapshot_new(pid, me),
+            "the parent's snapshot stands in"
+        );
         let (mine, inherited) = (table.get(me).unwrap(), table.get(pid).unwrap());
         assert_eq!(inherited.mappings().len(), mine.mappings().len());
         assert!(inherited.is_exited());
@@ -895,12 +982,119 @@ pub(crate) mod tests {
         // An exec: the parent's mappings no longer hold.
         table.forget_fork(pid);
         assert!(table.get(pid).is_none());
-        assert!(!table.snapshot(pid));
+        assert!(!table.snapshot_new(pid, me));
         // Fork records are bounded; the oldest go first.
         for child in 0..20 {
             table.note_fork(1_000_000 + child, me);
         }
         assert_eq!(table.stats().fork_evictions, 12);
+    }
+
+    /// A thread's id recorded as a fork (as the kernel reported new
+    /// threads once), the thread gone, and the id taken by a process whose
+    /// fork was not seen and which is gone before it is read: the process
+    /// must not take the name and mappings of the thread's process.
+    #[test]
+    fn a_fork_record_of_an_earlier_task_under_the_id_is_not_inherited() {
+        let pid = gone_pid();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        table.note_fork(pid, me);
+        // The new process's first sight names no parent: the kernel knows
+        // of no fork of it by a known process.
+        assert!(!table.snapshot_new(pid, 0));
+        assert!(table.get(pid).is_none(), "inherited {:?}", table.get(pid));
+        assert_eq!(table.stats().inherited, 0);
+        assert_eq!(table.stats().forks_unconfirmed, 1);
+        // The record is gone: nothing later under the id inherits it.
+        assert!(!table.snapshot_new(pid, me));
+        table.ensure(pid);
+        assert!(table.get(pid).is_none());
+        // Nor does a process forked by another known process than the
+        // record's (its own fork event lost).
+        table.note_fork(pid, me);
+        assert!(!table.snapshot_new(pid, me.wrapping_add(1)));
+        assert!(table.get(pid).is_none());
+        assert_eq!(table.stats().forks_unconfirmed, 2);
+        // The id reused as a process at once in the same batch of events:
+        // an exit, and a first sight that names no parent, after the
+        // record. The old process's snapshot is kept for its own samples;
+        // the new one has none.
+        table.note_fork(pid, me);
+        assert!(table.snapshot_new(pid, me));
+        table.mark_exited(pid);
+        table.retire(pid, 1);
+        assert!(!table.snapshot_new(pid, 0));
+        assert!(table.get(pid).is_none());
+        let my_comm = table.get(me).unwrap().comm.clone();
+        assert_eq!(table.get_image(pid, 0).unwrap().comm, my_comm);
+        assert_eq!(table.stats().inherited, 1);
+        assert_eq!(table.stats().forks_unconfirmed, 3);
+    }
+
+    /// A wait or off-CPU record names the process that forked its task
+    /// (0: none), as the kernel knew it when it sent the record: the
+    /// parent's snapshot stands in for a child gone before it is read only
+    /// when that parent is the fork record's. The record may be of an
+    /// earlier task under the id than the fork record, which is kept.
+    #[test]
+    fn a_record_naming_the_forking_parent_inherits_and_no_other() {
+        let pid = gone_pid();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        table.note_fork(pid, me);
+        table.ensure_child(pid, 0);
+        assert!(table.get(pid).is_none());
+        table.ensure_child(pid, me.wrapping_add(1));
+        assert!(table.get(pid).is_none());
+        assert_eq!(table.stats().inherited, 0);
+        assert_eq!(table.stats().forks_unconfirmed, 0);
+        table.ensure_child(pid, me);
+        assert!(table.get(pid).is_some_and(|p| p.is_exited()));
+        assert_eq!(table.stats().inherited, 1);
+        // No fork record: nothing to confirm.
+        let other = gone_pid();
+        table.ensure_child(other, me);
+        assert!(table.get(other).is_none());
+        assert_eq!(table.stats().inherited, 1);
+    }
+
+    /// A pid read after its id went to a thread: /proc/ID opens for a
+    /// thread's id too, with the thread's name and its process's mappings,
+    /// which are not the process's the id named.
+    #[test]
+    fn a_thread_id_is_not_read_as_a_process() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("not_a_process".into())
+            .spawn(move || {
+                // SAFETY: plain syscall.
+                let tid = unsafe { libc::gettid() } as u32;
+                tid_tx.send(tid).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        let tid = tid_rx.recv().unwrap();
+        let me = std::process::id();
+        let mut table = ProcessTable::new(8);
+        assert!(table.snapshot(me));
+        assert!(!table.snapshot(tid));
+        assert!(table.get(tid).is_none());
+        assert_eq!(table.stats().not_processes, 1);
+        assert!(!is_process(tid));
+        assert!(is_process(me));
+        stop_tx.send(()).unwrap();
+        thread.join().unwrap();
+    }
+
+    #[test]
+    fn status_gives_the_thread_group() {
+        let status = "Name:\tp/a\\nb\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t4242\nNgid:\t0\nPid:\t4243\n";
+        assert_eq!(status_tgid(status), Some(4242));
+        assert_eq!(status_tgid("Name:\tx\n"), None);
     }
 
     #[test]

@@ -7,11 +7,10 @@ use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::UnwindMode;
 use crate::procs::go_runtime;
-use crate::procs::process::ProcessTable;
+use crate::procs::process::{ProcessTable, is_process};
 use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;
 use crate::session::MAX_PROCESSES;
-use crate::session::targets::is_process;
 
 /// Reads and applies the process events, new images under known pids (an
 /// exec, or a new process reusing the pid of one that exited) last, once
@@ -133,12 +132,12 @@ pub(crate) fn new_image(
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
 ) {
-    if probes.uprobe_links().next().is_some() {
-        // A followed fork reports threads too; they share their process's
-        // probes.
-        if event.kind == proc_event::NEW && !is_process(event.tgid) {
-            return;
-        }
+    // A process gone by now (or whose id went to a thread since, which
+    // shares its own process's probes) has nothing to probe; it is still
+    // snapshotted, which may let its parent's snapshot stand in for it.
+    if probes.uprobe_links().next().is_some()
+        && (event.kind != proc_event::NEW || is_process(event.tgid))
+    {
         for links in probes.uprobe_links() {
             links.attach_process(event.tgid);
         }
@@ -148,8 +147,12 @@ pub(crate) fn new_image(
     }
     if event.kind == proc_event::EXEC {
         procs.forget_fork(event.tgid);
+        procs.snapshot(event.tgid);
+    } else {
+        // The kernel names the parent of a child that has not exec'd: its
+        // snapshot may stand in for the child's, and only then.
+        procs.snapshot_new(event.tgid, event.parent);
     }
-    procs.snapshot(event.tgid);
     // Go keeps frame pointers and has no .eh_frame: in auto mode the
     // kernel walks its stacks.
     if unwind == UnwindMode::Auto

@@ -242,6 +242,8 @@ pub(crate) fn log_summary(
         walk_hints_torn = c[counter::HINTS_TORN as usize],
         kernel_logs_dropped = c[counter::KERNEL_LOGS_DROPPED as usize],
         fork_record_evictions = p.fork_evictions,
+        fork_records_unconfirmed = p.forks_unconfirmed,
+        pids_read_as_threads = p.not_processes,
         processes = p.processes,
         open_handles = p.open_handles,
         handle_limit_hits = p.handle_limit_hits,

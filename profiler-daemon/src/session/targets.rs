@@ -46,18 +46,6 @@ pub(crate) fn all_pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// Whether `id` is a process (thread group leader) rather than a thread.
-pub(crate) fn is_process(id: u32) -> bool {
-    crate::model::text::read_proc_text(format!("/proc/{id}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        })
-        .is_some_and(|tgid| tgid == id)
-}
-
 /// The start time (clock ticks after boot) of `pid` if it is running; a
 /// zombie has a /proc entry but will never run again.
 pub(crate) fn process_start(pid: u32) -> Option<u64> {

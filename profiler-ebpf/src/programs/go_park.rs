@@ -32,7 +32,7 @@ use crate::{
     go_labels::goroutine_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
-    process::is_target,
+    process::{forked_parent, is_target},
     programs::futex::next_wake_id,
     stack::{fp_process, walk_user_stack},
     waits::WAIT_EVENTS,
@@ -235,6 +235,8 @@ fn on_release(
             tgid,
             tid,
             flags: wait_flags::GO_WAIT_REASON | park.reason << wait_flags::GO_REASON_SHIFT,
+            parent: forked_parent(tgid),
+            _pad: 0,
             value: wake_id,
             uaddr: 0,
             ip: (*regs).rip,
@@ -285,6 +287,8 @@ fn send_go_block(tgid: u32, park: &GoPark, waited: u64, labels: u64) {
             flags: wait_flags::RETURN_ADDRESS
                 | wait_flags::GO_WAIT_REASON
                 | park.reason << wait_flags::GO_REASON_SHIFT,
+            parent: forked_parent(tgid),
+            _pad: 0,
             value: waited,
             uaddr: 0,
             ip: 0,

@@ -30,7 +30,7 @@ use crate::{
     go_labels::go_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
-    process::is_target,
+    process::{forked_parent, is_target},
     python::{python_frames, python_process},
     stack::{
         fp_process,
@@ -234,6 +234,9 @@ fn unpark(next: *mut task_struct, now: u64) {
                     // since it was parked.
                     unsafe {
                         (*out).duration_ns = off;
+                        // Asked now: the task is alive, being switched in.
+                        (*out).parent = forked_parent((*out).tgid);
+                        (*out)._pad = 0;
                         if (*out).flags & wait_flags::HINT_MATCHED == 0
                             && (*out).stack_len != 0
                             && global_u8(&BRIEF_RECORDS) != 0

@@ -1,24 +1,26 @@
-//! The process tracepoints: fork (following descendants in `-- COMMAND`
-//! mode), exec (a new image; its start from its point of no return) and
-//! exit (the daemon drops its probes and state), sent on the process event
-//! ring.
+//! The process tracepoints: task_newtask (forks of known processes, and
+//! following descendants in `-- COMMAND` mode), exec (a new image; its
+//! start from its point of no return) and exit (the daemon drops its
+//! probes and state), sent on the process event ring.
 
 use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid,
         generated::{bpf_get_current_task, bpf_ktime_get_ns},
     },
-    macros::{btf_map, map, tracepoint},
-    maps::LruHashMap,
+    macros::{btf_map, tracepoint},
     programs::TracePointContext,
 };
-use profiler_common::{FORKED_ENTRIES, counter, proc_event};
+use profiler_common::{counter, proc_event};
 
 use crate::{
     counters::count,
-    globals::{FOLLOW_FORKS, FORK_CHILD_PID_OFFSET, REPORT_PROCESS_EVENTS, global_u8},
+    globals::{
+        FOLLOW_FORKS, NEW_TASK_FLAGS_OFFSET, NEW_TASK_PID_OFFSET, REPORT_PROCESS_EVENTS, global,
+        global_u8,
+    },
     klog::{self, klog, why},
-    maps::{SEEN, TARGETS},
+    maps::{FORKED, SEEN, TARGETS},
     process::{
         EXITED, is_target, note_image, send_proc_event, send_proc_event_at, send_proc_event_from,
     },
@@ -27,11 +29,9 @@ use crate::{
     task_storage::TaskStorage,
 };
 
-/// Tasks forked by a known process that have not exec'd: their exec must
-/// reach the daemon, which symbolizes them with their parent's mappings
-/// until then.
-#[map]
-static FORKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(FORKED_ENTRIES, 0);
+/// `CLONE_THREAD` (include/uapi/linux/sched.h): the new task joins the
+/// forking thread's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// Where the thread's exec is (ns), from its point of no return until it
 /// completes: when it passed that point, then when the thread took the
@@ -42,20 +42,38 @@ static FORKED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(FORKED_ENTRIES
 #[btf_map]
 static EXEC_STARTS: TaskStorage<u64> = TaskStorage::new();
 
+/// Every new task, thread or process, in the forking thread before the
+/// new task can run (copy_process's end, as sched_process_fork, whose
+/// record does not tell a thread from a process; this one carries the
+/// clone flags).
 #[tracepoint]
-pub fn sched_process_fork(ctx: TracePointContext) -> u32 {
-    klog::run(ctx, try_sched_process_fork)
+pub fn task_newtask(ctx: TracePointContext) -> u32 {
+    klog::run(ctx, try_task_newtask)
 }
 
 #[inline(always)]
-fn try_sched_process_fork(ctx: TracePointContext) -> Result<u32, u32> {
+fn try_task_newtask(ctx: TracePointContext) -> Result<u32, u32> {
     let parent_tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    // SAFETY: the offset comes from this kernel's format file.
-    let offset = unsafe { core::ptr::read_volatile(&FORK_CHILD_PID_OFFSET) } as usize;
-    // SAFETY: reading a field of the tracepoint record.
-    let child: i32 = unsafe { ctx.read_at(offset) }.map_err(|_| 0u32)?;
-    // The pid of a process that exited is someone else's from now on.
-    let _ = SEEN.remove(child as u32);
+    let pid_offset = global(&NEW_TASK_PID_OFFSET) as usize;
+    let flags_offset = global(&NEW_TASK_FLAGS_OFFSET) as usize;
+    // SAFETY: reading fields of the tracepoint record, at the offsets of
+    // this kernel's format file.
+    let child = unsafe { ctx.read_at::<i32>(pid_offset) }.map_err(|_| 0u32)? as u32;
+    // SAFETY: as above.
+    let flags: u64 = unsafe { ctx.read_at(flags_offset) }.map_err(|_| 0u32)?;
+    // The id of a task that exited is someone else's from now on: a new
+    // process under it is not the one marked exited, nor a child that
+    // some earlier fork recorded.
+    let _ = SEEN.remove(child);
+    let _ = FORKED.remove(child);
+    if flags & CLONE_THREAD != 0 {
+        // A thread shares its process's mappings, probes and target
+        // status; its id is never a process's. Reported as a fork (as it
+        // once was), it left a fork record under its id in the daemon,
+        // and a later process under that id, forked by a process the
+        // daemon did not know, took that record's parent's name.
+        return Ok(0);
+    }
     // SAFETY: presence check only.
     let parent_seen = unsafe { SEEN.get(parent_tgid).is_some() };
     let follow = global_u8(&FOLLOW_FORKS) != 0
@@ -64,22 +82,22 @@ fn try_sched_process_fork(ctx: TracePointContext) -> Result<u32, u32> {
     if !parent_seen && !follow {
         return Ok(0);
     }
-    if parent_seen && child as u32 != parent_tgid && FORKED.insert(child as u32, 1u8, 0).is_ok() {
+    let recorded = parent_seen && FORKED.insert(child, parent_tgid, 0).is_ok();
+    if recorded {
         // Sent before the child can run, so before its NEW event: a child
         // that is gone before the daemon reads its mappings is symbolized
         // with its parent's, which it shares until it execs.
-        send_proc_event_from(proc_event::FORK, child as u32, parent_tgid);
+        send_proc_event_from(proc_event::FORK, child, parent_tgid);
     }
     if !follow {
         return Ok(0);
     }
-    // A new thread's id lands here too; sched_process_exit removes it.
-    if TARGETS.insert(child as u32, 1u8, 0).is_ok() {
+    if TARGETS.insert(child, 1u8, 0).is_ok() {
         count(counter::FORKS_FOLLOWED);
         if global_u8(&REPORT_PROCESS_EVENTS) != 0 {
-            // The daemon attaches heap probes for the child (it ignores
-            // the event for a new thread).
-            send_proc_event(proc_event::NEW, child as u32);
+            // The daemon attaches heap probes for the child.
+            let parent = if recorded { parent_tgid } else { 0 };
+            send_proc_event_from(proc_event::NEW, child, parent);
         }
     } else {
         count(counter::TARGETS_FULL);
@@ -167,11 +185,8 @@ fn try_sched_process_exit(_ctx: TracePointContext) -> Result<u32, u32> {
     let _ = STACK_TOPS.remove(tid);
     let _ = FORKED.remove(tid);
     if tid != tgid {
-        // A thread of a followed process; its id may be reused by an
-        // unrelated process later.
-        if global_u8(&FOLLOW_FORKS) != 0 {
-            let _ = TARGETS.remove(tid);
-        }
+        // A thread: its process lives on. (Thread ids are never targets:
+        // task_newtask follows new processes only.)
         return Ok(0);
     }
     // The process is gone: a new process that gets its pid is someone else,

@@ -15,9 +15,9 @@ use anyhow::{Context, Result, bail};
 /// The tests run in the VMs: (test file, test name). Each profile type's
 /// accuracy against what the workload measured of itself, under `--pid`
 /// and under `-- COMMAND`, the Go runtime's park points, environment
-/// labels, a process started after the daemon, process churn, and
-/// `--check` (which loads every program, those of Go and Python samples
-/// too).
+/// labels, a process started after the daemon, process churn (with a
+/// thread's id taken by a new process), and `--check` (which loads every
+/// program, those of Go and Python samples too).
 pub const SUITE: &[(&str, &str)] = &[
     ("cpu_profile", "c_workload_under_pid"),
     ("cpu_profile", "command_and_its_descendants"),
@@ -35,6 +35,12 @@ pub const SUITE: &[(&str, &str)] = &[
     ("wait_accuracy", "waits_above_the_rate_are_all_kept"),
     ("labels", "pid_mode_carries_the_environment"),
     ("churn", "process_churn_briefly"),
+    // New threads are told from new processes by task_newtask's clone
+    // flags, whose record each kernel lays out its own way.
+    (
+        "churn",
+        "thread_id_reused_by_a_new_process_keeps_its_own_name",
+    ),
     // Every program verifies on this kernel, those loaded only at the
     // first Go or Python process too.
     (

@@ -183,7 +183,7 @@ pub(crate) fn read_wait_events(
                 )
             };
         let event = head;
-        procs.ensure(event.tgid);
+        procs.ensure_child(event.tgid, event.parent);
         let generation = procs.generation_at(event.tgid, event.time_ns);
         // Registers saved at the system call: an exact instruction pointer;
         // a goroutine's frames start with the return address it parked at.
@@ -252,7 +252,7 @@ pub(crate) fn read_offcpu_event(
     unwinder: &mut Unwinder,
     waits: &mut Waits,
 ) {
-    procs.ensure(event.tgid);
+    procs.ensure_child(event.tgid, event.parent);
     // The stacks are those at the switch-out.
     let generation = procs.generation_at(event.tgid, event.start_ns);
     let user = match event.sp {
