@@ -660,14 +660,21 @@ fn assert_mutex_hold(run: &WaitRun, truth: MutexTruth, fraction: u64, comm: &str
     // copy; the rest were sent before their hint reached the kernel. The
     // stack checks below cover those events too. No brief record may
     // arrive for a walk the daemon has forgotten: its stack would be lost.
+    // How many are answered so depends on when the first hints reach the
+    // kernel: 49% to 90% in twelve runs of this file (before and after
+    // the change that printed it, 2026-11-27); a broken hint path answers
+    // none, so the bound is 40%.
     let (remembered, matched, forgotten) = (
         run.daemon.summary_field("unwinds_remembered"),
         run.daemon.summary_field("unwinds_matched_in_kernel"),
         run.daemon.summary_field("unwinds_matched_but_forgotten"),
     );
+    println!(
+        "walks: {remembered} remembered, {matched} answered from a walk hint, {forgotten} brief records of forgotten walks"
+    );
     assert!(
-        remembered > 0 && matched as f64 >= 0.5 * remembered as f64 && forgotten == 0,
-        "{matched} of {remembered} remembered walks were answered from a walk hint the kernel matched (expected ≥ 50%), {forgotten} brief records of forgotten walks (expected 0){}",
+        remembered > 0 && matched as f64 >= 0.4 * remembered as f64 && forgotten == 0,
+        "{matched} of {remembered} remembered walks were answered from a walk hint the kernel matched (expected ≥ 40%), {forgotten} brief records of forgotten walks (expected 0){}",
         run.diag()
     );
 
