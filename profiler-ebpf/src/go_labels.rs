@@ -15,7 +15,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_NOEXIST},
-    helpers::{bpf_probe_read_user, generated},
+    helpers::generated,
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -25,6 +25,7 @@ use profiler_common::{
 };
 
 use crate::counters::count;
+use crate::user_memory::read;
 
 /// -EEXIST: another CPU recorded the same set first.
 const EEXIST: i32 = -17;
@@ -63,16 +64,6 @@ struct Scratch {
 
 #[map]
 static GO_LABEL_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
-
-#[inline(always)]
-fn read<T>(addr: u64) -> Option<T> {
-    // The first page is never mapped: a zero or tiny pointer is no object.
-    if addr < 4096 {
-        return None;
-    }
-    // SAFETY: a checked read of user memory.
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
-}
 
 /// Reads `len` (at most `room`) bytes of user memory at `src` into `dst`.
 ///

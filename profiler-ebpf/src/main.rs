@@ -18,7 +18,9 @@
 //! - `globals.rs`: the read-only globals the daemon sets before loading;
 //!   `maps.rs`: maps several programs use; `counters.rs`: loss and event
 //!   counters; `process.rs`: process events and image anchors;
-//!   `go_labels.rs`: a Go goroutine's pprof labels at a CPU sample.
+//!   `go_labels.rs`: a Go goroutine's pprof labels at a CPU sample;
+//!   `python.rs`: a CPython thread's frames; `user_memory.rs`: their
+//!   checked reads of user memory.
 //! - `stack/`: user-stack copies (`copy.rs`), walk hints (`hints.rs`) and
 //!   the choice between a copy and a frame-pointer walk; `waits.rs`: the
 //!   wait record ring and its senders.
@@ -38,6 +40,7 @@ mod programs;
 mod python;
 mod stack;
 mod task_storage;
+mod user_memory;
 mod waits;
 
 #[cfg(not(test))]

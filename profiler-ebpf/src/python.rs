@@ -8,7 +8,7 @@
 
 use aya_ebpf::{
     bindings::bpf_pidns_info,
-    helpers::{bpf_probe_read_user, generated},
+    helpers::generated,
     macros::map,
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
@@ -18,6 +18,7 @@ use profiler_common::{
 };
 
 use crate::counters::count;
+use crate::user_memory::read;
 
 /// CPython processes, marked by the daemon with their runtime's address
 /// and layout.
@@ -44,16 +45,6 @@ pub(crate) fn is_python(tgid: u32) -> bool {
 #[inline(always)]
 pub(crate) fn python_process(tgid: u32) -> Option<*const PyRuntime> {
     PY_PROCESSES.get_ptr(tgid)
-}
-
-#[inline(always)]
-fn read<T>(addr: u64) -> Option<T> {
-    // The first page is never mapped: a zero or tiny pointer is no object.
-    if addr < 4096 {
-        return None;
-    }
-    // SAFETY: a checked read of user memory.
-    unsafe { bpf_probe_read_user(addr as *const T) }.ok()
 }
 
 /// Fills `out` with the Python frames of thread `tid`, leaf first; none

@@ -360,3 +360,14 @@ pub fn mkfifo(path: &std::path::Path) {
         );
     }
 }
+
+/// The one child of process `pid` (as `unshare --fork`'s forked child).
+pub fn child_of(pid: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_else(|e| panic!("children of {pid}: {e}"));
+    children
+        .split_whitespace()
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
+}

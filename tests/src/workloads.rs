@@ -692,3 +692,27 @@ pub fn parse_site_lines(stdout: &str, names: &[&str]) -> Vec<SiteLine> {
     assert_eq!(found, names, "the workload's site lines; stdout:\n{stdout}");
     sites
 }
+
+/// The machine's pyenv CPython `minor` (`3.12`), the newest patch release
+/// it has.
+pub fn pyenv_python(minor: &str) -> PathBuf {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let pyenv = Path::new(&home).join(".pyenv/versions");
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(&pyenv)
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{minor}."))
+        })
+        .map(|e| e.path().join(format!("bin/python{minor}")))
+        .filter(|p| p.exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .unwrap_or_else(|| panic!("no CPython {minor} under {}", pyenv.display()))
+}

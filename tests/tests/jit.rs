@@ -20,9 +20,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::process::child_of;
 use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life};
+use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life, pyenv_python};
 
 /// |profiled heavy share / timed heavy share - 1| bound, and the least
 /// share of the process's samples whose leaf the map names.
@@ -155,21 +156,6 @@ fn node_self_samples(dir: &Path) -> (u64, u64) {
     (heavy, light)
 }
 
-/// CPython 3.12's own interpreter from the machine's pyenv (`-X perf`
-/// first appeared in 3.12).
-fn python312() -> PathBuf {
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let pyenv = Path::new(&home).join(".pyenv/versions");
-    std::fs::read_dir(&pyenv)
-        .ok()
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .map(|e| e.path().join("bin/python3.12"))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no CPython 3.12 under {}", pyenv.display()))
-}
-
 /// The CPU time of samples whose stack holds Python function `f` (as
 /// CPython's perf map names its trampoline, `py::f:/path/file.py`), and
 /// of those, the time whose stack also holds the caller `caller` and
@@ -206,7 +192,7 @@ fn python_functions_are_named_from_the_perf_map() {
         report,
         daemon,
     } = profile_whole_life(
-        &python312(),
+        &pyenv_python("3.12"),
         &["-X", "perf", script.to_str().expect("UTF-8 path"), "4"],
         &out,
         199,
@@ -315,15 +301,4 @@ fn a_perf_map_is_found_in_the_process_own_namespaces() {
         named >= 0.8,
         "{named:.3} of node's time named from the map in its own /tmp (expected ≥ 0.8){diag}"
     );
-}
-
-/// The one child of process `pid` (unshare's forked child).
-fn child_of(pid: u32) -> u32 {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_else(|e| panic!("children of {pid}: {e}"));
-    children
-        .split_whitespace()
-        .next()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
 }

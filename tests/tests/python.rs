@@ -28,9 +28,12 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::pprof_tool::check_readable;
+use profiler_tests::process::child_of;
 use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life_beside};
+use profiler_tests::workloads::{
+    Running, WholeLife, field, profile_whole_life_beside, pyenv_python,
+};
 
 /// Bound of |share - reference| for the heavy function's share.
 const SHARE_TOLERANCE: f64 = 0.05;
@@ -47,27 +50,8 @@ fn interpreters() -> Vec<(String, PathBuf)> {
         "python3.11 (Debian)".to_string(),
         PathBuf::from("/usr/bin/python3.11"),
     )];
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let pyenv = Path::new(&home).join(".pyenv/versions");
     for minor in ["3.12", "3.13"] {
-        let mut versions: Vec<PathBuf> = std::fs::read_dir(&pyenv)
-            .ok()
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{minor}."))
-            })
-            .map(|e| e.path().join(format!("bin/python{minor}")))
-            .filter(|p| p.exists())
-            .collect();
-        versions.sort();
-        let python = versions
-            .pop()
-            .unwrap_or_else(|| panic!("no CPython {minor} under {}", pyenv.display()));
-        found.push((format!("python{minor} (pyenv)"), python));
+        found.push((format!("python{minor} (pyenv)"), pyenv_python(minor)));
     }
     found
 }
@@ -365,17 +349,6 @@ fn python_frames_of_a_process_in_its_own_pid_namespace() {
         "only {in_python} of {total} ns in stacks with Python frames{diag}"
     );
     assert_eq!(daemon.summary_field("python_threads_unfound"), 0, "{diag}");
-}
-
-/// The one child of process `pid` (unshare's forked child).
-fn child_of(pid: u32) -> u32 {
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_else(|e| panic!("children of {pid}: {e}"));
-    children
-        .split_whitespace()
-        .next()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("process {pid} has no child: {children:?}"))
 }
 
 /// Off-CPU time of Python code: two threads of `off_cpu.py` sleep 3 ms

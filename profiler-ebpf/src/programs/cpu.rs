@@ -183,6 +183,16 @@ struct PendingSample {
 #[map]
 static PENDING_SAMPLE: PerCpuArray<PendingSample> = PerCpuArray::with_max_entries(1, 0);
 
+/// The sample `cpu_sample` handed over (tgid, tid, comm, image start), in
+/// the program it tail-called.
+#[inline(always)]
+fn pending_sample() -> Result<(u32, u32, [u8; COMM_LEN], u64), u32> {
+    let pending = PENDING_SAMPLE.get_ptr(0).ok_or(0u32)?;
+    // SAFETY: this CPU's slot, written by cpu_sample just before.
+    let pending = unsafe { &*pending };
+    Ok((pending.tgid, pending.tid, pending.comm, pending.image_since))
+}
+
 /// Slot 0: `go_sample`, set by the daemon when it loads it.
 #[map]
 static GO_PROGRAMS: ProgramArray = ProgramArray::with_max_entries(1, 0);
@@ -202,17 +212,14 @@ pub fn go_sample(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
-    let pending = PENDING_SAMPLE.get_ptr(0).ok_or(0u32)?;
-    // SAFETY: this CPU's slot, written by cpu_sample just before.
-    let pending = unsafe { &*pending };
-    let (tgid, tid, comm, image_since) =
-        (pending.tgid, pending.tid, pending.comm, pending.image_since);
+    let (tgid, tid, comm, image_since) = pending_sample()?;
     let (active, mut key) = walked_sample(&ctx, tgid, tid, comm, image_since);
     if key.user_stack != STACK_NONE
         && key.user_stack != STACK_LOST
         && let Some(regs) = user_regs(&ctx)
     {
-        // SAFETY: as above; the entry is read after the walk, unchanged.
+        // SAFETY: this CPU's slot, written by cpu_sample before the tail call
+        // and read after the walk, unchanged.
         let process = unsafe { &*PENDING_SAMPLE.get_ptr(0).ok_or(0u32)? }.process;
         key.leaf_words = leaf_words(&process, regs.sp);
         key.go_labels = go_label_set::<true>(&process.go, regs.r14);
@@ -231,11 +238,7 @@ pub fn py_sample(ctx: PerfEventContext) -> u32 {
 
 #[inline(always)]
 fn try_py_sample(ctx: PerfEventContext) -> Result<u32, u32> {
-    let pending = PENDING_SAMPLE.get_ptr(0).ok_or(0u32)?;
-    // SAFETY: this CPU's slot, written by cpu_sample just before.
-    let pending = unsafe { &*pending };
-    let (tgid, tid, comm, image_since) =
-        (pending.tgid, pending.tid, pending.comm, pending.image_since);
+    let (tgid, tid, comm, image_since) = pending_sample()?;
     let sent = match (user_regs(&ctx), python_process(tgid)) {
         (Some(UserRegs { ip, sp, bp, .. }), Some(py)) => {
             // SAFETY: a map value, read in place.
