@@ -22,9 +22,16 @@ pub const PY_THREADS_SEARCHED: usize = 32;
 pub const PY_FRAMES_MAX: usize = 64;
 
 /// Bytes of an interpreter frame read at once: every field used lies in
-/// them, in every release handled (`_PyInterpreterFrame` up to its
-/// `localsplus`).
+/// them, in every release handled (3.11+: `_PyInterpreterFrame` up to
+/// its `localsplus`).
 pub const PY_FRAME_BYTES: usize = 72;
+
+/// Bytes of a frame object read at once in releases whose frames are
+/// objects (3.9, 3.10: `PyFrameObject` up to `f_lasti` and `f_lineno`;
+/// the object is larger). A release's `PyRuntime::frame_bytes` is one of
+/// the two sizes: the larger is not read where the smaller will do, as an
+/// interpreter frame may end where the memory does.
+pub const PY_FRAME_OBJECT_BYTES: usize = 112;
 
 /// A field of [`PyRuntime`] that the release does not have.
 pub const PY_NO_FIELD: u16 = u16::MAX;
@@ -50,26 +57,39 @@ pub struct PyRuntime {
     pub threads_head: u16,
     /// `PyThreadState.next`.
     pub thread_next: u16,
-    /// `PyThreadState.native_thread_id` (the thread's kernel id).
+    /// `PyThreadState.native_thread_id` (the thread's kernel id), or
+    /// `PyThreadState.thread_id` (its `pthread_t`) where there is no
+    /// native id (3.9, 3.10).
     pub thread_native_id: u16,
+    /// Where the thread's kernel id lies in the object `thread_native_id`
+    /// points to (glibc's `struct pthread.tid`), or [`PY_NO_FIELD`] when
+    /// `thread_native_id` is the id itself.
+    pub thread_id_in_pthread: u16,
     /// `PyThreadState.cframe` (3.11, 3.12), or [`PY_NO_FIELD`] when the
-    /// thread state holds its current frame itself (3.13).
+    /// thread state holds its current frame itself (3.9, 3.10, 3.13).
     pub thread_cframe: u16,
-    /// `_PyCFrame.current_frame`, or `PyThreadState.current_frame` (3.13).
+    /// `_PyCFrame.current_frame`, `PyThreadState.current_frame` (3.13),
+    /// or `PyThreadState.frame` (3.9, 3.10).
     pub current_frame: u16,
-    /// `_PyInterpreterFrame.f_code` (`f_executable` in 3.13).
+    /// [`PY_FRAME_BYTES`] or [`PY_FRAME_OBJECT_BYTES`]: how much of a
+    /// frame to read.
+    pub frame_bytes: u16,
+    /// `_PyInterpreterFrame.f_code` (`f_executable` in 3.13,
+    /// `PyFrameObject.f_code` in 3.9 and 3.10).
     pub frame_code: u16,
-    /// `_PyInterpreterFrame.previous`.
+    /// `_PyInterpreterFrame.previous` (`PyFrameObject.f_back`).
     pub frame_previous: u16,
-    /// `_PyInterpreterFrame.prev_instr` (`instr_ptr` in 3.13).
+    /// `_PyInterpreterFrame.prev_instr` (`instr_ptr` in 3.13), or
+    /// `PyFrameObject.f_lasti` (an `int`: the word read holds `f_lineno`
+    /// above it, which the daemon masks off).
     pub frame_instr: u16,
-    /// `_PyInterpreterFrame.owner` (one byte).
+    /// `_PyInterpreterFrame.owner` (one byte), or [`PY_NO_FIELD`].
     pub frame_owner: u16,
     /// `_PyInterpreterFrame.is_entry` (one byte, 3.11), or
     /// [`PY_NO_FIELD`]: later releases mark an evaluator's entry with a
     /// frame owned by the C stack instead.
     pub frame_is_entry: u16,
-    pub _pad: u16,
+    pub _pad: [u16; 2],
 }
 
 /// `_PyInterpreterFrame.owner` of the frame an evaluator call keeps on

@@ -1,10 +1,10 @@
 //! The Python frames of a CPython thread, read at a CPU sample: the
 //! thread's `PyThreadState` (found in the main interpreter's thread list
 //! by its kernel thread id, as the process's pid namespace numbers it,
-//! then remembered), its current
-//! `_PyInterpreterFrame`, and each frame's code object and instruction
-//! pointer down the `previous` chain. Offsets come from the daemon per
-//! process (`PyRuntime`), by CPython release.
+//! then remembered), its current frame (a `_PyInterpreterFrame`, or in
+//! 3.9 and 3.10 a `PyFrameObject`), and each frame's code object and
+//! instruction (pointer, or `f_lasti`) down the chain of callers. Offsets
+//! come from the daemon per process (`PyRuntime`), by CPython release.
 
 use aya_ebpf::{
     bindings::bpf_pidns_info,
@@ -13,8 +13,9 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 use profiler_common::{
-    PY_FRAME_BYTES, PY_FRAME_OWNED_BY_CSTACK, PY_NO_FIELD, PY_PROCESSES_ENTRIES,
-    PY_THREADS_ENTRIES, PY_THREADS_SEARCHED, PyFrame, PyFrames, PyRuntime, counter,
+    PY_FRAME_BYTES, PY_FRAME_OBJECT_BYTES, PY_FRAME_OWNED_BY_CSTACK, PY_NO_FIELD,
+    PY_PROCESSES_ENTRIES, PY_THREADS_ENTRIES, PY_THREADS_SEARCHED, PyFrame, PyFrames, PyRuntime,
+    counter,
 };
 
 use crate::counters::count;
@@ -30,9 +31,10 @@ static PY_PROCESSES: HashMap<u32, PyRuntime> = HashMap::with_max_entries(PY_PROC
 #[map]
 static PY_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(PY_THREADS_ENTRIES, 0);
 
-/// Per-CPU room for one interpreter frame's first bytes.
+/// Per-CPU room for one frame's first bytes.
 #[map]
-static PY_FRAME_SCRATCH: PerCpuArray<[u8; PY_FRAME_BYTES]> = PerCpuArray::with_max_entries(1, 0);
+static PY_FRAME_SCRATCH: PerCpuArray<[u8; PY_FRAME_OBJECT_BYTES]> =
+    PerCpuArray::with_max_entries(1, 0);
 
 /// Whether `tgid` is a marked CPython process.
 #[inline(always)]
@@ -96,10 +98,9 @@ fn thread_id_in_namespace(py: &PyRuntime, tid: u32) -> u32 {
 /// that does (remembered for the next sample).
 #[inline(always)]
 fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
-    let native_id = u64::from(py.thread_native_id);
     // SAFETY: a copy of the value.
     if let Some(&known) = unsafe { PY_THREADS.get(tid) }
-        && read::<u64>(known.wrapping_add(native_id)) == Some(u64::from(ns_tid))
+        && thread_id(py, known) == Some(ns_tid)
     {
         return Some(known);
     }
@@ -109,7 +110,7 @@ fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
         if thread == 0 {
             return None;
         }
-        if read::<u64>(thread.wrapping_add(native_id)) == Some(u64::from(ns_tid)) {
+        if thread_id(py, thread) == Some(ns_tid) {
             // A full map drops its least recently used thread.
             let _ = PY_THREADS.insert(tid, thread, 0);
             return Some(thread);
@@ -119,12 +120,23 @@ fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
     None
 }
 
+/// The kernel id of the thread whose state is `thread`: its native id,
+/// or (3.9, 3.10) the id its `pthread_t` holds.
+#[inline(always)]
+fn thread_id(py: &PyRuntime, thread: u64) -> Option<u32> {
+    let id: u64 = read(thread.wrapping_add(u64::from(py.thread_native_id)))?;
+    if py.thread_id_in_pthread == PY_NO_FIELD {
+        return u32::try_from(id).ok();
+    }
+    read::<u32>(id.wrapping_add(u64::from(py.thread_id_in_pthread)))
+}
+
 /// A word of the frame's bytes at `at` (an offset from the daemon), or 0
 /// when it lies outside them.
 #[inline(always)]
-fn word_at(bytes: &[u8; PY_FRAME_BYTES], at: u16) -> u64 {
+fn word_at(bytes: &[u8; PY_FRAME_OBJECT_BYTES], at: u16) -> u64 {
     let at = usize::from(at);
-    if at > PY_FRAME_BYTES - 8 {
+    if at > PY_FRAME_OBJECT_BYTES - 8 {
         return 0;
     }
     let mut word = [0u8; 8];
@@ -133,12 +145,12 @@ fn word_at(bytes: &[u8; PY_FRAME_BYTES], at: u16) -> u64 {
 }
 
 #[inline(always)]
-fn byte_at(bytes: &[u8; PY_FRAME_BYTES], at: u16) -> u8 {
+fn byte_at(bytes: &[u8; PY_FRAME_OBJECT_BYTES], at: u16) -> u8 {
     bytes.get(usize::from(at)).copied().unwrap_or(0)
 }
 
-/// Follows `previous` from `frame`, recording each frame (one read of its
-/// first bytes each). A frame the evaluator keeps on the C stack (3.12+)
+/// Follows `previous` (`f_back`) from `frame`, recording each frame (one
+/// read of its first bytes each). A frame the evaluator keeps on the C stack (3.12+)
 /// is recorded as a boundary (code 0); the first frame of an evaluator
 /// call in 3.11 (`is_entry`) has bit 0 of its code set.
 #[inline(always)]
@@ -148,17 +160,24 @@ fn walk<const N: usize>(py: &PyRuntime, mut frame: u64, out: &mut PyFrames<N>) {
     };
     // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
     let bytes = unsafe { &mut *scratch };
+    // Two constant sizes, not the daemon's number: the verifier checks
+    // each read's size against the slot.
+    let size = if usize::from(py.frame_bytes) > PY_FRAME_BYTES {
+        PY_FRAME_OBJECT_BYTES
+    } else {
+        PY_FRAME_BYTES
+    };
     let mut len = 0u32;
     for slot in 0..N {
         if frame < 4096 {
             break;
         }
         // SAFETY: a checked read of user memory into the scratch slot,
-        // which has exactly the size passed.
+        // which has at least the size passed.
         let read = unsafe {
             generated::bpf_probe_read_user(
                 bytes.as_mut_ptr().cast(),
-                PY_FRAME_BYTES as u32,
+                size as u32,
                 frame as *const _,
             )
         };

@@ -5,8 +5,9 @@
 //! thread's Python frames (its thread state, then the interpreter frames'
 //! code objects and instruction pointers) and the daemon names them
 //! `function` (file:line) in place of the evaluator's native frames. On
-//! Debian's CPython 3.11 (a static build) and the machine's pyenv 3.12
-//! and 3.13 (shared `libpython`):
+//! Debian's CPython 3.11 (a static build) and the machine's pyenv 3.9,
+//! 3.10, 3.12 and 3.13 (shared `libpython`; 3.9 and 3.10 with frame
+//! objects and thread states found by their `pthread_t`):
 //!
 //! - the heavy function's share of the two is the program's own timing
 //!   and py-spy's, within ±5 points;
@@ -44,13 +45,14 @@ const PY_SPY_HZ: u64 = 499;
 /// Seconds the workload runs.
 const SECONDS: &str = "4";
 
-/// The interpreters tried: Debian's, and pyenv's 3.12 and 3.13.
+/// The interpreters tried: Debian's, and pyenv's 3.9, 3.10, 3.12 and
+/// 3.13.
 fn interpreters() -> Vec<(String, PathBuf)> {
     let mut found = vec![(
         "python3.11 (Debian)".to_string(),
         PathBuf::from("/usr/bin/python3.11"),
     )];
-    for minor in ["3.12", "3.13"] {
+    for minor in ["3.9", "3.10", "3.12", "3.13"] {
         found.push((format!("python{minor} (pyenv)"), pyenv_python(minor)));
     }
     found

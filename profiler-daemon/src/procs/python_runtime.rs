@@ -7,12 +7,21 @@
 //!
 //! The layouts are per-release tables, taken with `offsetof` from each
 //! release's own headers (`Include/internal`, `Py_BUILD_CORE`): 3.11.2
-//! (Debian) and 3.11.7, 3.12.1 and 3.13.0 (pyenv) agree within a minor
-//! release. A release not in the table is said once and profiled
-//! natively.
+//! (Debian) and 3.9.18, 3.10.13, 3.11.7, 3.12.1 and 3.13.0 (pyenv);
+//! 3.11's two agree. A release not in the table is said once and
+//! profiled natively.
+//!
+//! 3.9 and 3.10 thread states have no kernel thread id, only the
+//! thread's `pthread_t`: with glibc, the address of its `struct pthread`,
+//! which holds the id at an offset that this daemon finds in its own
+//! threads (`pthread_tid_offset`).
+
+use std::sync::OnceLock;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
-use profiler_common::{PY_NO_FIELD, PyRuntime};
+use profiler_common::{PY_FRAME_BYTES, PY_FRAME_OBJECT_BYTES, PY_NO_FIELD, PyRuntime};
+
+use crate::procs::memory::Memory;
 
 use crate::procs::objects::MappedObject;
 
@@ -27,15 +36,33 @@ pub struct PythonProcess {
     pub code: CodeLayout,
 }
 
+/// How a release tells where a frame is in its code, and maps that to a
+/// line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineForm {
+    /// 3.11+: the frame's instruction pointer, into the code object's
+    /// `co_code_adaptive`; the location table of `model::python_lines`.
+    Positions,
+    /// 3.10: `f_lasti` counts code units; `co_linetable` holds
+    /// (bytes, line delta) pairs.
+    Linetable310,
+    /// 3.9: `f_lasti` counts bytes; `co_lnotab`.
+    Lnotab,
+}
+
 /// Offsets of the fields of code objects, strings and bytes objects read
 /// to name a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CodeLayout {
-    /// `PyCodeObject.co_code_adaptive`: where its instructions begin.
+    pub lines: LineForm,
+    /// `PyCodeObject.co_code_adaptive`: where its instructions begin
+    /// (3.11+).
     pub code_start: u64,
     pub filename: u64,
+    /// `co_qualname` (3.11+), else `co_name`.
     pub qualname: u64,
     pub firstlineno: u64,
+    /// `co_linetable` (`co_lnotab` in 3.9).
     pub linetable: u64,
     /// `sizeof(PyASCIIObject)`: an ASCII string's text follows it.
     pub ascii_size: u64,
@@ -53,27 +80,35 @@ pub const STR_LENGTH: u64 = 16;
 /// `PyBytesObject.ob_sval`.
 pub const BYTES_DATA: u64 = 32;
 
-/// The layouts of CPython 3.`minor`, if known.
-pub fn layout(minor: u32) -> Option<(PyRuntime, CodeLayout)> {
+/// The layouts of CPython 3.`minor`, if known. `pthread_tid` is where
+/// glibc's `struct pthread` holds the thread's id (needed before 3.11).
+pub fn layout(minor: u32, pthread_tid: Option<u16>) -> Option<(PyRuntime, CodeLayout)> {
     let runtime =
         |threads_head, native, cframe, current, code, previous, owner, is_entry| PyRuntime {
             runtime: 0,
             pid_ns_dev: 0,
             pid_ns_ino: 0,
-            interpreters_head: if minor >= 13 { 632 } else { 40 },
+            interpreters_head: match minor {
+                ..=10 => 32,
+                11 | 12 => 40,
+                _ => 632,
+            },
             threads_head,
             thread_next: 8,
             thread_native_id: native,
+            thread_id_in_pthread: PY_NO_FIELD,
             thread_cframe: cframe,
             current_frame: current,
+            frame_bytes: PY_FRAME_BYTES as u16,
             frame_code: code,
             frame_previous: previous,
             frame_instr: 56,
             frame_owner: owner,
             frame_is_entry: is_entry,
-            _pad: 0,
+            _pad: [0; 2],
         };
     let code = |code_start, firstlineno, ascii_size, compact_size| CodeLayout {
+        lines: LineForm::Positions,
         code_start,
         filename: 112,
         qualname: 128,
@@ -82,7 +117,29 @@ pub fn layout(minor: u32) -> Option<(PyRuntime, CodeLayout)> {
         ascii_size,
         compact_size,
     };
+    // Frame objects (3.9, 3.10): `thread_id` is a `pthread_t`, `frame`
+    // the current frame; `f_back` and `f_code` at 24 and 32.
+    let objects = |lasti, lines| {
+        let runtime = PyRuntime {
+            thread_id_in_pthread: pthread_tid?,
+            frame_bytes: PY_FRAME_OBJECT_BYTES as u16,
+            frame_instr: lasti,
+            ..runtime(8, 176, PY_NO_FIELD, 24, 32, 24, PY_NO_FIELD, PY_NO_FIELD)
+        };
+        let code = CodeLayout {
+            lines,
+            code_start: 0,
+            filename: 104,
+            qualname: 112,
+            firstlineno: 40,
+            linetable: 120,
+            ..code(0, 0, 48, 72)
+        };
+        Some((runtime, code))
+    };
     match minor {
+        9 => objects(104, LineForm::Lnotab),
+        10 => objects(96, LineForm::Linetable310),
         11 => Some((
             runtime(16, 160, 56, 8, 32, 48, 69, 68),
             code(184, 72, 48, 72),
@@ -97,6 +154,41 @@ pub fn layout(minor: u32) -> Option<(PyRuntime, CodeLayout)> {
         )),
         _ => None,
     }
+}
+
+/// Where glibc's `struct pthread` (the object a `pthread_t` points to)
+/// holds the thread's kernel id, found once in this daemon's own threads:
+/// the first 4-byte word past `pthread_self()` equal to `gettid()`, the
+/// same in two threads. None when they disagree or it is not found (not
+/// glibc): then 3.9 and 3.10 are profiled natively. A process built with
+/// another C library holds its id elsewhere, and its threads are counted
+/// as without a thread state.
+pub fn pthread_tid_offset() -> Option<u16> {
+    static FOUND: OnceLock<Option<u16>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        let here = tid_offset_in_this_thread();
+        let there = std::thread::spawn(tid_offset_in_this_thread)
+            .join()
+            .ok()
+            .flatten();
+        here.filter(|&offset| Some(offset) == there)
+    })
+}
+
+/// Bytes of a `struct pthread` searched for the id.
+const PTHREAD_SEARCHED: usize = 2048;
+
+fn tid_offset_in_this_thread() -> Option<u16> {
+    // SAFETY: plain calls without arguments.
+    let (me, tid) = unsafe { (libc::pthread_self() as u64, libc::gettid()) };
+    let mem = Memory::open(std::process::id())?;
+    let mut bytes = vec![0u8; PTHREAD_SEARCHED];
+    if !mem.read(me, &mut bytes) {
+        return None;
+    }
+    let tid = u32::try_from(tid).ok()?.to_le_bytes();
+    let at = bytes.chunks_exact(4).position(|word| word == tid)?;
+    u16::try_from(at * 4).ok()
 }
 
 /// Why a process that runs CPython is not walked.
@@ -152,7 +244,12 @@ fn interpreter_in(tgid: u32, mapped: &MappedObject) -> Option<Result<PythonProce
             Some((u32::from_le_bytes(bytes.try_into().ok()?) >> 16) & 0xff)
         })
         .or_else(|| minor_of_name(&mapped.mapping.path))?;
-    let Some((mut runtime, code)) = layout(minor) else {
+    let pthread_tid = if minor < 11 {
+        pthread_tid_offset()
+    } else {
+        None
+    };
+    let Some((mut runtime, code)) = layout(minor, pthread_tid) else {
         return Some(Err(NotWalked::Release(minor)));
     };
     let bias = load_bias(&elf, mapped.mapping.start, mapped.mapping.file_offset)?;
@@ -221,13 +318,39 @@ mod tests {
 
     #[test]
     fn layouts_differ_by_release() {
-        let (r11, c11) = layout(11).expect("3.11");
+        let (r11, c11) = layout(11, None).expect("3.11");
         assert_eq!((r11.frame_code, r11.frame_is_entry), (32, 68));
-        let (r12, c12) = layout(12).expect("3.12");
+        let (r12, c12) = layout(12, None).expect("3.12");
         assert_eq!((r12.threads_head, r12.frame_is_entry), (72, PY_NO_FIELD));
         assert_eq!((c11.ascii_size, c12.ascii_size), (48, 40));
-        let (r13, _) = layout(13).expect("3.13");
+        let (r13, _) = layout(13, None).expect("3.13");
         assert_eq!((r13.thread_cframe, r13.current_frame), (PY_NO_FIELD, 72));
-        assert!(layout(10).is_none() && layout(14).is_none());
+        let (r10, c10) = layout(10, Some(720)).expect("3.10");
+        assert_eq!((r10.frame_instr, r10.thread_id_in_pthread), (96, 720));
+        assert_eq!(usize::from(r10.frame_bytes), PY_FRAME_OBJECT_BYTES);
+        assert_eq!((c10.lines, c10.qualname), (LineForm::Linetable310, 112));
+        let (r9, c9) = layout(9, Some(720)).expect("3.9");
+        assert_eq!((r9.frame_instr, c9.lines), (104, LineForm::Lnotab));
+        // f_lasti and f_lineno lie in the bytes read.
+        assert!(usize::from(r9.frame_instr) + 8 <= PY_FRAME_OBJECT_BYTES);
+        assert!(layout(10, None).is_none() && layout(8, Some(720)).is_none());
+        assert!(layout(14, None).is_none());
+    }
+
+    /// Found in the daemon's own threads, and right for a third.
+    #[test]
+    fn the_thread_id_is_found_in_struct_pthread() {
+        let offset = pthread_tid_offset().expect("glibc");
+        let (id, tid) = std::thread::spawn(move || {
+            let mem = Memory::open(std::process::id()).expect("own memory");
+            // SAFETY: plain calls without arguments.
+            let (me, tid) = unsafe { (libc::pthread_self() as u64, libc::gettid()) };
+            let mut word = [0u8; 4];
+            assert!(mem.read(me + u64::from(offset), &mut word));
+            (u32::from_le_bytes(word), tid as u32)
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(id, tid, "offset {offset:#x}");
     }
 }

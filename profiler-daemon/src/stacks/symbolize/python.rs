@@ -21,12 +21,12 @@ use std::time::Instant;
 use profiler_common::{PyFrame, PyRuntime};
 
 use crate::model::frames::{Frame, Line, PyFunction, PyLoc};
-use crate::model::python_lines::line_of;
+use crate::model::python_lines::{line_of, line_of_linetable310, line_of_lnotab};
 use crate::procs::memory::Memory;
 use crate::procs::process::ProcessTable;
 use crate::procs::python_runtime::{
-    BYTES_DATA, CodeLayout, NotWalked, OB_SIZE, OB_TYPE, PythonProcess, STR_LENGTH, STR_STATE,
-    python_process,
+    BYTES_DATA, CodeLayout, LineForm, NotWalked, OB_SIZE, OB_TYPE, PythonProcess, STR_LENGTH,
+    STR_STATE, python_process,
 };
 
 /// Python processes followed at once (the kernel's `PY_PROCESSES`).
@@ -180,13 +180,13 @@ impl PythonCodes {
                 })
                 .clone();
             let line = code.as_ref().map_or(0, |code| {
-                let unit = frame.instr.wrapping_sub(code.start) / 2;
-                line_of(&code.table, code.first_line, unit).unwrap_or(code.first_line)
+                line_at(python.code.lines, code, frame.instr).unwrap_or(code.first_line)
             });
             locs.push(PyLoc::Frame {
                 function: code.map(|code| Arc::clone(&code.function)),
                 line,
-                first_of_call: frame.code & 1 != 0,
+                // Before 3.11 each frame has an evaluator call of its own.
+                first_of_call: frame.code & 1 != 0 || python.code.lines != LineForm::Positions,
             });
         }
         Arc::from(locs)
@@ -254,6 +254,22 @@ impl PythonCodes {
             out.extend(rest.flatten());
         }
         out
+    }
+}
+
+/// The line a frame of `code` is at, from the kernel's `instr`: an
+/// instruction pointer (3.11+), or a word whose low half is `f_lasti`
+/// (-1 before the first instruction).
+fn line_at(form: LineForm, code: &Code, instr: u64) -> Option<u32> {
+    let lasti = u64::try_from((instr as u32 as i32).max(0)).unwrap_or(0);
+    match form {
+        LineForm::Positions => line_of(
+            &code.table,
+            code.first_line,
+            instr.wrapping_sub(code.start) / 2,
+        ),
+        LineForm::Linetable310 => line_of_linetable310(&code.table, code.first_line, lasti * 2),
+        LineForm::Lnotab => Some(line_of_lnotab(&code.table, code.first_line, lasti)),
     }
 }
 
@@ -427,7 +443,7 @@ mod tests {
     /// CPython 3.12 lays them out.
     #[test]
     fn strings_and_bytes_are_read_from_memory() {
-        let (_, layout) = crate::procs::python_runtime::layout(12).expect("3.12");
+        let (_, layout) = crate::procs::python_runtime::layout(12, None).expect("3.12");
         let mem = Memory::open(std::process::id()).expect("own memory");
         let mut ascii = [0u8; 64];
         ascii[16..24].copy_from_slice(&5u64.to_le_bytes());
