@@ -8,8 +8,10 @@
 //! with `--no-turbo-inlining`: V8 would otherwise inline both leaves into
 //! their caller, whose one code object the perf map then names (perf's
 //! answer too). CPython 3.12 with `-X perf` (a trampoline per Python
-//! function in the map) likewise: its functions named, nested as they
-//! were called, in the ratio the program timed. A container's map, in
+//! function in the map) likewise when its frames are not read: its
+//! functions named, nested as they were called, in the ratio the program
+//! timed; and when they are (by default), the Python frames stand in for
+//! the trampolines, none left beside them. A container's map, in
 //! the `/tmp` of the process's own mount namespace and under its pid in
 //! its own pid namespace, is found there.
 //! (Garbage lines, maps that grow and maps replaced are the unit tests'
@@ -181,26 +183,37 @@ fn python_cpu_in(samples: &[FlatSample], f: &str, caller: &str) -> (i64, i64) {
     (all, nested)
 }
 
+/// CPython 3.12 under `-X perf`, with its frames' reading switched off
+/// (`[debug] python_frames = false`): named by its trampolines, as perf
+/// names them. Then as it is by default: the Python frames read from the
+/// interpreter stand for the trampolines, none of which is left beside
+/// them.
 #[test]
 fn python_functions_are_named_from_the_perf_map() {
     require_root();
     let tmp = temp_dir();
-    let out = tmp.path().join("out");
+    let config = tmp.path().join("python-frames-off.toml");
+    std::fs::write(&config, "[debug]\npython_frames = false\n").expect("config file");
+    let config = config.to_str().expect("UTF-8 path");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.py");
-    let WholeLife {
-        pid,
-        report,
-        daemon,
-    } = profile_whole_life(
-        &pyenv_python("3.12"),
-        &["-X", "perf", script.to_str().expect("UTF-8 path"), "4"],
-        &out,
-        199,
-        &["--profiles", "cpu"],
-    );
-    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
-    let files = read_profiles(&out, "cpu");
-    let samples = of_pid(&flatten_all(&files), pid);
+    let run = |name: &str, extra: &[&str]| {
+        let out = tmp.path().join(name);
+        let mut args = vec!["--profiles", "cpu"];
+        args.extend_from_slice(extra);
+        let whole = profile_whole_life(
+            &pyenv_python("3.12"),
+            &["-X", "perf", script.to_str().expect("UTF-8 path"), "4"],
+            &out,
+            199,
+            &args,
+        );
+        let _ = std::fs::remove_file(format!("/tmp/perf-{}.map", whole.pid));
+        let files = read_profiles(&out, "cpu");
+        let samples = of_pid(&flatten_all(&files), whole.pid);
+        (whole, samples)
+    };
+
+    let (WholeLife { report, daemon, .. }, samples) = run("frames-off", &["--config", config]);
     let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
     let (heavy, heavy_nested) = python_cpu_in(&samples, "spin_heavy", "call_heavy");
     let (light, light_nested) = python_cpu_in(&samples, "spin_light", "call_light");
@@ -214,7 +227,7 @@ fn python_functions_are_named_from_the_perf_map() {
     let nested = (heavy_nested + light_nested) as f64 / (heavy + light).max(1) as f64;
     let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
     println!(
-        "python3.12 -X perf: spin_heavy {heavy} ns, spin_light {light} ns of {total} ({named:.3} of the process's time): heavy share {share:.3}, timed {timed_share:.3}; {nested:.3} of it under its caller and run; {} frames named from perf maps, {} JIT frames stepped",
+        "python3.12 -X perf, Python frames not read: spin_heavy {heavy} ns, spin_light {light} ns of {total} ({named:.3} of the process's time): heavy share {share:.3}, timed {timed_share:.3}; {nested:.3} of it under its caller and run; {} frames named from perf maps, {} JIT frames stepped",
         daemon.summary_field("perf_map_frames"),
         daemon.summary_field("jit_frames_by_frame_pointer")
     );
@@ -225,6 +238,60 @@ fn python_functions_are_named_from_the_perf_map() {
     assert!(
         (share - timed_share).abs() <= SHARE_TOLERANCE,
         "spin_heavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
+
+    let (WholeLife { report, daemon, .. }, samples) = run("frames-on", &[]);
+    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
+    let leaf_time = |f: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| {
+                s.frames
+                    .iter()
+                    .find(|fr| fr.file.ends_with(".py"))
+                    .is_some_and(|fr| fr.function == f)
+            })
+            .map(|s| s.cpu_ns)
+            .sum()
+    };
+    let (heavy, light) = (leaf_time("spin_heavy"), leaf_time("spin_light"));
+    let trampolines: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function.starts_with("py::")))
+        .map(|s| s.cpu_ns)
+        .sum();
+    let in_python: i64 = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.file.ends_with(".py")))
+        .map(|s| s.cpu_ns)
+        .sum();
+    let share = heavy as f64 / (heavy + light).max(1) as f64;
+    let timed_share = field(&report, "heavy_ns") as f64
+        / (field(&report, "heavy_ns") + field(&report, "light_ns")).max(1) as f64;
+    let folded = daemon.summary_field("python_trampolines_folded");
+    let left: Vec<Vec<&str>> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(|f| f.function.starts_with("py::")))
+        .take(5)
+        .map(|s| s.frames.iter().map(|f| f.function.as_str()).collect())
+        .collect();
+    let diag = format!(
+        "\nstacks with a trampoline left: {left:#?}\n{}\n{}",
+        summary(&samples),
+        daemon.describe()
+    );
+    println!(
+        "python3.12 -X perf, Python frames read: heavy share {share:.3}, timed {timed_share:.3}; {:.3} of the time in Python frames, {:.3} with a trampoline left; {folded} trampolines folded",
+        in_python as f64 / total.max(1) as f64,
+        trampolines as f64 / total.max(1) as f64,
+    );
+    assert!(
+        in_python as f64 >= 0.95 * total as f64 && trampolines == 0 && folded > 0,
+        "{in_python} of {total} ns in Python frames (expected ≥ 0.95), {trampolines} ns with a `py::` trampoline left (expected none), {folded} folded{diag}"
+    );
+    assert!(
+        (share - timed_share).abs() <= SHARE_TOLERANCE,
+        "with Python frames read, spin_heavy's share {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
     );
 }
 

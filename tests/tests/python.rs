@@ -256,9 +256,10 @@ fn python_functions_are_named_without_any_flag() {
             (share - spy_share).abs() <= SHARE_TOLERANCE,
             "{name}: spin_heavy's share {share:.3}, py-spy's {spy_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
         );
-        // Marked at the start (a --pid target): from the first sample.
+        // Marked before READY (a --pid target): from the first sample
+        // (0.998-1.000 measured; 0.975-0.99 when marked just after).
         assert!(
-            in_python as f64 >= 0.95 * total as f64,
+            in_python as f64 >= 0.98 * total as f64,
             "{name}: only {in_python} of {total} ns in stacks with Python frames{diag}"
         );
         assert!(

@@ -15,6 +15,7 @@
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
+//! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -51,6 +52,10 @@ pub struct StackSwitches {
     /// feature, not an optimization: switched off only to measure what
     /// reading them costs (`cargo xtask bench --go`).
     pub go_labels: bool,
+    /// CPython processes' Python frames are read. A feature: switched
+    /// off to measure what reading them costs, or to see such a process
+    /// as a native profiler does (with `-X perf`, by its trampolines).
+    pub python_frames: bool,
 }
 
 impl Default for StackSwitches {
@@ -64,6 +69,7 @@ impl Default for StackSwitches {
             release_file_pages: true,
             go_special_kinds: true,
             go_labels: true,
+            python_frames: true,
         }
     }
 }
@@ -80,6 +86,7 @@ pub struct DebugTable {
     release_file_pages: Option<bool>,
     go_special_kinds: Option<bool>,
     go_labels: Option<bool>,
+    python_frames: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -96,6 +103,7 @@ impl DebugTable {
             release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
             go_labels: self.go_labels.unwrap_or(d.go_labels),
+            python_frames: self.python_frames.unwrap_or(d.python_frames),
         }
     }
 
@@ -140,6 +148,18 @@ mod tests {
             off,
             StackSwitches {
                 go_labels: false,
+                ..StackSwitches::default()
+            }
+        );
+    }
+
+    #[test]
+    fn python_frames_can_be_turned_off() {
+        let off = table("python_frames = false").expect("parse").switches();
+        assert_eq!(
+            off,
+            StackSwitches {
+                python_frames: false,
                 ..StackSwitches::default()
             }
         );

@@ -72,11 +72,19 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tracing::info!("{}", describe(&s.settings));
     let mut child = s.start_command()?;
+    // The targets of --pid before READY: a Python target's samples carry
+    // its frames from the first (loading `py_sample` takes some 50 ms,
+    // paid only when a target runs CPython). On the whole node, after
+    // READY, not a second later at the first tick.
+    let targets = !s.settings.pids.is_empty();
+    if targets {
+        s.watch_python();
+    }
     s.announce_ready();
     s.mark_running_go_processes();
-    // The processes known at the start (the targets of --pid), not a
-    // second later at the first tick.
-    s.watch_python();
+    if !targets {
+        s.watch_python();
+    }
 
     let deadline = s.settings.duration.map(|d| s.window.started + d);
     let mut drain_tick =
@@ -369,7 +377,9 @@ impl Session {
     fn watch_python(&mut self) {
         // CPU samples and off-CPU switch-outs carry Python frames.
         let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
-        if !kinds.iter().any(|k| self.settings.profiles.contains(k)) {
+        if !self.settings.stack_switches.python_frames
+            || !kinds.iter().any(|k| self.settings.profiles.contains(k))
+        {
             return;
         }
         for mark in self.symbolizer.python.watch(&self.procs) {

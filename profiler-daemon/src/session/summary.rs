@@ -278,6 +278,7 @@ pub(crate) fn log_summary(
             python_frames = py.frames,
             python_frames_unread = py.frames_unread,
             python_segments_unplaced = py.segments_unplaced,
+            python_trampolines_folded = py.trampolines_folded,
             "python summary"
         );
     }

@@ -761,7 +761,7 @@ impl Symbolizer {
 
 /// Whether a mapping's name is anonymous memory (JIT code lives there):
 /// unnamed, or named by the program (`[anon:NAME]`, Linux 5.17+).
-fn is_anonymous(path: &str) -> bool {
+pub(crate) fn is_anonymous(path: &str) -> bool {
     path == crate::procs::process::ANON_NAME || path.starts_with("[anon:")
 }
 

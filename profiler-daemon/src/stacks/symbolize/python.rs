@@ -6,6 +6,10 @@
 //! placing of a sample's Python frames among its native ones: each call
 //! of the evaluator (`_PyEval_EvalFrameDefault`) on the native stack is
 //! replaced by the Python frames it ran, as `py-spy --native` shows them.
+//! Under `-X perf` (3.12+) each of those calls is entered through a
+//! trampoline that the process's perf map names `py::f:file`: the same
+//! function again, so such frames are left out where Python frames are
+//! placed.
 //!
 //! Bounded: at most `MAX_PROCESSES` processes and `MAX_CODES` code
 //! objects per process (the process's cache is emptied when full), each
@@ -84,6 +88,9 @@ pub struct PythonStats {
     /// on their native stack (a native stack cut short): the rest are
     /// placed at its root end.
     pub segments_unplaced: u64,
+    /// `-X perf` trampolines left out beside the Python frames they
+    /// enter.
+    pub trampolines_folded: u64,
 }
 
 #[derive(Debug, Default)]
@@ -240,6 +247,10 @@ impl PythonCodes {
             Vec::with_capacity(native.len() + segments.iter().map(Vec::len).sum::<usize>());
         let mut segments = segments.into_iter();
         for frame in native {
+            if is_trampoline(&frame) {
+                self.stats.trampolines_folded += 1;
+                continue;
+            }
             if is_evaluator(&frame)
                 && let Some(segment) = segments.next()
             {
@@ -271,6 +282,17 @@ fn line_at(form: LineForm, code: &Code, instr: u64) -> Option<u32> {
         LineForm::Linetable310 => line_of_linetable310(&code.table, code.first_line, lasti * 2),
         LineForm::Lnotab => Some(line_of_lnotab(&code.table, code.first_line, lasti)),
     }
+}
+
+/// Whether `frame` is CPython's perf trampoline (JIT code the perf map
+/// names `py::function:file`).
+fn is_trampoline(frame: &Frame) -> bool {
+    frame
+        .mapping
+        .as_ref()
+        .is_none_or(|m| super::is_anonymous(&m.path))
+        && frame.lines.len() == 1
+        && frame.lines[0].function.starts_with("py::")
 }
 
 fn is_evaluator(frame: &Frame) -> bool {
@@ -423,6 +445,33 @@ mod tests {
             ]
         );
         assert_eq!(codes.stats.segments_unplaced, 0);
+    }
+
+    /// `-X perf`: a trampoline per evaluator call, named by the perf map;
+    /// the Python frames stand for it.
+    #[test]
+    fn perf_trampolines_are_left_out_beside_python_frames() {
+        let mut codes = PythonCodes::default();
+        let native = [
+            "leaf_c",
+            EVALUATOR,
+            "py::inner:/app/m.py",
+            "_PyEval_Vector",
+            EVALUATOR,
+            "py::<module>:/app/m.py",
+            "main",
+        ]
+        .map(named)
+        .to_vec();
+        let segments = vec![vec![named("inner")], vec![named("<module>")]];
+        let stack = codes.interleave(native.clone(), segments);
+        assert_eq!(
+            names(&stack),
+            ["leaf_c", "inner", "_PyEval_Vector", "<module>", "main"]
+        );
+        assert_eq!(codes.stats.trampolines_folded, 2);
+        // Without Python frames (not read) the trampolines name the calls.
+        assert_eq!(codes.interleave(native.clone(), Vec::new()).len(), 7);
     }
 
     #[test]
