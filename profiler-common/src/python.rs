@@ -89,7 +89,17 @@ pub struct PyRuntime {
     /// [`PY_NO_FIELD`]: later releases mark an evaluator's entry with a
     /// frame owned by the C stack instead.
     pub frame_is_entry: u16,
-    pub _pad: [u16; 2],
+    /// [`py_flags`].
+    pub flags: u16,
+    pub _pad: u16,
+}
+
+/// Bits of [`PyRuntime::flags`].
+pub mod py_flags {
+    /// Each sample searches the thread list for the thread's state
+    /// instead of using the one remembered in `PY_THREADS` (to compare:
+    /// the same frames, at more reads per sample).
+    pub const NO_THREAD_CACHE: u16 = 1;
 }
 
 /// `_PyInterpreterFrame.owner` of the frame an evaluator call keeps on

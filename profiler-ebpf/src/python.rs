@@ -15,7 +15,7 @@ use aya_ebpf::{
 use profiler_common::{
     PY_FRAME_BYTES, PY_FRAME_OBJECT_BYTES, PY_FRAME_OWNED_BY_CSTACK, PY_NO_FIELD,
     PY_PROCESSES_ENTRIES, PY_THREADS_ENTRIES, PY_THREADS_SEARCHED, PyFrame, PyFrames, PyRuntime,
-    counter,
+    counter, py_flags,
 };
 
 use crate::counters::count;
@@ -98,8 +98,10 @@ fn thread_id_in_namespace(py: &PyRuntime, tid: u32) -> u32 {
 /// that does (remembered for the next sample).
 #[inline(always)]
 fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
+    let cached = py.flags & py_flags::NO_THREAD_CACHE == 0;
     // SAFETY: a copy of the value.
-    if let Some(&known) = unsafe { PY_THREADS.get(tid) }
+    if cached
+        && let Some(&known) = unsafe { PY_THREADS.get(tid) }
         && thread_id(py, known) == Some(ns_tid)
     {
         return Some(known);
@@ -112,7 +114,9 @@ fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
         }
         if thread_id(py, thread) == Some(ns_tid) {
             // A full map drops its least recently used thread.
-            let _ = PY_THREADS.insert(tid, thread, 0);
+            if cached {
+                let _ = PY_THREADS.insert(tid, thread, 0);
+            }
             return Some(thread);
         }
         thread = read(thread.wrapping_add(u64::from(py.thread_next)))?;

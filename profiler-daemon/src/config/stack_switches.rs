@@ -16,6 +16,7 @@
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
 //! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
+//! python_caches = true   # a thread's state remembered by the kernel, code objects by the daemon
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -56,6 +57,10 @@ pub struct StackSwitches {
     /// off to measure what reading them costs, or to see such a process
     /// as a native profiler does (with `-X perf`, by its trampolines).
     pub python_frames: bool,
+    /// The kernel remembers each Python thread's state (`PY_THREADS`)
+    /// rather than searching the thread list at every sample, and the
+    /// daemon each code object it read rather than reading it again.
+    pub python_caches: bool,
 }
 
 impl Default for StackSwitches {
@@ -70,6 +75,7 @@ impl Default for StackSwitches {
             go_special_kinds: true,
             go_labels: true,
             python_frames: true,
+            python_caches: true,
         }
     }
 }
@@ -87,6 +93,7 @@ pub struct DebugTable {
     go_special_kinds: Option<bool>,
     go_labels: Option<bool>,
     python_frames: Option<bool>,
+    python_caches: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -104,6 +111,7 @@ impl DebugTable {
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
             go_labels: self.go_labels.unwrap_or(d.go_labels),
             python_frames: self.python_frames.unwrap_or(d.python_frames),
+            python_caches: self.python_caches.unwrap_or(d.python_caches),
         }
     }
 
@@ -155,11 +163,14 @@ mod tests {
 
     #[test]
     fn python_frames_can_be_turned_off() {
-        let off = table("python_frames = false").expect("parse").switches();
+        let off = table("python_frames = false\npython_caches = false")
+            .expect("parse")
+            .switches();
         assert_eq!(
             off,
             StackSwitches {
                 python_frames: false,
+                python_caches: false,
                 ..StackSwitches::default()
             }
         );

@@ -105,7 +105,8 @@ pub fn layout(minor: u32, pthread_tid: Option<u16>) -> Option<(PyRuntime, CodeLa
             frame_instr: 56,
             frame_owner: owner,
             frame_is_entry: is_entry,
-            _pad: [0; 2],
+            flags: 0,
+            _pad: 0,
         };
     let code = |code_start, firstlineno, ascii_size, compact_size| CodeLayout {
         lines: LineForm::Positions,

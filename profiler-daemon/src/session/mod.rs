@@ -244,6 +244,9 @@ impl Session {
         let mut symbolizer =
             Symbolizer::with_budget(budget.clone()).context("preparing the symbolizer")?;
         symbolizer.set_release_file_pages(settings.stack_switches.release_file_pages);
+        symbolizer
+            .python
+            .set_caches(settings.stack_switches.python_caches);
         let mut procs = ProcessTable::new(MAX_PROCESSES);
 
         let command_mode = !settings.command.is_empty();

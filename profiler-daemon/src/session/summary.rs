@@ -277,6 +277,7 @@ pub(crate) fn log_summary(
                 .load(Ordering::Relaxed),
             python_frames = py.frames,
             python_frames_unread = py.frames_unread,
+            python_code_reads = py.code_reads,
             python_segments_unplaced = py.segments_unplaced,
             python_trampolines_folded = py.trampolines_folded,
             "python summary"

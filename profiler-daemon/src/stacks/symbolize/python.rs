@@ -84,6 +84,8 @@ pub struct PythonStats {
     pub frames: u64,
     /// Python frames whose code object could not be read.
     pub frames_unread: u64,
+    /// Code objects read from processes' memory.
+    pub code_reads: u64,
     /// Samples with more Python evaluator segments than evaluator calls
     /// on their native stack (a native stack cut short): the rest are
     /// placed at its root end.
@@ -97,10 +99,19 @@ pub struct PythonStats {
 pub struct PythonCodes {
     procs: HashMap<u32, Process>,
     warned: HashSet<u32>,
+    /// Caches off (`[debug] python_caches = false`): code objects read
+    /// at every frame, thread states searched at every sample.
+    uncached: bool,
     pub stats: PythonStats,
 }
 
 impl PythonCodes {
+    /// Whether code objects (here) and thread states (in the kernel) are
+    /// remembered: off only to compare.
+    pub fn set_caches(&mut self, on: bool) {
+        self.uncached = !on;
+    }
+
     /// Looks at the processes whose snapshot is new since the last call
     /// for a CPython interpreter, and forgets those gone; returns what the
     /// kernel's table must learn. Every second.
@@ -140,7 +151,11 @@ impl PythonCodes {
             };
             if let Some(python) = &python {
                 tracing::debug!("process {tgid} runs CPython 3.{}", python.minor);
-                marks.push(PythonMark::Mark(tgid, python.runtime));
+                let mut runtime = python.runtime;
+                if self.uncached {
+                    runtime.flags |= profiler_common::py_flags::NO_THREAD_CACHE;
+                }
+                marks.push(PythonMark::Mark(tgid, runtime));
                 self.stats.processes += 1;
             }
             self.procs.insert(
@@ -175,7 +190,7 @@ impl PythonCodes {
                 continue;
             }
             let address = frame.code & !7;
-            if process.codes.len() >= MAX_CODES {
+            if process.codes.len() >= MAX_CODES || self.uncached {
                 process.codes.clear();
             }
             let code = process
@@ -183,6 +198,7 @@ impl PythonCodes {
                 .entry(address)
                 .or_insert_with(|| {
                     let mem = mem.get_or_insert_with(|| Memory::open(tgid)).as_ref()?;
+                    self.stats.code_reads += 1;
                     read_code(mem, &python.code, address, &mut process.code_type).map(Arc::new)
                 })
                 .clone();
