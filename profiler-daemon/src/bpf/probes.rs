@@ -863,6 +863,13 @@ impl Probes {
         if let Err(e) = self.py_processes.insert(tgid, runtime, 0) {
             tracing::debug!("marking process {tgid} as a Python process failed: {e}");
         }
+        self.enable_py_sample();
+    }
+
+    /// Loads `py_sample` and puts it where `cpu_sample` tail-calls it,
+    /// once (some 50-80 ms): at the first Python process, or ahead of
+    /// the processes that start later (`session::run`).
+    pub fn enable_py_sample(&mut self) {
         if std::mem::replace(&mut self.py_sample_tried, true) {
             return;
         }

@@ -321,6 +321,15 @@ impl ProcessTable {
     /// snapshotted that long ago, while they live. Runs from `snapshot`,
     /// `ensure`, `refresh` and `prune`; call it also from the event loop
     /// (every few milliseconds) so that it runs when no events come.
+    /// When the next snapshot is due for its re-read (see `settle`).
+    pub fn next_settle_at(&self) -> Option<Instant> {
+        SETTLE_DELAYS
+            .iter()
+            .zip(&self.settling)
+            .filter_map(|(delay, queue)| queue.front().map(|&(at, _)| at + *delay))
+            .min()
+    }
+
     pub fn settle(&mut self) {
         for (stage, delay) in SETTLE_DELAYS.iter().enumerate() {
             while let Some(&(at, tgid)) = self.settling[stage].front() {

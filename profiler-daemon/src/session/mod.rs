@@ -71,11 +71,20 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tracing::info!("{}", describe(&s.settings));
+    // Python frames need `py_sample`, whose loading (50-80 ms) would
+    // otherwise cost a CPython process started later the frames of its
+    // first moments: loaded before a command starts (which delays it,
+    // not READY); on the whole node, just after READY.
+    let python = s.python_frames_wanted();
+    let command = !s.settings.command.is_empty();
+    if python && command {
+        s.probes.enable_py_sample();
+    }
     let mut child = s.start_command()?;
     // The targets of --pid before READY: a Python target's samples carry
-    // its frames from the first (loading `py_sample` takes some 50 ms,
-    // paid only when a target runs CPython). On the whole node, after
-    // READY, not a second later at the first tick.
+    // its frames from the first (loading `py_sample` paid only when a
+    // target runs CPython). On the whole node, after READY, not a second
+    // later at the first tick.
     let targets = !s.settings.pids.is_empty();
     if targets {
         s.watch_python();
@@ -84,6 +93,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     s.mark_running_go_processes();
     if !targets {
         s.watch_python();
+        if python && !command {
+            s.probes.enable_py_sample();
+        }
     }
 
     let deadline = s.settings.duration.map(|d| s.window.started + d);
@@ -142,6 +154,13 @@ pub async fn run(settings: Settings) -> Result<()> {
                 if let Some(stop) = s.tick(&mut rings).await {
                     break stop;
                 }
+            }
+            // A new image's libraries (a shared CPython's `libpython`)
+            // are recorded 20 ms after its exec, not at the next tick:
+            // its Python frames are read from then on.
+            _ = sleep_opt(s.procs.next_settle_at().map(|at| at.saturating_duration_since(Instant::now()))) => {
+                s.procs.settle();
+                s.watch_python();
             }
             _ = sleep_opt(s.probes.park_budget_due().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 for window in s.probes.park_budget_step() {
@@ -375,14 +394,18 @@ impl Session {
         }
     }
 
+    /// Whether a profile on carries Python frames (CPU samples and
+    /// off-CPU switch-outs), and they are read.
+    fn python_frames_wanted(&self) -> bool {
+        let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
+        self.settings.stack_switches.python_frames
+            && kinds.iter().any(|k| self.settings.profiles.contains(k))
+    }
+
     /// Tells the kernel which processes run CPython, and where their
     /// threads' frames are (see `symbolize::python::PythonCodes::watch`).
     fn watch_python(&mut self) {
-        // CPU samples and off-CPU switch-outs carry Python frames.
-        let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
-        if !self.settings.stack_switches.python_frames
-            || !kinds.iter().any(|k| self.settings.profiles.contains(k))
-        {
+        if !self.python_frames_wanted() {
             return;
         }
         for mark in self.symbolizer.python.watch(&self.procs) {
