@@ -338,6 +338,96 @@ mod tests {
         assert!(layout(14, None).is_none());
     }
 
+    /// The tables against each installed release's own headers: Debian's
+    /// 3.11 and pyenv's 3.9 to 3.13, compiled with
+    /// `testdata/python_layout.c`, every offset read compared.
+    #[test]
+    fn tables_agree_with_the_headers() {
+        let source = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/python_layout.c");
+        let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+        let mut includes = vec![(11, "/usr/include/python3.11".to_string())];
+        for minor in [9, 10, 11, 12, 13] {
+            let versions = std::path::Path::new(&home).join(".pyenv/versions");
+            let found = std::fs::read_dir(&versions)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with(&format!("3.{minor}.")))
+                })
+                .max()
+                .unwrap_or_else(|| panic!("no CPython 3.{minor} under {}", versions.display()));
+            includes.push((
+                minor,
+                format!("{}/include/python3.{minor}", found.display()),
+            ));
+        }
+        let dir = std::env::temp_dir().join(format!("python-layout-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary directory");
+        for (minor, include) in includes {
+            let exe = dir.join(format!("layout-3.{minor}"));
+            let built = std::process::Command::new("cc")
+                .arg(format!("-I{include}"))
+                .arg(format!("-I{include}/internal"))
+                .arg(source)
+                .arg("-o")
+                .arg(&exe)
+                .output()
+                .expect("running cc");
+            assert!(
+                built.status.success(),
+                "{include}: {}",
+                String::from_utf8_lossy(&built.stderr)
+            );
+            let out = std::process::Command::new(&exe)
+                .output()
+                .expect("running it");
+            let text = String::from_utf8(out.stdout).expect("UTF-8");
+            let (runtime, code) = layout(minor, Some(0x2d0)).expect("a table");
+            let ours = |name: &str| -> u64 {
+                match name {
+                    "interpreters_head" => u64::from(runtime.interpreters_head),
+                    "threads_head" => u64::from(runtime.threads_head),
+                    "thread_next" => u64::from(runtime.thread_next),
+                    "thread_native_id" => u64::from(runtime.thread_native_id),
+                    "thread_cframe" => u64::from(runtime.thread_cframe),
+                    "current_frame" => u64::from(runtime.current_frame),
+                    "frame_code" => u64::from(runtime.frame_code),
+                    "frame_previous" => u64::from(runtime.frame_previous),
+                    "frame_instr" => u64::from(runtime.frame_instr),
+                    "frame_owner" => u64::from(runtime.frame_owner),
+                    "frame_is_entry" => u64::from(runtime.frame_is_entry),
+                    "code_start" => code.code_start,
+                    "filename" => code.filename,
+                    "qualname" => code.qualname,
+                    "firstlineno" => code.firstlineno,
+                    "linetable" => code.linetable,
+                    "ascii_size" => code.ascii_size,
+                    "compact_size" => code.compact_size,
+                    other => panic!("unknown field {other}"),
+                }
+            };
+            let mut compared = 0;
+            for line in text.lines() {
+                let (name, value) = line.split_once(' ').expect("name value");
+                let value: u64 = value.parse().expect("a number");
+                assert_eq!(ours(name), value, "3.{minor} ({include}): {name}");
+                compared += 1;
+            }
+            assert!(compared >= 14, "3.{minor}: only {compared} fields");
+            // Fields the release has not are marked so.
+            if minor != 11 {
+                assert_eq!(runtime.frame_is_entry, PY_NO_FIELD, "3.{minor}");
+            }
+            if minor < 11 || minor >= 13 {
+                assert_eq!(runtime.thread_cframe, PY_NO_FIELD, "3.{minor}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Found in the daemon's own threads, and right for a third.
     #[test]
     fn the_thread_id_is_found_in_struct_pthread() {
