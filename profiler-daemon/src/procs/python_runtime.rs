@@ -421,7 +421,7 @@ mod tests {
             if minor != 11 {
                 assert_eq!(runtime.frame_is_entry, PY_NO_FIELD, "3.{minor}");
             }
-            if minor < 11 || minor >= 13 {
+            if !(11..13).contains(&minor) {
                 assert_eq!(runtime.thread_cframe, PY_NO_FIELD, "3.{minor}");
             }
         }
