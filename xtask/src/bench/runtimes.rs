@@ -1,7 +1,8 @@
 //! `cargo xtask bench --runtimes`: what a CPU sample costs in a process of
 //! each kind of runtime, side by side in one run. The same 3:1 workload
 //! (`cpu_ratio`) in C, in CPython without any flag (its Python frames
-//! read by `py_sample`) on Debian's 3.11 and pyenv's 3.12, in CPython 3.12
+//! read by `py_sample`) on pyenv's 3.10 (frame objects), Debian's 3.11
+//! and pyenv's 3.12, in CPython 3.12
 //! with `-X perf` (a perf map besides), and in Node with
 //! `--perf-basic-prof`, each profiled alone under `--pid` at 499 Hz, in
 //! alternated rounds.
@@ -68,6 +69,12 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             exe: c,
             args: Vec::new(),
             says_ready: false,
+        },
+        Workload {
+            name: "CPython 3.10 (pyenv), no flag",
+            exe: pyenv("3.10")?,
+            args: vec![script("cpu_ratio.py")],
+            says_ready: true,
         },
         Workload {
             name: "CPython 3.11 (Debian), no flag",
