@@ -131,7 +131,8 @@ pub fn prepare(root: &Path, tests: &[(&str, &str)]) -> Result<Prepared> {
 }
 
 /// The script that runs each test alone, one after the other, between
-/// markers, and exits 1 if any failed.
+/// markers, and exits 1 if any failed. Tests ignored on the host for the
+/// VMs' sake (`process_churn_briefly`) run too.
 pub fn script(tests: &[(&str, &str)]) -> String {
     let mut s = format!(
         "export PROFILERD_BIN=/bin/profilerd PROFILERD_TEST_WORKLOADS={PREBUILT_DIR} \
@@ -142,7 +143,7 @@ pub fn script(tests: &[(&str, &str)]) -> String {
         let _ = writeln!(
             s,
             "echo '{BEGIN}{file}::{name}'; start=$(date +%s)\n\
-             {TESTS_DIR}/{file} --exact {name} --test-threads=1 --nocapture; rc=$?\n\
+             {TESTS_DIR}/{file} --exact {name} --include-ignored --test-threads=1 --nocapture; rc=$?\n\
              echo \"{END}{file}::{name} $rc $(( $(date +%s) - start ))\"\n\
              [ $rc = 0 ] || failed=1"
         );
@@ -335,7 +336,9 @@ mod tests {
     #[test]
     fn the_script_runs_each_test_exactly_and_fails_if_any_fails() {
         let s = script(&[("cpu_profile", "c_workload_under_pid")]);
-        assert!(s.contains("/tests/cpu_profile --exact c_workload_under_pid --test-threads=1"));
+        assert!(s.contains(
+            "/tests/cpu_profile --exact c_workload_under_pid --include-ignored --test-threads=1"
+        ));
         assert!(s.contains("PROFILERD_TEST_WORKLOADS=/test-workloads"));
         assert!(s.ends_with("exit $failed\n"));
     }
