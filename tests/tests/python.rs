@@ -15,7 +15,9 @@
 //!   `call_heavy` → `spin_heavy`, the caller frames at the lines py-spy
 //!   gives them;
 //! - native frames stay: the C leaf (the interpreter's long arithmetic)
-//!   above the Python frame that ran it, `PyEval_EvalCode` below;
+//!   above the Python frame that ran it, `PyEval_EvalCode` below, and the
+//!   C frames of a builtin that calls back into Python (`max(map(...))`)
+//!   between the Python caller and callee;
 //! - every file reads with `go tool pprof -raw`.
 //!
 //! And a container's interpreter, pid 1 of its own pid namespace, whose
@@ -259,6 +261,26 @@ fn check_named(name: &str, python: &Path, extra: &[&str], named_per_unread: u64)
         .sum();
     // A C leaf above the Python frame, and
     // `PyEval_EvalCode` below `<module>`: native frames kept around.
+    // spin_light is called back from C (`max(map(...))` in call_light):
+    // the C frames stay between the two Python frames.
+    let (mut light_time, mut light_under_c) = (0, 0);
+    for s in &samples {
+        let py = |name: &str| {
+            s.frames
+                .iter()
+                .position(|f| f.file.ends_with(".py") && f.function == name)
+        };
+        if let (Some(leaf), Some(caller)) = (py("spin_light"), py("call_light")) {
+            light_time += s.cpu_ns;
+            if caller > leaf + 1
+                && s.frames[leaf + 1..caller]
+                    .iter()
+                    .all(|f| !f.file.ends_with(".py"))
+            {
+                light_under_c += s.cpu_ns;
+            }
+        }
+    }
     let native_around: i64 = samples
         .iter()
         .filter(|s| {
@@ -279,9 +301,10 @@ fn check_named(name: &str, python: &Path, extra: &[&str], named_per_unread: u64)
         daemon.describe()
     );
     println!(
-        "{name}: heavy share {share:.3}, timed {timed_share:.3}, py-spy {spy_share:.3}; {:.3} of the process's time in Python frames; {:.3} of spin_heavy's under <module>, main, run, call_heavy; {:.3} with a native leaf and PyEval_EvalCode around Python frames; {} Python samples, {} Python frames named",
+        "{name}: heavy share {share:.3}, timed {timed_share:.3}, py-spy {spy_share:.3}; {:.3} of the process's time in Python frames; {:.3} of spin_heavy's under <module>, main, run, call_heavy; {:.3} of spin_light's with C frames between it and call_light; {:.3} with a native leaf and PyEval_EvalCode around Python frames; {} Python samples, {} Python frames named",
         in_python as f64 / total.max(1) as f64,
         whole as f64 / heavy_time.max(1) as f64,
+        light_under_c as f64 / light_time.max(1) as f64,
         native_around as f64 / total.max(1) as f64,
         daemon.summary_field("python_samples"),
         daemon.summary_field("python_frames"),
@@ -303,6 +326,10 @@ fn check_named(name: &str, python: &Path, extra: &[&str], named_per_unread: u64)
     assert!(
         whole as f64 >= 0.95 * heavy_time as f64,
         "{name}: {whole} of spin_heavy's {heavy_time} ns under <module>, main, run and call_heavy{diag}"
+    );
+    assert!(
+        light_under_c as f64 >= 0.95 * light_time as f64,
+        "{name}: {light_under_c} of spin_light's {light_time} ns with C frames between it and call_light{diag}"
     );
     assert!(
         native_around as f64 >= 0.5 * in_python as f64,
@@ -451,7 +478,9 @@ fn python_frames_of_a_process_in_its_own_pid_namespace() {
 /// Off-CPU time of Python code: two threads of `off_cpu.py` sleep 3 ms
 /// and 1 ms a call in `nap_long` and `nap_short`. The off-CPU profile
 /// charges each function's time to it, under `napper` and the thread's
-/// `Thread.run`, against what the program timed around the calls.
+/// `Thread.run`, against what the program timed around the calls. Each
+/// call is made through C builtins (`any(map(nap, ...))`): their frames
+/// stay between the Python caller and callee.
 #[test]
 fn python_frames_on_off_cpu_waits() {
     require_root();
@@ -500,9 +529,32 @@ fn python_frames_on_off_cpu_waits() {
             })
             .map(|s| s.values.last().copied().unwrap_or(0))
             .sum();
+        // The call goes through C (`any(map(nap, ...))`): C frames
+        // between the function and napper, as they ran.
+        let under_c: i64 = samples
+            .iter()
+            .filter(|s| {
+                let at = |name: &str| {
+                    s.frames
+                        .iter()
+                        .position(|f| f.file.ends_with(".py") && f.function == name)
+                };
+                matches!((at(function), at("napper")), (Some(leaf), Some(caller))
+                    if caller > leaf + 1
+                        && s.frames[leaf + 1..caller].iter().all(|f| !f.file.ends_with(".py")))
+            })
+            .map(|s| s.values.last().copied().unwrap_or(0))
+            .sum();
         let timed = field(&report, timed) as f64;
         let ratio = off as f64 / timed.max(1.0);
-        println!("{function}: {off} ns off the CPU, {timed} ns timed by the program: {ratio:.3}");
+        println!(
+            "{function}: {off} ns off the CPU, {timed} ns timed by the program: {ratio:.3}; {:.3} of it with C frames between {function} and napper",
+            under_c as f64 / off.max(1) as f64
+        );
+        assert!(
+            under_c as f64 >= 0.95 * off as f64,
+            "{function}: {under_c} of {off} ns with C frames between it and napper{diag}"
+        );
         assert!(
             (0.85..=1.02).contains(&ratio),
             "{function}: {off} ns off the CPU under napper and Thread.run, the program timed {timed} ns ({ratio:.3}; expected 0.85 to 1.02){diag}"
