@@ -1,6 +1,6 @@
 //! Sizes of the kernel maps and ring buffers (the `[limits]` table of the
 //! config file): their defaults, validation, and the names of the maps they
-//! size. The sizes are applied when the eBPF object is loaded (probes.rs).
+//! size. The sizes are applied when the eBPF object is loaded (bpf/probes).
 //!
 //! Every map has a bound and a drop counter in the kernel; these settings
 //! only move the bounds, for example to fit a small node's memory or, in

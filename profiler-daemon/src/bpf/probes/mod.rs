@@ -2,37 +2,45 @@
 //! its programs and owns its maps. Everything that touches the kernel's BPF
 //! interface lives here; the rest of the daemon sees plain Rust values.
 //!
-//! A little over the ~800 lines a file should hold: one load sets the
-//! globals of every program family, and attaching and the typed map
-//! handles follow that load; splitting the loader per family, as the eBPF
-//! crate is split, is the next step.
+//! Here: the load (globals of every program family, maps sized, programs
+//! attached) and the handles it keeps. Beside it: the marks of processes
+//! whose samples the Go and Python programs take (`runtime_marks.rs`), the
+//! CPU buffers' drain and the kernel's counters and run-time statistics
+//! (`drain.rs`), the small steps of loading (`load.rs`) and the errors
+//! (`error.rs`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
+use aya::Btf;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, ProgramArray};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
-use aya::{Btf, BtfError};
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
-    FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, Stack, StackHash, WalkHint, WalkHintKey,
-    control, counter,
+    FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, StackHash, WalkHint, WalkHintKey,
 };
 
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
-use crate::bpf::map_syscalls::{self, BatchError};
 use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
-use crate::bpf::perf_uprobe::UprobePmu;
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::{AttachMode, SessionError, UprobeLinks, UprobeProgram};
-use thiserror::Error;
+use crate::bpf::uprobes::{AttachMode, UprobeLinks, UprobeProgram};
+
+mod drain;
+mod error;
+mod load;
+mod runtime_marks;
+
+pub use error::ProbeError;
+use load::{
+    hash, load_perf_event, load_tail_program, per_cpu_hash, raise_memlock_limit, ring, take_map,
+    typed_map, uprobe_mode,
+};
 
 use crate::bpf::tracefs::{
-    TracefsError, ensure_tracefs, tracefs_root, tracepoint_field_offset, tracepoint_format_path,
+    ensure_tracefs, tracefs_root, tracepoint_field_offset, tracepoint_format_path,
 };
 
 /// A change to the kernel's table of stack tops (stacks/stack_tops.rs
@@ -48,69 +56,6 @@ pub enum TopUpdate {
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
-
-#[derive(Debug, Error)]
-pub enum ProbeError {
-    #[error("loading the eBPF programs failed: {0}")]
-    Load(#[source] aya::EbpfError),
-    #[error("eBPF program {0} is missing from the object")]
-    MissingProgram(&'static str),
-    #[error("eBPF map {0} is missing from the object")]
-    MissingMap(&'static str),
-    #[error("reading the kernel's BTF (/sys/kernel/btf/vmlinux) for the off-CPU probe: {0}")]
-    KernelBtf(#[source] BtfError),
-    #[error("eBPF program {name}: {source}")]
-    Program {
-        name: &'static str,
-        #[source]
-        source: aya::programs::ProgramError,
-    },
-    #[error("eBPF map {name}: {source}")]
-    Map {
-        name: &'static str,
-        #[source]
-        source: aya::maps::MapError,
-    },
-    #[error("duplicating the target map's descriptor: {0}")]
-    Dup(std::io::Error),
-    #[error("eBPF map {0} has an unexpected type")]
-    MapType(&'static str),
-    #[error("eBPF ring buffer {name}: {source}")]
-    Ring {
-        name: &'static str,
-        #[source]
-        source: crate::bpf::ring::RingError,
-    },
-    #[error("draining eBPF map {name}: {source}")]
-    Drain {
-        name: &'static str,
-        #[source]
-        source: BatchError,
-    },
-    #[error(transparent)]
-    Session(#[from] SessionError),
-    /// The kernel's list of CPUs (`/sys/devices/system/cpu/...`) could not
-    /// be read.
-    #[error("cannot list online CPUs: {path}: {source}")]
-    Cpus {
-        path: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Tracefs(#[from] TracefsError),
-    /// `sys_enter_futex`'s `op` does not follow `uaddr`, which the program
-    /// reads in one go.
-    #[error(
-        "cannot read tracepoint format {path}: 'op' at offset {op} does not follow 'uaddr' at {uaddr}"
-    )]
-    FutexLayout { path: PathBuf, uaddr: u32, op: u32 },
-    #[error("reading the kernel's diagnostics: {0}")]
-    KernelLog(#[source] aya_log::Error),
-    /// Neither the link kind wanted nor the perf uprobe PMU is there.
-    #[error("user-space probes need the perf uprobe PMU on this kernel: {0}")]
-    UprobePmu(#[source] std::io::Error),
-}
 
 /// Entries of a preallocated map that nothing uses (a few, not none: the
 /// kernel refuses a map of 0).
@@ -819,307 +764,6 @@ impl Probes {
                 addr,
             });
         }
-    }
-
-    /// In `auto` unwinding, lets the kernel walk this process's frame
-    /// pointers instead of sending stack copies; `process` gives the range
-    /// of its executable's code, for the words a leaf's caller may be in
-    /// (`SampleKey::leaf_words`).
-    pub fn mark_frame_pointer_process(&mut self, tgid: u32, mut process: FpProcess) {
-        if !self.go_labels {
-            process.go.labels_form = profiler_common::go_labels_form::NONE;
-        }
-        if let Err(e) = self.fp_processes.insert(tgid, process, 0) {
-            tracing::debug!("marking process {tgid} for frame-pointer unwinding failed: {e}");
-        }
-        // After the mark: loading takes some 15 ms, during which the
-        // process's samples are walked already.
-        self.enable_go_sample();
-    }
-
-    /// Loads `go_sample` and puts it where `cpu_sample` tail-calls it,
-    /// once: until then (and if it fails, which is logged once), a Go
-    /// sample is counted as walked, without its leaf's caller or its
-    /// labels. Loading it only when a Go process is there keeps its
-    /// verification (some 15 ms) out of the start.
-    fn enable_go_sample(&mut self) {
-        if std::mem::replace(&mut self.go_sample_tried, true) {
-            return;
-        }
-        match load_tail_program(
-            &mut self.ebpf,
-            "go_sample",
-            (&mut self.go_programs, "GO_PROGRAMS"),
-        ) {
-            Ok(()) => tracing::debug!("Go samples get their leaf callers and labels"),
-            Err(e) => tracing::warn!("Go samples go without their leaf callers and labels: {e}"),
-        }
-    }
-
-    /// Has the kernel record the Python frames of CPython process `tgid`'s
-    /// CPU samples, read with `runtime`'s layout; loads `py_sample` at the
-    /// first (as `go_sample`).
-    pub fn mark_python_process(&mut self, tgid: u32, runtime: PyRuntime) {
-        if let Err(e) = self.py_processes.insert(tgid, runtime, 0) {
-            tracing::debug!("marking process {tgid} as a Python process failed: {e}");
-        }
-        self.enable_py_sample();
-    }
-
-    /// Loads `py_sample` and puts it where `cpu_sample` tail-calls it,
-    /// once (some 50-80 ms): at the first Python process, or ahead of
-    /// the processes that start later (`session::run`).
-    pub fn enable_py_sample(&mut self) {
-        if std::mem::replace(&mut self.py_sample_tried, true) {
-            return;
-        }
-        match load_tail_program(
-            &mut self.ebpf,
-            "py_sample",
-            (&mut self.py_programs, "PY_PROGRAMS"),
-        ) {
-            Ok(()) => tracing::debug!("Python processes' samples get their Python frames"),
-            Err(e) => tracing::warn!("Python processes' samples go without Python frames: {e}"),
-        }
-    }
-
-    /// Forgets a process marked with `mark_python_process`.
-    pub fn unmark_python_process(&mut self, tgid: u32) {
-        let _ = self.py_processes.remove(&tgid);
-    }
-
-    /// Loads `go_sample` and `py_sample` now, as their first process
-    /// would (for `--check`): whether each loads on this kernel.
-    pub fn load_sample_programs(&mut self) -> [(&'static str, Result<(), ProbeError>); 2] {
-        self.go_sample_tried = true;
-        self.py_sample_tried = true;
-        [
-            (
-                "go",
-                load_tail_program(
-                    &mut self.ebpf,
-                    "go_sample",
-                    (&mut self.go_programs, "GO_PROGRAMS"),
-                ),
-            ),
-            (
-                "python",
-                load_tail_program(
-                    &mut self.ebpf,
-                    "py_sample",
-                    (&mut self.py_programs, "PY_PROGRAMS"),
-                ),
-            ),
-        ]
-    }
-
-    /// Forgets a process marked with `mark_frame_pointer_process`.
-    pub fn unmark_frame_pointer_process(&mut self, tgid: u32) {
-        let _ = self.fp_processes.remove(&tgid);
-    }
-
-    /// Makes the kernel write the other buffer; returns the one to drain.
-    /// The caller waits a moment before draining so that a program that
-    /// read the old index just before the flip has finished its update.
-    pub fn flip(&mut self) -> Result<usize, ProbeError> {
-        let old = self.active;
-        let new = 1 - old;
-        self.control
-            .set(control::ACTIVE_BUFFER, new, 0)
-            .map_err(|source| ProbeError::Map {
-                name: "CONTROL",
-                source,
-            })?;
-        self.active = new;
-        Ok(old as usize)
-    }
-
-    /// Reads and clears one buffer that the kernel no longer writes, with
-    /// one batch system call per few thousand entries rather than three per
-    /// entry.
-    pub fn drain(&mut self, buffer: usize) -> Result<Drained, ProbeError> {
-        let names = [("COUNTS_0", "STACKS_0"), ("COUNTS_1", "STACKS_1")][buffer];
-        let cpus = self.possible_cpus;
-        let mut out = Drained::default();
-        let counts = map_syscalls::lookup_and_delete_all::<SampleKey, u64>(
-            self.counts[buffer].fd().as_fd(),
-            cpus,
-        )
-        .map_err(|source| ProbeError::Drain {
-            name: names.0,
-            source,
-        })?;
-        out.counts = counts
-            .into_iter()
-            .map(|(key, per_cpu)| (key, per_cpu.iter().sum()))
-            .filter(|&(_, total)| total > 0)
-            .collect();
-        let stacks = map_syscalls::lookup_and_delete_all::<StackHash, Stack>(
-            self.stacks[buffer].fd().as_fd(),
-            1,
-        )
-        .map_err(|source| ProbeError::Drain {
-            name: names.1,
-            source,
-        })?;
-        out.stacks = stacks
-            .into_iter()
-            .filter_map(|(hash, stack)| {
-                let stack = stack.first()?;
-                let len = (stack.len as usize).min(stack.ips.len());
-                Some((hash, stack.ips[..len].to_vec()))
-            })
-            .collect();
-        // Written while taken: a set recorded meanwhile is either taken
-        // now or stays for the next drain.
-        let sets = map_syscalls::lookup_and_delete_all::<u64, GoLabels>(
-            self.go_label_sets.fd().as_fd(),
-            1,
-        )
-        .map_err(|source| ProbeError::Drain {
-            name: "GO_LABEL_SETS",
-            source,
-        })?;
-        out.go_label_sets = sets
-            .into_iter()
-            .filter_map(|(id, mut set)| Some((id, set.pop()?)))
-            .collect();
-        Ok(out)
-    }
-
-    /// Kernel-side counters, summed over CPUs, indexed by `counter::*`.
-    pub fn counters(&self) -> [u64; counter::COUNT as usize] {
-        let mut out = [0u64; counter::COUNT as usize];
-        for (i, slot) in out.iter_mut().enumerate() {
-            if let Ok(values) = self.counters.get(&(i as u32), 0) {
-                *slot = values.iter().sum();
-            }
-        }
-        out
-    }
-
-    /// Run count and run time of each program (kernel BPF stats; zero
-    /// unless kernel.bpf_stats_enabled is set).
-    pub fn run_stats(&self) -> Vec<(String, u64, Duration)> {
-        let mut stats: Vec<(String, u64, Duration)> = self
-            .ebpf
-            .programs()
-            .filter_map(|(name, program)| {
-                // The heap probe is loaded by `uprobes`, not by aya.
-                let info = program.info().ok()?;
-                Some((name.to_string(), info.run_count(), info.run_time()))
-            })
-            .collect();
-        for (name, links) in [
-            ("heap_probe", &self.allocators),
-            ("go_heap_probe", &self.go_heap),
-            ("go_park_probe", &self.go_parks),
-            ("cond_wait_probe", &self.cond_parks),
-        ] {
-            if let Some((runs, time)) = links.as_ref().and_then(|a| a.program().run_stats()) {
-                stats.push((name.to_string(), runs, time));
-            }
-        }
-        stats
-    }
-}
-
-/// `preferred` where the kernel has it, else a perf-event uprobe per probe.
-fn uprobe_mode(has_preferred: bool, preferred: AttachMode) -> Result<AttachMode, ProbeError> {
-    match has_preferred {
-        true => Ok(preferred),
-        false => Ok(AttachMode::PerfEvent(
-            UprobePmu::read().map_err(ProbeError::UprobePmu)?,
-        )),
-    }
-}
-
-fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, ProbeError> {
-    ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))
-}
-
-/// Takes a map out of the object as the typed aya map `T`.
-fn typed_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>
-where
-    T: TryFrom<Map, Error = aya::maps::MapError>,
-{
-    T::try_from(take_map(ebpf, name)?).map_err(|source| ProbeError::Map { name, source })
-}
-
-/// Takes ring buffer `name` out of the object and maps it for reading,
-/// its data pages `twice` or once (bpf/ring.rs).
-fn ring(ebpf: &mut Ebpf, name: &'static str, twice: bool) -> Result<Ring, ProbeError> {
-    let data = match take_map(ebpf, name)? {
-        Map::RingBuf(data) => data,
-        _ => return Err(ProbeError::MapType(name)),
-    };
-    let size = data
-        .info()
-        .map_err(|source| ProbeError::Map { name, source })?
-        .max_entries() as usize;
-    Ring::new(data, size, twice).map_err(|source| ProbeError::Ring { name, source })
-}
-
-fn per_cpu_hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
-    match map {
-        Map::PerCpuHashMap(data) => Ok(data),
-        _ => Err(ProbeError::MapType(name)),
-    }
-}
-
-/// Loads perf-event program `name` of the object (not attached).
-/// Loads perf-event program `name` and puts it in slot 0 of `array`,
-/// where a program tail-calls it.
-fn load_tail_program(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-    (array, array_name): (&mut ProgramArray<MapData>, &'static str),
-) -> Result<(), ProbeError> {
-    let fd = load_perf_event(ebpf, name)?
-        .fd()
-        .map_err(|source| ProbeError::Program { name, source })?;
-    array.set(0, fd, 0).map_err(|source| ProbeError::Map {
-        name: array_name,
-        source,
-    })
-}
-
-fn load_perf_event<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut PerfEvent, ProbeError> {
-    let program: &mut PerfEvent = ebpf
-        .program_mut(name)
-        .ok_or(ProbeError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| ProbeError::Program { name, source })?;
-    program
-        .load()
-        .map_err(|source| ProbeError::Program { name, source })?;
-    Ok(program)
-}
-
-fn hash(map: Map, name: &'static str) -> Result<MapData, ProbeError> {
-    match map {
-        Map::HashMap(data) => Ok(data),
-        _ => Err(ProbeError::MapType(name)),
-    }
-}
-
-/// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; newer ones use the
-/// memory cgroup and ignore it. Raising it is harmless either way.
-fn raise_memlock_limit() {
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: plain syscall with a valid pointer.
-    let ret = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &limit) };
-    if ret != 0 {
-        tracing::debug!(
-            "raising RLIMIT_MEMLOCK failed: {}",
-            std::io::Error::last_os_error()
-        );
     }
 }
 
