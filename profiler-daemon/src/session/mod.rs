@@ -367,8 +367,14 @@ impl Session {
     /// Tells the kernel which processes run CPython, and where their
     /// threads' frames are (see `symbolize::python::PythonCodes::watch`).
     fn watch_python(&mut self) {
-        // CPU samples and off-CPU switch-outs carry Python frames.
-        let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
+        // Every profile type's records but goroutines' carry Python frames.
+        let kinds = [
+            ProfileKind::Cpu,
+            ProfileKind::Heap,
+            ProfileKind::Block,
+            ProfileKind::Mutex,
+            ProfileKind::Offcpu,
+        ];
         if !kinds.iter().any(|k| self.settings.profiles.contains(k)) {
             return;
         }
@@ -405,6 +411,7 @@ impl Session {
     fn read_heap_events(&mut self, ring: &mut Ring) {
         read_heap_events(
             ring,
+            &mut self.symbolizer.python,
             &mut self.procs,
             &mut self.probes,
             &mut self.unwinder,
