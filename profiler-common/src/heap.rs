@@ -120,6 +120,11 @@ pub const HEAP_LIVE_ENTRIES: u32 = 2 * 1024 * 1024;
 /// Threads with heap-probe state at once (least recently used go first).
 pub const HEAP_THREADS_ENTRIES: u32 = 65_536;
 
+/// Python frames a heap sample of a CPython thread carries (nearest the
+/// leaf kept): as many as a CPU sample's, since heap samples are few and
+/// their records long already.
+pub const HEAP_PY_FRAMES: usize = crate::PY_FRAMES_MAX;
+
 /// Bytes in the ring buffer of heap events (about 950 sampled allocations
 /// with stack copies in the long form, 3200 in the short one).
 pub const HEAP_EVENTS_BYTES: u32 = 16 * 1024 * 1024;
@@ -146,7 +151,10 @@ pub struct HeapAlloc<const N: usize = STACK_COPY_BYTES> {
     pub function: u32,
     /// 1 when the kernel tracks the address as live (its free is reported).
     pub live: u32,
-    pub _pad: u32,
+    /// 1 when the record is a CPython thread's: it is the `record` of a
+    /// `WithPython<HeapAlloc<N>, HEAP_PY_FRAMES>`, its Python frames
+    /// after it.
+    pub python: u32,
     /// When the allocator returned (ns, CLOCK_MONOTONIC).
     pub time_ns: u64,
     pub addr: u64,

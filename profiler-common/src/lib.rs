@@ -100,4 +100,6 @@ mod user {
     unsafe impl aya::Pod for super::PyRuntime {}
     // SAFETY: as above.
     unsafe impl<const N: usize> aya::Pod for super::PySample<N> {}
+    // SAFETY: as above.
+    unsafe impl<const N: usize> aya::Pod for super::PyFrames<N> {}
 }

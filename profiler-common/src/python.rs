@@ -1,7 +1,7 @@
 //! CPython: where the interpreter keeps a thread's frames (the offsets the
 //! daemon gives the kernel per process, by CPython release), and the
-//! Python frames a CPU sample of such a process carries besides its
-//! native stack copy.
+//! Python frames a CPU sample, heap sample or wait record of such a
+//! process carries besides its native stack.
 
 use crate::StackSample;
 
@@ -151,3 +151,15 @@ const _: () = assert!(
     core::mem::size_of::<PySample<{ crate::SHORT_STACK_BYTES }>>()
         < core::mem::size_of::<StackSample<{ crate::STACK_COPY_BYTES }>>()
 );
+
+/// A heap sample's or wait record's kernel form for a CPython process:
+/// the record of any process, then the thread's Python frames (the
+/// record says so: `HeapAlloc::python`, `wait_flags::PYTHON`). Other
+/// processes' records stay as long as they were; the daemon finds the
+/// frames at the record's end.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WithPython<T, const M: usize> {
+    pub record: T,
+    pub python: PyFrames<M>,
+}

@@ -104,7 +104,15 @@ pub mod wait_flags {
     pub const GO_WAIT_REASON: u32 = 16;
     /// Where a goroutine park's wait reason lies in the flags.
     pub const GO_REASON_SHIFT: u32 = 8;
+    /// A CPython thread's wait or wake-up: the record (full or brief) is
+    /// the `record` of a `WithPython<_, WAIT_PY_FRAMES>`, the thread's
+    /// Python frames after it.
+    pub const PYTHON: u32 = 32;
 }
+
+/// Python frames a wait record of a CPython thread carries (nearest the
+/// leaf kept): as many as an off-CPU interval's, the same ring.
+pub const WAIT_PY_FRAMES: usize = crate::OFFCPU_PY_FRAMES;
 
 /// POSIX condition variable waits probed for the block profile (uprobe
 /// cookie): at their entry the thread notes which condition it is about to

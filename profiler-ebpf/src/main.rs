@@ -19,8 +19,9 @@
 //!   `maps.rs`: maps several programs use; `counters.rs`: loss and event
 //!   counters; `process.rs`: process events and image anchors;
 //!   `go_labels.rs`: a Go goroutine's pprof labels at a CPU sample;
-//!   `python.rs`: a CPython thread's frames; `user_memory.rs`: their
-//!   checked reads of user memory.
+//!   `python.rs`: a CPython thread's frames; `python_records.rs`: those
+//!   of heap samples and wait records; `user_memory.rs`: their checked
+//!   reads of user memory.
 //! - `stack/`: user-stack copies (`copy.rs`), walk hints (`hints.rs`) and
 //!   the choice between a copy and a frame-pointer walk; `waits.rs`: the
 //!   wait record ring and its senders.
@@ -38,6 +39,7 @@ mod maps;
 mod process;
 mod programs;
 mod python;
+mod python_records;
 mod stack;
 mod task_storage;
 mod user_memory;

@@ -1,7 +1,7 @@
 //! The wait record ring (`WAIT_EVENTS`, shared by the block, mutex and
 //! off-CPU programs) and the sender of a kept futex wait or wake-up with
 //! its stack: a brief record when a walk hint matches, else one with a
-//! stack copy.
+//! stack copy; either followed by a CPython thread's Python frames.
 
 use aya_ebpf::{
     EbpfContext,
@@ -11,8 +11,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_common::{
-    BRIEF_FRAME_CLASSES, COMM_LEN, STACK_COPY_BYTES, WAIT_EVENTS_BYTES, WaitBrief, WaitHead,
-    WaitStack, counter, wait_event, wait_flags,
+    BRIEF_FRAME_CLASSES, COMM_LEN, PyFrames, STACK_COPY_BYTES, WAIT_EVENTS_BYTES, WAIT_PY_FRAMES,
+    WaitBrief, WaitHead, WaitStack, WithPython, counter, wait_event, wait_flags,
 };
 
 use crate::{
@@ -22,6 +22,7 @@ use crate::{
     maps::wake_flag,
     process::forked_parent,
     programs::cond_wait::cond_of,
+    python_records::{copy_python_frames, wait_python_frames},
     stack::{
         hints::{HINT_SCRATCH, HintScratch, copy_frames, hint_key, hinted_walk},
         record_user_stack, task_user_regs,
@@ -40,6 +41,10 @@ pub(crate) static WAIT_EVENTS: RingBuf = RingBuf::with_byte_size(WAIT_EVENTS_BYT
 /// cache line written misses. A matched hint is checked in a per-CPU
 /// scratch buffer that stays in this CPU's cache, and the ring gets only
 /// the head.
+///
+/// A CPython thread's record of either form ends with its Python frames
+/// (`wait_flags::PYTHON`): a brief record shows the same Python frames as
+/// a full one would.
 #[inline(always)]
 pub(crate) fn send_wait_stack(
     ctx: &TracePointContext,
@@ -72,24 +77,28 @@ pub(crate) fn send_wait_stack(
     if kind == wait_event::BLOCK {
         head.cond = cond_of(uaddr);
     }
+    let python = wait_python_frames(tgid, tid);
+    if python.is_some() {
+        head.flags = wait_flags::PYTHON;
+    }
     if global_u8(&BRIEF_RECORDS) != 0
         && let Some(scratch) = HINT_SCRATCH.get_ptr_mut(0)
         // SAFETY: this CPU's scratch buffer (programs do not nest on a
         // CPU).
         && let Some(found) = unsafe { hinted_walk(hint_key(tgid, ip, sp, bp), tid, scratch) }
     {
-        head.flags = wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
+        head.flags |= wait_flags::HINT_MATCHED | wait_flags::BRIEF | found.flags;
         head.hint_id = found.id;
         // The smallest room that holds the frames (BRIEF_FRAME_CLASSES).
         // SAFETY: the scratch frames were written by hinted_walk above,
         // found.frames of them.
         let sent = unsafe {
             if found.frames as usize <= BRIEF_FRAME_CLASSES[0] {
-                send_brief::<{ BRIEF_FRAME_CLASSES[0] }>(&head, scratch, found.frames)
+                send_brief::<{ BRIEF_FRAME_CLASSES[0] }>(&head, scratch, found.frames, python)
             } else if found.frames as usize <= BRIEF_FRAME_CLASSES[1] {
-                send_brief::<{ BRIEF_FRAME_CLASSES[1] }>(&head, scratch, found.frames)
+                send_brief::<{ BRIEF_FRAME_CLASSES[1] }>(&head, scratch, found.frames, python)
             } else {
-                send_brief::<{ BRIEF_FRAME_CLASSES[2] }>(&head, scratch, found.frames)
+                send_brief::<{ BRIEF_FRAME_CLASSES[2] }>(&head, scratch, found.frames, python)
             }
         };
         if sent {
@@ -101,44 +110,103 @@ pub(crate) fn send_wait_stack(
         }
         return;
     }
-    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+    let sent = match python {
+        None => WAIT_EVENTS.reserve::<WaitStack>(0).map(|mut entry| {
+            // SAFETY: the entry is ours until submitted.
+            unsafe { write_wait_stack(ctx, entry.as_mut_ptr(), &head) };
+            entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+        }),
+        Some(python) => WAIT_EVENTS
+            .reserve::<WithPython<WaitStack, WAIT_PY_FRAMES>>(0)
+            .map(|mut entry| {
+                let out = entry.as_mut_ptr();
+                // SAFETY: the entry is ours until submitted; `python` is
+                // this CPU's scratch, walked above.
+                unsafe {
+                    write_wait_stack(ctx, &raw mut (*out).record, &head);
+                    copy_python_frames(&raw mut (*out).python, python);
+                }
+                entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+            }),
+    };
+    if sent.is_none() {
         count(counter::WAIT_EVENTS_LOST);
         klog!(why::WAIT_LOST, tgid, tid, kind);
-        return;
-    };
-    let out = entry.as_mut_ptr();
-    // SAFETY: the entry is ours until submitted; written in place.
+    }
+}
+
+/// Writes a wait record with a copy of the user stack into `out`, in
+/// place.
+///
+/// # Safety
+/// `out` is a reserved ring entry of the caller's.
+#[inline(always)]
+unsafe fn write_wait_stack(ctx: &TracePointContext, out: *mut WaitStack, head: &WaitHead) {
+    // SAFETY: the caller's entry.
     unsafe {
-        (*out).head = head;
+        (*out).head = *head;
         ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
             ctx.as_ptr(),
-            tgid,
-            sp,
+            head.tgid,
+            head.sp,
             (*out).stack.as_mut_ptr(),
             (*out).frames.as_mut_ptr(),
         );
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
 }
 
 /// Sends a brief wait record with room for N frames, the first `n` of
-/// the scratch buffer's (n <= N). False when the ring is full.
+/// the scratch buffer's (n <= N), and `python`'s frames after it when
+/// there are. False when the ring is full.
 ///
 /// # Safety
-/// `scratch` is this CPU's scratch buffer, its first `n` frames written.
+/// `scratch` is this CPU's scratch buffer, its first `n` frames written;
+/// `python`, this CPU's Python scratch, walked.
 #[inline(always)]
-unsafe fn send_brief<const N: usize>(head: &WaitHead, scratch: *const HintScratch, n: u32) -> bool {
-    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief<N>>(0) else {
+unsafe fn send_brief<const N: usize>(
+    head: &WaitHead,
+    scratch: *const HintScratch,
+    n: u32,
+    python: Option<*const PyFrames<WAIT_PY_FRAMES>>,
+) -> bool {
+    let Some(python) = python else {
+        let Some(mut entry) = WAIT_EVENTS.reserve::<WaitBrief<N>>(0) else {
+            return false;
+        };
+        // SAFETY: the caller's word; the entry is ours until submitted.
+        unsafe { write_brief(entry.as_mut_ptr(), head, scratch, n) };
+        entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+        return true;
+    };
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WithPython<WaitBrief<N>, WAIT_PY_FRAMES>>(0) else {
         return false;
     };
     let out = entry.as_mut_ptr();
-    // SAFETY: the entry is ours until submitted; the scratch buffer holds
+    // SAFETY: as above.
+    unsafe {
+        write_brief(&raw mut (*out).record, head, scratch, n);
+        copy_python_frames(&raw mut (*out).python, python);
+    }
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+    true
+}
+
+/// Writes a brief wait record into `out`.
+///
+/// # Safety
+/// As [`send_brief`]; `out` is a reserved ring entry of the caller's.
+#[inline(always)]
+unsafe fn write_brief<const N: usize>(
+    out: *mut WaitBrief<N>,
+    head: &WaitHead,
+    scratch: *const HintScratch,
+    n: u32,
+) {
+    // SAFETY: the entry is the caller's; the scratch buffer holds
     // WALK_HINT_WORDS >= N frames.
     unsafe {
         (*out).head = *head;
         (*out).frames_len = u64::from(n);
         copy_frames::<N>((*out).frames.as_mut_ptr(), (*scratch).frames.as_ptr(), n);
     }
-    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
-    true
 }

@@ -21,8 +21,10 @@
 //! - every file reads with `go tool pprof -raw`.
 //!
 //! And a container's interpreter, pid 1 of its own pid namespace, whose
-//! thread states hold that namespace's thread ids; and off-CPU time of
-//! Python functions, charged to them against the program's timing.
+//! thread states hold that namespace's thread ids; off-CPU time of
+//! Python functions, charged to them against the program's timing; and
+//! heap samples and block waits of Python code, charged to the Python
+//! functions (and the line) that allocated or waited.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -576,4 +578,227 @@ fn python_stacks_by_value(samples: &[FlatSample]) -> BTreeMap<Vec<String>, i64> 
         *stacks.entry(python).or_insert(0) += s.values.last().copied().unwrap_or(0);
     }
     stacks
+}
+
+/// The innermost Python frame of a sample (function and line), if any.
+fn innermost_python(s: &FlatSample) -> Option<(&str, i64)> {
+    s.frames
+        .iter()
+        .find(|f| f.file.ends_with(".py"))
+        .map(|f| (f.function.as_str(), f.line))
+}
+
+/// Heap samples of Python code: `py_heap_block.py heap` allocates 3:1
+/// bytes from `alloc_big` and `alloc_small` (bytearrays far above the
+/// interpreter's own small-object allocator, so from malloc). The heap
+/// profile's allocated bytes whose innermost Python frame is each
+/// function split as the program allocated them, and nearly all the
+/// process's sampled bytes are under Python frames.
+#[test]
+fn python_frames_on_heap_samples() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/py_heap_block.py");
+    let (
+        WholeLife {
+            pid,
+            report,
+            daemon,
+        },
+        (),
+    ) = profile_whole_life_beside(
+        &pyenv_python("3.12"),
+        &[script.to_str().expect("UTF-8 path"), "heap", "3"],
+        &out,
+        HZ,
+        &["--profiles", "heap", "--heap-sample-bytes", "2097152"],
+        |_| (),
+    );
+    let files = read_profiles(&out, "heap");
+    for file in &files {
+        check_readable(&file.path, !file.profile.sample.is_empty());
+    }
+    let samples = of_pid(&flatten_all(&files), pid);
+    // alloc_space, the profile's second value.
+    let bytes = |s: &FlatSample| s.values.get(1).copied().unwrap_or(0);
+    let total: i64 = samples.iter().map(bytes).sum();
+    let under = |function: &str| -> i64 {
+        samples
+            .iter()
+            .filter(|s| innermost_python(s).is_some_and(|(f, _)| f == function))
+            .map(bytes)
+            .sum()
+    };
+    let (big, small) = (under("alloc_big"), under("alloc_small"));
+    let in_python: i64 = samples
+        .iter()
+        .filter(|s| innermost_python(s).is_some())
+        .map(bytes)
+        .sum();
+    let share = big as f64 / (big + small).max(1) as f64;
+    let (timed_big, timed_small) = (
+        field(&report, "big_bytes") as f64,
+        field(&report, "small_bytes") as f64,
+    );
+    let truth = timed_big / (timed_big + timed_small);
+    let diag = format!(
+        "\n{:#?}\n{}\n{}",
+        python_stacks_by_value(&samples),
+        summary(&samples),
+        daemon.describe()
+    );
+    println!(
+        "heap: alloc_big's share of the two {share:.3} (allocated {truth:.3}); {:.3} of the process's sampled bytes under Python frames; {} Python walks, {} Python frames named",
+        in_python as f64 / total.max(1) as f64,
+        daemon.summary_field("python_samples"),
+        daemon.summary_field("python_frames"),
+    );
+    assert!(
+        (share - truth).abs() <= SHARE_TOLERANCE,
+        "alloc_big's share {share:.3}, the program allocated {truth:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
+    );
+    assert!(
+        in_python as f64 >= 0.9 * total as f64,
+        "only {in_python} of {total} sampled bytes under Python frames{diag}"
+    );
+    // Under the caller that made them.
+    let under_allocate: i64 = samples
+        .iter()
+        .filter(|s| {
+            let python: Vec<&str> = s
+                .frames
+                .iter()
+                .filter(|f| f.file.ends_with(".py"))
+                .map(|f| f.function.as_str())
+                .collect();
+            python.starts_with(&["alloc_big", "allocate", "main", "<module>"])
+        })
+        .map(bytes)
+        .sum();
+    assert!(
+        under_allocate as f64 >= 0.95 * big as f64,
+        "{under_allocate} of alloc_big's {big} bytes under allocate, main and <module>{diag}"
+    );
+}
+
+/// Block and mutex profiles of Python code: in `py_heap_block.py block`
+/// the main thread waits in `wait_for_lock`, at its `lock.acquire()`
+/// line, for a `threading.Lock` another thread holds 4 ms at a time in
+/// `hold_lock`. The block profile charges that line the time the program
+/// timed around the calls, whether the kernel sent a wait in full or
+/// briefly (its walk hint matched), and nearly all the process's blocked
+/// time is under Python frames; so is its mutex profile's delay, most of
+/// it released in `hold_lock`.
+#[test]
+fn python_frames_on_block_waits() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/py_heap_block.py");
+    let (
+        WholeLife {
+            pid,
+            report,
+            daemon,
+        },
+        (),
+    ) = profile_whole_life_beside(
+        Path::new("/usr/bin/python3.11"),
+        &[script.to_str().expect("UTF-8 path"), "block", "3"],
+        &out,
+        HZ,
+        &[
+            "--profiles",
+            "block,mutex",
+            "--block-rate",
+            "100us",
+            "--mutex-fraction",
+            "1",
+        ],
+        |_| (),
+    );
+    let files = read_profiles(&out, "block");
+    for file in &files {
+        check_readable(&file.path, !file.profile.sample.is_empty());
+    }
+    let samples = of_pid(&flatten_all(&files), pid);
+    // delay/nanoseconds, the profile's last value.
+    let delay = |s: &FlatSample| s.values.last().copied().unwrap_or(0);
+    let total: i64 = samples.iter().map(delay).sum();
+    let in_python: i64 = samples
+        .iter()
+        .filter(|s| innermost_python(s).is_some())
+        .map(delay)
+        .sum();
+    let line = field(&report, "wait_line") as i64;
+    let in_wait: i64 = samples
+        .iter()
+        .filter(|s| innermost_python(s).is_some_and(|(f, _)| f == "wait_for_lock"))
+        .map(delay)
+        .sum();
+    let at_line: i64 = samples
+        .iter()
+        .filter(|s| innermost_python(s) == Some(("wait_for_lock", line)))
+        .map(delay)
+        .sum();
+    let timed = field(&report, "waited_ns") as f64;
+    let ratio = at_line as f64 / timed.max(1.0);
+    let diag = format!(
+        "\n{:#?}\n{}\n{}",
+        python_stacks_by_value(&samples),
+        summary(&samples),
+        daemon.describe()
+    );
+    println!(
+        "block: {at_line} ns at wait_for_lock's line {line}, the program timed {timed} ns ({ratio:.3}); {:.3} of wait_for_lock's at that line; {:.3} of the process's blocked time under Python frames; {} brief wait records",
+        at_line as f64 / in_wait.max(1) as f64,
+        in_python as f64 / total.max(1) as f64,
+        daemon.summary_field("brief_records"),
+    );
+    assert!(
+        in_python as f64 >= 0.9 * total as f64,
+        "only {in_python} of {total} ns blocked under Python frames{diag}"
+    );
+    assert!(
+        at_line as f64 >= 0.9 * in_wait as f64,
+        "{at_line} of wait_for_lock's {in_wait} ns at its line {line}{diag}"
+    );
+    assert!(
+        (0.85..=1.05).contains(&ratio),
+        "{at_line} ns blocked at wait_for_lock's line {line}, the program timed {timed} ns ({ratio:.3}; expected 0.85 to 1.05){diag}"
+    );
+    // The mutex profile: each release's stack, weighted by the delay of
+    // the waits it ended.
+    let mutex = of_pid(&flatten_all(&read_profiles(&out, "mutex")), pid);
+    let mutex_total: i64 = mutex.iter().map(delay).sum();
+    let mutex_python: i64 = mutex
+        .iter()
+        .filter(|s| innermost_python(s).is_some())
+        .map(delay)
+        .sum();
+    let released: i64 = mutex
+        .iter()
+        .filter(|s| innermost_python(s).is_some_and(|(f, _)| f == "hold_lock"))
+        .map(delay)
+        .sum();
+    let diag = format!(
+        "{diag}\nmutex: {:#?}\n{}",
+        python_stacks_by_value(&mutex),
+        summary(&mutex)
+    );
+    println!(
+        "mutex: {:.3} of the process's delay under Python frames, {:.3} released in hold_lock",
+        mutex_python as f64 / mutex_total.max(1) as f64,
+        released as f64 / mutex_total.max(1) as f64,
+    );
+    assert!(
+        mutex_python as f64 >= 0.9 * mutex_total as f64,
+        "only {mutex_python} of {mutex_total} ns of mutex delay under Python frames{diag}"
+    );
+    assert!(
+        released as f64 >= 0.5 * mutex_total as f64,
+        "{released} of {mutex_total} ns of mutex delay released in hold_lock{diag}"
+    );
+    assert_eq!(daemon.summary_field("python_threads_unfound"), 0, "{diag}");
 }

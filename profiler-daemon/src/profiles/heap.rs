@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use foldhash::{HashMap, HashSet};
 use profiler_common::{
-    HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, alloc_fn, heap_event,
+    HEAP_PY_FRAMES, HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, alloc_fn, heap_event,
 };
 
 use crate::bpf::drain::{SampleId, Stack};
@@ -24,10 +24,14 @@ use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::SHORT_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
-use crate::profiles::records::{Thread, event_user_stack, read_record, record};
+use crate::profiles::records::{Thread, event_user_stack, python_tail, read_record, record};
 use crate::profiles::rescale::heap_scale;
-use crate::profiles::samples::{hide_go_runtime, prefetch_user_stack, push_stack, sample_labels};
+use crate::profiles::samples::{
+    PythonFrames, hide_go_runtime, prefetch_user_stack, push_stack, python_frames, sample_labels,
+    user_frames,
+};
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
 /// Sampled allocations: how many and how many bytes.
@@ -174,6 +178,7 @@ impl HeapTable {
 /// Adds the sampled allocations and frees that the heap probes reported.
 pub(crate) fn read_heap_events(
     ring: &mut Ring,
+    codes: &mut PythonCodes,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     unwinder: &mut Unwinder,
@@ -191,22 +196,36 @@ pub(crate) fn read_heap_events(
             Some(heap_event::ALLOC) => {}
             _ => continue,
         }
+        // A CPython thread's record ends with its Python frames.
+        let field = |offset: usize| item.get(offset..).and_then(read_record::<u32>);
+        let (Some(tgid), Some(python)) = (
+            field(std::mem::offset_of!(HeapAlloc<0>, tgid)),
+            field(std::mem::offset_of!(HeapAlloc<0>, python)),
+        ) else {
+            continue;
+        };
+        let Some((item, python)) = python_tail::<HEAP_PY_FRAMES>(&item, python != 0) else {
+            continue;
+        };
+        // Settled now, while the process lives.
+        let python = python.and_then(|p| python_frames(codes, tgid, p));
         // Three record forms, told apart by their length.
-        if let Some(alloc) = record::<HeapAlloc>(&item) {
-            add_heap_alloc(alloc, procs, probes, unwinder, heap);
-        } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(&item) {
+        if let Some(alloc) = record::<HeapAlloc>(item) {
+            add_heap_alloc(alloc, python, procs, probes, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            add_heap_alloc(alloc, procs, probes, unwinder, heap);
-        } else if let Some(alloc) = record::<HeapAlloc<0>>(&item) {
+            add_heap_alloc(alloc, python, procs, probes, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc<0>>(item) {
             // Frames walked by the kernel, no stack bytes.
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
-            add_heap_alloc(alloc, procs, probes, unwinder, heap);
+            add_heap_alloc(alloc, python, procs, probes, unwinder, heap);
         }
     }
 }
 
 pub(crate) fn add_heap_alloc<const N: usize>(
     alloc: &HeapAlloc<N>,
+    python: PythonFrames,
     procs: &mut ProcessTable,
     probes: &mut Probes,
     unwinder: &mut Unwinder,
@@ -240,7 +259,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         cond: 0,
         go_labels: 0,
         go_wait: 0,
-        python: None,
+        python,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -283,7 +302,7 @@ pub(crate) fn build_heap_profile(
         frames.clear();
         procs.ensure(id.tgid);
         push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
-            symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
+            user_frames(symbolizer, procs, id, ips, leaf_words)
         });
         let rate = match row.go_runtime {
             true => {

@@ -1,6 +1,7 @@
 //! Reading the kernel's ring records: typed views of their bytes, brief
-//! wait records' frames, and a record's user stack, unwound from its copy,
-//! taken from a matched walk hint, or walked by frame pointers.
+//! wait records' frames, a CPython thread's Python frames at a record's
+//! end, and a record's user stack, unwound from its copy, taken from a
+//! matched walk hint, or walked by frame pointers.
 //!
 //! Each runs once per record, called from the profile types' modules:
 //! `#[inline]` lets the compiler inline them there across codegen units,
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use aya::Pod;
 use profiler_common::{
-    BRIEF_FRAMES_OFFSET, WALK_HINT_WORDS, WaitBrief, WalkHint, WalkHintKey, wait_flags,
+    BRIEF_FRAMES_OFFSET, PyFrames, WALK_HINT_WORDS, WaitBrief, WalkHint, WalkHintKey, wait_flags,
 };
 
 use crate::bpf::drain::Stack;
@@ -40,6 +41,23 @@ pub(crate) fn read_record<T: Pod>(item: &[u8]) -> Option<T> {
     }
     // SAFETY: size checked; T is plain data, valid for any bytes.
     Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) })
+}
+
+/// A record that may end with a CPython thread's Python frames (the
+/// kernel's `WithPython<_, M>`, `python` as the record says): the
+/// record's own bytes, and the frames if it has them. None when it says
+/// it has them and is too short to.
+#[inline]
+pub(crate) fn python_tail<const M: usize>(
+    item: &[u8],
+    python: bool,
+) -> Option<(&[u8], Option<&PyFrames<M>>)> {
+    if !python {
+        return Some((item, None));
+    }
+    let at = item.len().checked_sub(std::mem::size_of::<PyFrames<M>>())?;
+    let (own, tail) = item.split_at(at);
+    Some((own, Some(record::<PyFrames<M>>(tail)?)))
 }
 
 /// The frames of a brief wait record, which is as long as its room for
@@ -205,6 +223,40 @@ mod tests {
             let r = brief_record::<32>(&frames[..n]);
             assert_eq!(brief_frames(bytes(&r)), Some(&frames[..n]));
         }
+    }
+
+    #[test]
+    fn python_frames_are_read_from_a_record_end() {
+        use profiler_common::{PyFrame, WithPython};
+        let frames: Vec<u64> = (1..=3).collect();
+        let plain = brief_record::<8>(&frames);
+        let mut python = profiler_common::PyFrames::<4> {
+            len: 2,
+            truncated: 1,
+            frames: [PyFrame::default(); 4],
+        };
+        python.frames[1] = PyFrame { code: 7, instr: 9 };
+        let mut words = plain.clone();
+        // SAFETY: repr(C) of u64-aligned fields, read as words.
+        words.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(
+                (&raw const python).cast::<u64>(),
+                std::mem::size_of_val(&python) / 8,
+            )
+        });
+        assert_eq!(
+            words.len() * 8,
+            std::mem::size_of::<WithPython<WaitBrief<8>, 4>>()
+        );
+        let (own, tail) = python_tail::<4>(bytes(&words), true).unwrap();
+        assert_eq!(own, bytes(&plain));
+        assert_eq!(brief_frames(own), Some(&frames[..]));
+        let tail = tail.unwrap();
+        assert_eq!((tail.len, tail.truncated), (2, 1));
+        assert_eq!(tail.frames[1], PyFrame { code: 7, instr: 9 });
+        // A record without them, or too short to hold them.
+        assert!(python_tail::<4>(bytes(&plain), false).unwrap().1.is_none());
+        assert!(python_tail::<64>(bytes(&plain), true).is_none());
     }
 
     #[test]

@@ -75,7 +75,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     // otherwise cost a CPython process started later the frames of its
     // first moments: loaded before a command starts (which delays it,
     // not READY); on the whole node, just after READY.
-    let python = s.python_frames_wanted();
+    // `py_sample` takes CPU samples only: the other records' programs read
+    // the frames themselves.
+    let python = s.python_frames_wanted() && s.settings.profiles.contains(&ProfileKind::Cpu);
     let command = !s.settings.command.is_empty();
     if python && command {
         s.probes.enable_py_sample();
@@ -394,10 +396,16 @@ impl Session {
         }
     }
 
-    /// Whether a profile on carries Python frames (CPU samples and
-    /// off-CPU switch-outs), and they are read.
+    /// Whether a profile on carries Python frames (every profile type's
+    /// records but goroutines'), and they are read.
     fn python_frames_wanted(&self) -> bool {
-        let kinds = [ProfileKind::Cpu, ProfileKind::Offcpu];
+        let kinds = [
+            ProfileKind::Cpu,
+            ProfileKind::Heap,
+            ProfileKind::Block,
+            ProfileKind::Mutex,
+            ProfileKind::Offcpu,
+        ];
         self.settings.stack_switches.python_frames
             && kinds.iter().any(|k| self.settings.profiles.contains(k))
     }
@@ -441,6 +449,7 @@ impl Session {
     fn read_heap_events(&mut self, ring: &mut Ring) {
         read_heap_events(
             ring,
+            &mut self.symbolizer.python,
             &mut self.procs,
             &mut self.probes,
             &mut self.unwinder,

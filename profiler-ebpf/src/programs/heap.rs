@@ -1,6 +1,7 @@
 //! `heap_probe`, the allocator uprobe session of heap profiles: Go's
 //! Poisson sampling by bytes, sampled allocations kept live by address
-//! until freed, records with the allocating stack.
+//! until freed, records with the allocating stack (and a CPython
+//! thread's Python frames).
 
 use aya_ebpf::{
     EbpfContext,
@@ -16,9 +17,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree,
-    HeapThread, LiveKey, SHORT_STACK_BYTES, STACK_COPY_BYTES, alloc_fn, counter, heap_event,
-    probe_cookie, sampling::next_sample_distance,
+    COMM_LEN, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_PY_FRAMES, HEAP_THREADS_ENTRIES,
+    HeapAlloc, HeapFree, HeapThread, LiveKey, PyFrames, SHORT_STACK_BYTES, STACK_COPY_BYTES,
+    WithPython, alloc_fn, counter, heap_event, probe_cookie, sampling::next_sample_distance,
 };
 
 use crate::{
@@ -27,6 +28,7 @@ use crate::{
     klog::{self, klog, why},
     maps::wake_flag,
     process::{anchor_young_image, note_process},
+    python_records::{copy_python_frames, heap_python_frames},
     stack::{copy::stack_fits, record_user_stack, use_dwarf, walk_user_stack},
 };
 
@@ -321,7 +323,8 @@ pub(crate) fn retire(tgid: u32, addr: u64) {
     }
 }
 
-/// Sends a sampled allocation with the stack of the current thread.
+/// Sends a sampled allocation with the stack of the current thread (and
+/// a CPython thread's Python frames).
 #[inline(always)]
 fn send_heap_alloc(
     ctx: &ProbeContext,
@@ -335,37 +338,70 @@ fn send_heap_alloc(
     // SAFETY: a context load of the user's stack pointer.
     let sp = unsafe { (*ctx.regs).rsp };
     let event = (tgid, tid, function, addr, size, live);
+    let python = heap_python_frames(tgid, tid);
     if global_u8(&SHORT_RECORDS) != 0 && !use_dwarf(tgid) {
         // Walked by frame pointers: no stack bytes to carry.
-        send_heap_alloc_in::<0>(ctx, event)
+        send_heap_alloc_in::<0>(ctx, event, python)
     } else if stack_fits(tid, sp, SHORT_STACK_BYTES) {
-        send_heap_alloc_in::<SHORT_STACK_BYTES>(ctx, event)
+        send_heap_alloc_in::<SHORT_STACK_BYTES>(ctx, event, python)
     } else {
-        send_heap_alloc_in::<STACK_COPY_BYTES>(ctx, event)
+        send_heap_alloc_in::<STACK_COPY_BYTES>(ctx, event, python)
     }
 }
 
 /// Sends a sampled allocation in the record form with an N-byte stack
-/// copy (0: the frames-only form of a stack walked by frame pointers).
+/// copy (0: the frames-only form of a stack walked by frame pointers),
+/// followed by `python`'s frames when there are (a CPython thread's).
 #[inline(always)]
 fn send_heap_alloc_in<const N: usize>(
     ctx: &ProbeContext,
-    (tgid, tid, function, addr, size, live): (u32, u32, u32, u64, u64, bool),
+    event: (u32, u32, u32, u64, u64, bool),
+    python: Option<*const PyFrames<HEAP_PY_FRAMES>>,
 ) -> bool {
-    let Some(mut entry) = HEAP_EVENTS.reserve::<HeapAlloc<N>>(0) else {
+    let Some(python) = python else {
+        let Some(mut entry) = HEAP_EVENTS.reserve::<HeapAlloc<N>>(0) else {
+            return false;
+        };
+        // SAFETY: the entry is ours until submitted.
+        unsafe { write_heap_alloc(ctx, entry.as_mut_ptr(), event, 0) };
+        entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
+        return true;
+    };
+    let Some(mut entry) = HEAP_EVENTS.reserve::<WithPython<HeapAlloc<N>, HEAP_PY_FRAMES>>(0) else {
         return false;
     };
     let out = entry.as_mut_ptr();
+    // SAFETY: the entry is ours until submitted; `python` is this CPU's
+    // scratch, walked above.
+    unsafe {
+        write_heap_alloc(ctx, &raw mut (*out).record, event, 1);
+        copy_python_frames(&raw mut (*out).python, python);
+    }
+    entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
+    true
+}
+
+/// Writes a sampled allocation's record with an N-byte stack copy into
+/// `out`, in place (it is far larger than the BPF stack).
+///
+/// # Safety
+/// `out` is a reserved ring entry of the caller's.
+#[inline(always)]
+unsafe fn write_heap_alloc<const N: usize>(
+    ctx: &ProbeContext,
+    out: *mut HeapAlloc<N>,
+    (tgid, tid, function, addr, size, live): (u32, u32, u32, u64, u64, bool),
+    python: u32,
+) {
     let regs = ctx.regs;
-    // SAFETY: the entry is ours until submitted; written in place (it is
-    // far larger than the BPF stack). Register reads are context loads.
+    // SAFETY: the caller's entry; register reads are context loads.
     unsafe {
         (*out).kind = heap_event::ALLOC;
         (*out).tgid = tgid;
         (*out).tid = tid;
         (*out).function = function;
         (*out).live = u32::from(live);
-        (*out)._pad = 0;
+        (*out).python = python;
         (*out).time_ns = bpf_ktime_get_ns();
         (*out).addr = addr;
         (*out).size = size;
@@ -385,6 +421,4 @@ fn send_heap_alloc_in<const N: usize>(
             )
         };
     }
-    entry.submit(wake_flag(&HEAP_EVENTS, &HEAP_EVENTS_RING));
-    true
 }

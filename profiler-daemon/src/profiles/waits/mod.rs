@@ -15,7 +15,8 @@ use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
 use profiler_common::{
     MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord,
-    STACK_COPY_BYTES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event, wait_flags,
+    STACK_COPY_BYTES, WAIT_PY_FRAMES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event,
+    wait_flags,
 };
 
 use crate::bpf::drain::{SampleId, Stack};
@@ -29,7 +30,8 @@ use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{
-    Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, read_record, record,
+    Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, python_tail, read_record,
+    record,
 };
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
@@ -164,16 +166,23 @@ pub(crate) fn read_wait_events(
         let Some(head) = read_record::<WaitHead>(&item) else {
             continue;
         };
+        // A CPython thread's record (full or brief) ends with its Python
+        // frames, settled now, while the process lives.
+        let has_python = head.flags & wait_flags::PYTHON != 0;
+        let Some((item, python)) = python_tail::<WAIT_PY_FRAMES>(&item, has_python) else {
+            continue;
+        };
+        let python = python.and_then(|p| python_frames(codes, head.tgid, p));
         // A brief record (its walk hint matched) carries the walk's frames
         // instead of a copy.
         let (stack, frames, frames_len): (&[u8], &[u64], u64) =
             if head.flags & wait_flags::BRIEF != 0 {
-                let Some(frames) = brief_frames(&item) else {
+                let Some(frames) = brief_frames(item) else {
                     continue;
                 };
                 (&[], frames, frames.len() as u64)
             } else {
-                let Some(event) = record::<WaitStack>(&item) else {
+                let Some(event) = record::<WaitStack>(item) else {
                     continue;
                 };
                 (
@@ -211,7 +220,7 @@ pub(crate) fn read_wait_events(
             cond: event.cond,
             go_labels: event.go_labels,
             go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
-            python: None,
+            python,
         };
         if kind == wait_event::BLOCK
             && let Some(reason) = go_wait_reasons::key_text(id.go_wait)

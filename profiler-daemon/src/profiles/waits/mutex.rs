@@ -145,7 +145,6 @@ impl MutexTable {
                             cond,
                             go_labels: 0,
                             go_wait: 0,
-                            python: None,
                             ..(*id).clone()
                         }),
                         weight,
