@@ -105,10 +105,19 @@ fn main() -> Result<()> {
         }
         Task::Test { quick, no_kernels } => {
             setup(true)?;
+            let started = std::time::Instant::now();
             test(quick)?;
             if !no_kernels {
                 vm::matrix(&root())?;
+                eprintln!(
+                    "xtask test: kernel matrix done at {} s",
+                    started.elapsed().as_secs()
+                );
                 vm::tests_matrix(&root())?;
+                eprintln!(
+                    "xtask test: kernel matrix's tests done at {} s",
+                    started.elapsed().as_secs()
+                );
             }
             Ok(())
         }
@@ -340,6 +349,14 @@ fn build(release: bool) -> Result<()> {
 }
 
 fn test(quick: bool) -> Result<()> {
+    // Each phase's time in the log: the suite must stay within CI's time.
+    let started = std::time::Instant::now();
+    let phase = |name: &str| {
+        eprintln!(
+            "xtask test: {name} done at {} s",
+            started.elapsed().as_secs()
+        )
+    };
     if !quick {
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
         layout::check(&root())?;
@@ -368,9 +385,12 @@ fn test(quick: bool) -> Result<()> {
             ])
             .arg(root().join("target/bpf"))
             .args(["--", "-D", "warnings"]))?;
+        phase("formatting, layout and lints");
     }
     build(true)?;
+    phase("release build");
     deploy_check::check(&root(), &root().join("target/release/profilerd"))?;
+    phase("deployment check");
     // Unit tests in the dev profile: the symbolizer's tests read their own
     // binary's DWARF, which release builds do not carry. The property tests
     // draw the same cases on every run here, so that the suite's verdict
@@ -393,6 +413,7 @@ fn test(quick: bool) -> Result<()> {
         unit.env("PROPTEST_RNG_SEED", PROPTEST_SEED);
     }
     run(&mut unit)?;
+    phase("unit tests");
     // End-to-end tests measure CPU shares: one at a time, on an idle machine.
     run(cargo()
         .args([
@@ -405,5 +426,7 @@ fn test(quick: bool) -> Result<()> {
         ])
         .env("PROFILERD_BIN", root().join("target/release/profilerd"))
         .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
-        .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))
+        .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))?;
+    phase("end-to-end tests");
+    Ok(())
 }

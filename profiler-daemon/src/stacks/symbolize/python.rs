@@ -100,7 +100,8 @@ pub struct PythonCodes {
     procs: HashMap<u32, Process>,
     warned: HashSet<u32>,
     /// Caches off (`[debug] python_caches = false`): code objects read
-    /// at every frame, thread states searched at every sample.
+    /// at every frame (the last read standing in once the process is
+    /// gone), thread states searched at every sample.
     uncached: bool,
     pub stats: PythonStats,
 }
@@ -190,18 +191,27 @@ impl PythonCodes {
                 continue;
             }
             let address = frame.code & !7;
-            if process.codes.len() >= MAX_CODES || self.uncached {
+            if process.codes.len() >= MAX_CODES {
                 process.codes.clear();
             }
-            let code = process
-                .codes
-                .entry(address)
-                .or_insert_with(|| {
-                    let mem = mem.get_or_insert_with(|| Memory::open(tgid)).as_ref()?;
-                    self.stats.code_reads += 1;
-                    read_code(mem, &python.code, address, &mut process.code_type).map(Arc::new)
-                })
-                .clone();
+            let known = process.codes.get(&address);
+            let code = if known.is_some() && !self.uncached {
+                known.cloned().flatten()
+            } else {
+                // Uncached, read again at every frame while the process
+                // lives; what was read last stands in once it is gone.
+                let fresh = mem
+                    .get_or_insert_with(|| Memory::open(tgid))
+                    .as_ref()
+                    .and_then(|mem| {
+                        self.stats.code_reads += 1;
+                        read_code(mem, &python.code, address, &mut process.code_type)
+                    })
+                    .map(Arc::new);
+                let code = fresh.or_else(|| known.cloned().flatten());
+                process.codes.insert(address, code.clone());
+                code
+            };
             let line = code.as_ref().map_or(0, |code| {
                 line_at(python.code.lines, code, frame.instr).unwrap_or(code.first_line)
             });
