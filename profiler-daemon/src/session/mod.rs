@@ -74,7 +74,7 @@ pub async fn run(settings: Settings) -> Result<()> {
     // Python frames need `py_sample`, whose loading (50-80 ms) would
     // otherwise cost a CPython process started later the frames of its
     // first moments: loaded before a command starts (which delays it,
-    // not READY); on the whole node, just after READY.
+    // not READY); on the whole node, at the first Python process.
     // `py_sample` takes CPU samples only: the other records' programs read
     // the frames themselves.
     let python = s.python_frames_wanted() && s.settings.profiles.contains(&ProfileKind::Cpu);
@@ -95,10 +95,9 @@ pub async fn run(settings: Settings) -> Result<()> {
     s.mark_running_go_processes();
     if !targets {
         s.watch_python();
-        if python && !command {
-            s.probes.enable_py_sample();
-        }
     }
+    let prompt_settle = targets || command;
+    s.prompt_settle = prompt_settle;
 
     let deadline = s.settings.duration.map(|d| s.window.started + d);
     let mut drain_tick =
@@ -159,8 +158,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             }
             // A new image's libraries (a shared CPython's `libpython`)
             // are recorded 20 ms after its exec, not at the next tick:
-            // its Python frames are read from then on.
-            _ = sleep_opt(s.procs.next_settle_at().map(|at| at.saturating_duration_since(Instant::now()))) => {
+            // its Python frames are read from then on. For a command's
+            // or the targets' processes only: on the whole node, under
+            // process churn, every child's maps would be read again
+            // while it lives, and the Python watch run per child.
+            _ = sleep_opt(s.prompt_settle.then(|| s.procs.next_settle_at()).flatten().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 s.procs.settle();
                 s.watch_python();
             }
@@ -227,6 +229,8 @@ struct Session {
     /// Processes that exec'd: their mappings are complete only once the
     /// dynamic loader has run, so they are looked at again a tick later.
     exec_rescan: Vec<u32>,
+    /// Snapshots re-read when due, on a timer (see `run`).
+    prompt_settle: bool,
     /// Stack samples read before the event of the image they ran.
     waiting: WaitingSamples,
     /// Each target with its start time: a new process that reuses the pid
@@ -335,6 +339,7 @@ impl Session {
             publisher,
             retention,
             exec_rescan: Vec::new(),
+            prompt_settle: false,
             waiting: WaitingSamples::default(),
             live_targets,
             goroutines: GoroutineReader::default(),
