@@ -642,6 +642,11 @@ pub fn total_cpu(samples: &[FlatSample]) -> i64 {
     samples.iter().map(|s| s.cpu_ns).sum()
 }
 
+/// Sum of cpu/nanoseconds of the samples `keep` keeps.
+pub fn cpu_where(samples: &[FlatSample], keep: impl Fn(&FlatSample) -> bool) -> i64 {
+    samples.iter().filter(|s| keep(s)).map(|s| s.cpu_ns).sum()
+}
+
 /// Sum of samples/count.
 pub fn total_count(samples: &[FlatSample]) -> i64 {
     samples.iter().map(|s| s.count).sum()

@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::process::child_of;
-use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
+use profiler_tests::profiles::{
+    FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
+};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life, pyenv_python};
 
@@ -38,11 +40,9 @@ fn script() -> PathBuf {
 /// The CPU time of samples with a frame whose name (as the perf map has
 /// it, `JS:*spinHeavy /path:line:col`) names JavaScript function `f`.
 fn cpu_in(samples: &[FlatSample], f: &str) -> i64 {
-    samples
-        .iter()
-        .filter(|s| s.frames.iter().any(|fr| names_js(&fr.function, f)))
-        .map(|s| s.cpu_ns)
-        .sum()
+    cpu_where(samples, |s| {
+        s.frames.iter().any(|fr| names_js(&fr.function, f))
+    })
 }
 
 /// Whether a perf-map name is JavaScript function `f`'s: V8 writes
@@ -241,30 +241,22 @@ fn python_functions_are_named_from_the_perf_map() {
     );
 
     let (WholeLife { report, daemon, .. }, samples) = run("frames-on", &[]);
-    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
-    let leaf_time = |f: &str| -> i64 {
-        samples
-            .iter()
-            .filter(|s| {
-                s.frames
-                    .iter()
-                    .find(|fr| fr.file.ends_with(".py"))
-                    .is_some_and(|fr| fr.function == f)
-            })
-            .map(|s| s.cpu_ns)
-            .sum()
+    let total = total_cpu(&samples);
+    let leaf_time = |f: &str| {
+        cpu_where(&samples, |s| {
+            s.frames
+                .iter()
+                .find(|fr| fr.file.ends_with(".py"))
+                .is_some_and(|fr| fr.function == f)
+        })
     };
     let (heavy, light) = (leaf_time("spin_heavy"), leaf_time("spin_light"));
-    let trampolines: i64 = samples
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.function.starts_with("py::")))
-        .map(|s| s.cpu_ns)
-        .sum();
-    let in_python: i64 = samples
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.file.ends_with(".py")))
-        .map(|s| s.cpu_ns)
-        .sum();
+    let trampolines = cpu_where(&samples, |s| {
+        s.frames.iter().any(|f| f.function.starts_with("py::"))
+    });
+    let in_python = cpu_where(&samples, |s| {
+        s.frames.iter().any(|f| f.file.ends_with(".py"))
+    });
     let share = heavy as f64 / (heavy + light).max(1) as f64;
     let timed_share = field(&report, "heavy_ns") as f64
         / (field(&report, "heavy_ns") + field(&report, "light_ns")).max(1) as f64;

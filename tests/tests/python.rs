@@ -32,7 +32,9 @@ use std::time::Duration;
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::pprof_tool::check_readable;
 use profiler_tests::process::child_of;
-use profiler_tests::profiles::{FlatSample, flatten_all, of_pid, read_profiles, summary};
+use profiler_tests::profiles::{
+    FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
+};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
     Running, WholeLife, field, profile_whole_life_beside, pyenv_python,
@@ -379,21 +381,15 @@ fn python_started_after_the_daemon_is_read_from_its_start() {
     ]);
     daemon.wait_success(Duration::from_secs(30));
     let samples = flatten_all(&read_profiles(&out, "cpu"));
-    let total: i64 = samples.iter().map(|s| s.cpu_ns).sum();
-    let native_only: i64 = samples
-        .iter()
-        .filter(|s| {
-            s.frames
-                .iter()
-                .any(|f| f.function.starts_with("_PyEval_EvalFrameDefault"))
-        })
-        .map(|s| s.cpu_ns)
-        .sum();
-    let in_python: i64 = samples
-        .iter()
-        .filter(|s| s.frames.iter().any(|f| f.file.ends_with(".py")))
-        .map(|s| s.cpu_ns)
-        .sum();
+    let total = total_cpu(&samples);
+    let native_only = cpu_where(&samples, |s| {
+        s.frames
+            .iter()
+            .any(|f| f.function.starts_with("_PyEval_EvalFrameDefault"))
+    });
+    let in_python = cpu_where(&samples, |s| {
+        s.frames.iter().any(|f| f.file.ends_with(".py"))
+    });
     let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
     println!(
         "python3.12 started by the daemon: {:.3} of its time in Python frames, {:.3} with the evaluator's frame left",

@@ -71,15 +71,15 @@ pub async fn run(settings: Settings) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     tracing::info!("{}", describe(&s.settings));
-    // Python frames need `py_sample`, whose loading (50-80 ms) would
-    // otherwise cost a CPython process started later the frames of its
-    // first moments: loaded before a command starts (which delays it,
-    // not READY); on the whole node, at the first Python process.
-    // `py_sample` takes CPU samples only: the other records' programs read
-    // the frames themselves.
-    let python = s.python_frames_wanted() && s.settings.profiles.contains(&ProfileKind::Cpu);
-    let command = !s.settings.command.is_empty();
-    if python && command {
+    // `py_sample` (CPU samples' Python frames; the other records'
+    // programs read them themselves) takes 50-80 ms to load: under a
+    // command, loaded before the command starts (delaying it, not READY),
+    // so that a CPython process there has its frames from its first
+    // moments; on the whole node, at the first Python process.
+    if !s.settings.command.is_empty()
+        && s.python_frames_wanted()
+        && s.settings.profiles.contains(&ProfileKind::Cpu)
+    {
         s.probes.enable_py_sample();
     }
     let mut child = s.start_command()?;
@@ -96,8 +96,6 @@ pub async fn run(settings: Settings) -> Result<()> {
     if !targets {
         s.watch_python();
     }
-    let prompt_settle = targets || command;
-    s.prompt_settle = prompt_settle;
 
     let deadline = s.settings.duration.map(|d| s.window.started + d);
     let mut drain_tick =
@@ -162,7 +160,7 @@ pub async fn run(settings: Settings) -> Result<()> {
             // or the targets' processes only: on the whole node, under
             // process churn, every child's maps would be read again
             // while it lives, and the Python watch run per child.
-            _ = sleep_opt(s.prompt_settle.then(|| s.procs.next_settle_at()).flatten().map(|at| at.saturating_duration_since(Instant::now()))) => {
+            _ = sleep_opt(s.prompt_settle().then(|| s.procs.next_settle_at()).flatten().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 s.procs.settle();
                 s.watch_python();
             }
@@ -229,8 +227,6 @@ struct Session {
     /// Processes that exec'd: their mappings are complete only once the
     /// dynamic loader has run, so they are looked at again a tick later.
     exec_rescan: Vec<u32>,
-    /// Snapshots re-read when due, on a timer (see `run`).
-    prompt_settle: bool,
     /// Stack samples read before the event of the image they ran.
     waiting: WaitingSamples,
     /// Each target with its start time: a new process that reuses the pid
@@ -339,7 +335,6 @@ impl Session {
             publisher,
             retention,
             exec_rescan: Vec::new(),
-            prompt_settle: false,
             waiting: WaitingSamples::default(),
             live_targets,
             goroutines: GoroutineReader::default(),
@@ -399,6 +394,12 @@ impl Session {
                     .mark_frame_pointer_process(pid, go_runtime::fp_process(pid, go));
             }
         }
+    }
+
+    /// Whether snapshots are re-read when due, on a timer (see `run`):
+    /// under a command or `--pid`, whose processes are few.
+    fn prompt_settle(&self) -> bool {
+        !self.settings.command.is_empty() || !self.settings.pids.is_empty()
     }
 
     /// Whether a profile on carries Python frames (every profile type's
