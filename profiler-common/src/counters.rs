@@ -81,8 +81,12 @@ pub mod counter {
     /// thread that never ran Python, or one past `PY_THREADS_SEARCHED`):
     /// recorded with native frames only.
     pub const PY_THREADS_UNFOUND: u32 = 31;
-    /// Number of counters (at most 32: arrays of them derive `Default`).
-    pub const COUNT: u32 = 32;
+    /// Off-CPU switch-outs of threads marked deep that found no slot in
+    /// `OFFCPU_DEEP_STACKS`: parked with the usual copy instead.
+    pub const OFFCPU_DEEP_FULL: u32 = 32;
+    /// Number of counters (at most 64: the daemon logs each loss once by a
+    /// bit of a `u64`).
+    pub const COUNT: u32 = 33;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -44,6 +44,17 @@ pub const SHORT_STACK_BYTES: usize = 4096;
 /// Threads whose stack top is remembered at once (least recently used go).
 pub const STACK_TOPS_ENTRIES: u32 = 65_536;
 
+/// Stack bytes of the long form of a CPU sample, heap allocation or
+/// off-CPU record, used for a thread the daemon marked deep
+/// (`DEEP_THREADS`): one whose walk ran past the end of its usual copy,
+/// such as an event loop's that keeps a large buffer on the stack (libuv
+/// keeps 12 KiB of epoll events in `uv__io_poll`'s frame).
+pub const LONG_STACK_BYTES: usize = 32 * 1024;
+
+/// Threads marked deep at once (least recently used go; the daemon marks a
+/// thread again when its walk is cut again).
+pub const DEEP_THREADS_ENTRIES: u32 = 1024;
+
 /// Bytes in the ring buffer of stack samples (about 470 samples in the
 /// long form, 1600 in the short one).
 pub const STACK_SAMPLES_BYTES: u32 = 8 * 1024 * 1024;

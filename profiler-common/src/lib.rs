@@ -67,7 +67,7 @@ mod user {
     // SAFETY: as below.
     unsafe impl aya::Pod for super::MutexDelay {}
     // SAFETY: as below.
-    unsafe impl aya::Pod for super::OffcpuRecord {}
+    unsafe impl<const N: usize> aya::Pod for super::OffcpuRecord<N> {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::FutexCall {}
     // SAFETY: as below.

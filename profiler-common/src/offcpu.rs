@@ -13,12 +13,21 @@ pub const OFFCPU_KERNEL_DEPTH: usize = 64;
 /// until its thread exits; allocated as used).
 pub const OFFCPU_PARKED_ENTRIES: u32 = 8192;
 
+/// Threads marked deep whose switch-out stacks are parked at once in the
+/// long form (`OFFCPU_DEEP_STACKS`, allocated as used; a slot lives until
+/// its thread exits). Beyond it, a deep thread's copies are the usual
+/// ones.
+pub const OFFCPU_DEEP_ENTRIES: u32 = 256;
+
 /// A thread that left the CPU blocked: its stacks at the switch-out, parked
 /// in `OFFCPU_PARKED` until it runs again; sent (with `duration_ns`) as a
-/// `wait_event::OFFCPU` event when kept.
+/// `wait_event::OFFCPU` event when kept. A thread marked deep
+/// (`DEEP_THREADS`) parks its stack copy in `OFFCPU_DEEP_STACKS` instead
+/// (`wait_flags::LONG_STACK`) and is sent in the long form, N =
+/// LONG_STACK_BYTES; the daemon tells the forms apart by their length.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct OffcpuRecord {
+pub struct OffcpuRecord<const N: usize = OFFCPU_STACK_BYTES> {
     /// `wait_event::OFFCPU`.
     pub kind: u32,
     pub tgid: u32,
@@ -41,7 +50,8 @@ pub struct OffcpuRecord {
     /// With `wait_flags::HINT_MATCHED`: the walk hint the stack matched.
     pub hint_id: u64,
     /// Bytes of `stack` copied from `sp` up (0: frames were walked instead,
-    /// or a hint matched).
+    /// or a hint matched); parked with `wait_flags::LONG_STACK`, bytes of
+    /// the thread's `OFFCPU_DEEP_STACKS` slot.
     pub stack_len: u64,
     /// Frames of `frames` in use: a frame-pointer walk, or with
     /// `wait_flags::HINT_MATCHED` the remembered walk's frames after `ip`.
@@ -54,8 +64,15 @@ pub struct OffcpuRecord {
     pub comm: [u8; COMM_LEN],
     pub kernel: [u64; OFFCPU_KERNEL_DEPTH],
     pub frames: [u64; MAX_STACK_DEPTH],
-    pub stack: [u8; OFFCPU_STACK_BYTES],
+    pub stack: [u8; N],
     /// A CPython thread's Python frames at the switch-out (none for other
     /// processes; copied from the parked record only when there are).
     pub python: crate::PyFrames<{ crate::OFFCPU_PY_FRAMES }>,
+}
+
+/// A deep thread's switch-out stack copy, parked beside its record.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct DeepStack {
+    pub stack: [u8; crate::LONG_STACK_BYTES],
 }

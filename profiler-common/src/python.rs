@@ -145,11 +145,15 @@ pub struct PySample<const N: usize> {
     pub python: PyFrames,
 }
 
-// The daemon tells the four CPU record forms apart by length, largest
-// first: the short Python form must be shorter than the long native one.
+// The daemon tells the six CPU record forms apart by length, largest
+// first: each Python form must be shorter than the next larger native one.
 const _: () = assert!(
     core::mem::size_of::<PySample<{ crate::SHORT_STACK_BYTES }>>()
         < core::mem::size_of::<StackSample<{ crate::STACK_COPY_BYTES }>>()
+);
+const _: () = assert!(
+    core::mem::size_of::<PySample<{ crate::STACK_COPY_BYTES }>>()
+        < core::mem::size_of::<StackSample<{ crate::LONG_STACK_BYTES }>>()
 );
 
 /// A heap sample's or wait record's kernel form for a CPython process:

@@ -108,6 +108,10 @@ pub mod wait_flags {
     /// the `record` of a `WithPython<_, WAIT_PY_FRAMES>`, the thread's
     /// Python frames after it.
     pub const PYTHON: u32 = 32;
+    /// An off-CPU record of a thread marked deep: parked, its stack copy
+    /// is in the thread's `OFFCPU_DEEP_STACKS` slot; sent, the record is
+    /// the long form.
+    pub const LONG_STACK: u32 = 64;
 }
 
 /// Python frames a wait record of a CPython thread carries (nearest the

@@ -91,6 +91,12 @@ pub(crate) static SHORT_RECORDS: u8 = 1;
 #[unsafe(no_mangle)]
 pub(crate) static USE_STACK_TOPS: u8 = 1;
 
+/// Threads the daemon marked deep get copies of up to LONG_STACK_BYTES (a
+/// feature, not an optimization: off, their stacks stay cut at the usual
+/// copy's end, to compare).
+#[unsafe(no_mangle)]
+pub(crate) static LONG_RECORDS: u8 = 1;
+
 #[inline(always)]
 pub(crate) fn global<T: Copy>(v: &T) -> T {
     // SAFETY: as for global_u8.

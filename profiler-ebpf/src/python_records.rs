@@ -1,13 +1,30 @@
-//! The Python frames that heap samples and wait records of a CPython
-//! process carry (`WithPython`): walked once per record into a per-CPU
-//! scratch, then copied after the record's own bytes. The walk is the
-//! costliest part to verify, and each of those senders has several
-//! record forms: walked once, it is verified once per sender.
+//! The Python frames that CPU samples (`PySample`), heap samples and wait
+//! records (`WithPython`) of a CPython process carry: walked once per
+//! record into a per-CPU scratch, then copied after the record's own
+//! bytes. The walk is the costliest part to verify, and each of those
+//! senders has several record forms: walked once, it is verified once
+//! per sender. Each sender has a scratch of its own: a CPU sample's
+//! program runs in NMI context and may interrupt a tracepoint's on the
+//! same CPU.
 
 use aya_ebpf::{helpers::generated::bpf_probe_read_kernel, macros::map, maps::PerCpuArray};
-use profiler_common::{HEAP_PY_FRAMES, PyFrame, PyFrames, WAIT_PY_FRAMES};
+use profiler_common::{HEAP_PY_FRAMES, PyFrame, PyFrames, PyRuntime, WAIT_PY_FRAMES};
 
 use crate::python::{python_frames, python_process};
+
+/// Per-CPU room for a CPU sample's Python frames.
+#[map]
+static CPU_PY_SCRATCH: PerCpuArray<PyFrames> = PerCpuArray::with_max_entries(1, 0);
+
+/// The Python frames of thread `tid` of the CPython process `py` for a
+/// CPU sample, in this CPU's scratch.
+#[inline(always)]
+pub(crate) fn cpu_python_frames(py: &PyRuntime, tid: u32) -> Option<*const PyFrames> {
+    let scratch = CPU_PY_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's scratch (a perf-event program does not nest).
+    unsafe { python_frames(py, tid, &mut *scratch) };
+    Some(scratch)
+}
 
 /// Per-CPU room for a heap sample's Python frames.
 #[map]

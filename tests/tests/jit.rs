@@ -33,6 +33,12 @@ use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life, p
 /// share of the process's samples whose leaf the map names.
 const SHARE_TOLERANCE: f64 = 0.05;
 
+/// V8's `--logfile` argument for a log in `dir`: with `--perf-basic-prof`
+/// Node also writes a V8 log, by default into its working directory.
+fn v8_log_in(dir: &Path) -> String {
+    format!("--logfile={}", dir.join("v8.log").display())
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.js")
 }
@@ -63,6 +69,7 @@ fn node_functions_are_named_from_the_perf_map() {
     let out = tmp.path().join("out");
     let node = PathBuf::from("/usr/bin/node");
     let script = script();
+    let v8_log = v8_log_in(tmp.path());
     let WholeLife {
         pid,
         report,
@@ -71,6 +78,8 @@ fn node_functions_are_named_from_the_perf_map() {
         &node,
         &[
             "--perf-basic-prof",
+            "--no-logfile-per-isolate",
+            &v8_log,
             "--no-turbo-inlining",
             "--cpu-prof",
             "--cpu-prof-dir",
@@ -133,6 +142,143 @@ fn node_functions_are_named_from_the_perf_map() {
         "spinHeavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
     );
     assert!(daemon.summary_field("perf_map_frames") > 0, "{diag}");
+}
+
+/// What one run of `node_io.js` gave: for its main thread, in the
+/// windows after the first (the thread is marked deep at the daemon's
+/// first tick), the CPU and off-CPU time in stacks through `uv__io_poll`
+/// and the part of it whose stacks reach `_start`.
+struct EventLoopRun {
+    cpu: (i64, i64),
+    off: (i64, i64),
+    /// CPU time in stacks whose JavaScript leaf is `work`.
+    work: i64,
+    report: std::collections::BTreeMap<String, u64>,
+    long_records: u64,
+    diag: String,
+}
+
+fn event_loop_run(config: Option<&str>) -> EventLoopRun {
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let mut extra = vec!["--profiles", "cpu,offcpu"];
+    let config_path = tmp.path().join("profilerd.toml");
+    if let Some(text) = config {
+        std::fs::write(&config_path, text).expect("config file");
+        extra.extend(["--config", config_path.to_str().expect("UTF-8 path")]);
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/node_io.js");
+    let v8_log = v8_log_in(tmp.path());
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        Path::new("/usr/bin/node"),
+        &[
+            "--perf-basic-prof",
+            "--no-logfile-per-isolate",
+            &v8_log,
+            script.to_str().expect("UTF-8 path"),
+            "5",
+        ],
+        &out,
+        199,
+        &extra,
+    );
+    let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
+    let later = |kind: &str| -> Vec<FlatSample> {
+        let files = read_profiles(&out, kind);
+        assert!(files.len() >= 2, "{kind}: {} files", files.len());
+        of_pid(&flatten_all(&files[1..]), pid)
+            .into_iter()
+            .filter(|s| s.tid() == pid && s.has_function("uv__io_poll"))
+            .collect()
+    };
+    let whole = |samples: &[FlatSample], value: fn(&FlatSample) -> i64| {
+        let reaching = samples
+            .iter()
+            .filter(|s| s.frames.last().is_some_and(|f| f.function == "_start"))
+            .map(value)
+            .sum();
+        (samples.iter().map(value).sum(), reaching)
+    };
+    let (cpu, off) = (later("cpu"), later("offcpu"));
+    let work = cpu_where(&cpu, |s| {
+        s.frames
+            .iter()
+            .take(1)
+            .any(|f| names_js(&f.function, "work"))
+    });
+    EventLoopRun {
+        cpu: whole(&cpu, |s| s.cpu_ns),
+        off: whole(&off, |s| s.values.last().copied().unwrap_or(0)),
+        work,
+        report,
+        long_records: daemon.summary_field("records_long_form"),
+        diag: format!("\n{}\n{}", summary(&cpu), daemon.describe()),
+    }
+}
+
+/// A Node program whose JavaScript runs from libuv's I/O callbacks: its
+/// main thread's stacks, on and off the CPU, go through `uv__io_poll`,
+/// whose frame holds 12 KiB of epoll events, and reach `_start`. Its
+/// first walks run past the end of the usual copy; the thread is then
+/// marked deep and copied in the long form. With `long_records` off
+/// they stay cut: the test sees the difference.
+#[test]
+fn node_event_loop_stacks_reach_their_root() {
+    require_root();
+    let on = event_loop_run(None);
+    let off = event_loop_run(Some("[debug]\nlong_records = false\n"));
+    let share = |(total, reaching): (i64, i64)| reaching as f64 / total.max(1) as f64;
+    for (name, run) in [("long records on", &on), ("long records off", &off)] {
+        println!(
+            "{name}: main thread through uv__io_poll after the first window: CPU {:.3} of {} ns reaches _start, off-CPU {:.3} of {} ns; {} ns in work (the program timed {} ns over its whole run); {} long records",
+            share(run.cpu),
+            run.cpu.0,
+            share(run.off),
+            run.off.0,
+            run.work,
+            field(&run.report, "work_ns"),
+            run.long_records
+        );
+    }
+    // Enough of both to judge (199 Hz; 1 ms waits between 5 ms turns).
+    for run in [&on, &off] {
+        assert!(
+            run.cpu.0 >= 500_000_000,
+            "CPU time {}{}",
+            run.cpu.0,
+            run.diag
+        );
+        assert!(
+            run.off.0 >= 100_000_000,
+            "off-CPU time {}{}",
+            run.off.0,
+            run.diag
+        );
+        assert!(
+            run.work as f64 >= 0.5 * run.cpu.0 as f64,
+            "work {}{}",
+            run.work,
+            run.diag
+        );
+    }
+    assert!(on.long_records > 0, "{}", on.diag);
+    assert!(share(on.cpu) >= 0.97, "CPU stacks cut{}", on.diag);
+    assert!(share(on.off) >= 0.97, "off-CPU stacks cut{}", on.diag);
+    assert_eq!(off.long_records, 0, "{}", off.diag);
+    assert!(
+        share(off.cpu) <= 0.5,
+        "CPU stacks whole without long records{}",
+        off.diag
+    );
+    assert!(
+        share(off.off) <= 0.5,
+        "off-CPU stacks whole without long records{}",
+        off.diag
+    );
 }
 
 /// Self samples of spinHeavy and spinLight in the `.cpuprofile` Node's own
@@ -304,7 +450,7 @@ fn a_perf_map_is_found_in_the_process_own_namespaces() {
     // the tmpfs hides /tmp (a checkout may lie under it) and written into
     // it.
     let inner = format!(
-        "script=$(cat '{}') && mount -t tmpfs profilerd-jit-tmp /tmp && printf '%s\\n' \"$script\" > /tmp/cpu_ratio.js && exec /usr/bin/node --perf-basic-prof --no-turbo-inlining /tmp/cpu_ratio.js \"$@\"",
+        "script=$(cat '{}') && mount -t tmpfs profilerd-jit-tmp /tmp && printf '%s\\n' \"$script\" > /tmp/cpu_ratio.js && exec /usr/bin/node --perf-basic-prof --no-logfile-per-isolate --logfile=/tmp/v8.log --no-turbo-inlining /tmp/cpu_ratio.js \"$@\"",
         script.to_str().expect("UTF-8 path")
     );
     let mut unshare = Running::start(

@@ -34,6 +34,8 @@ const TRUNCATED: &str = "[truncated]";
 /// How much of a sampled thread's user stack the kernel copies, from the
 /// stack pointer up.
 const STACK_COPY_BYTES: u64 = 16 * 1024;
+/// The long copy of a thread marked deep (`profiler_common::LONG_STACK_BYTES`).
+const LONG_STACK_BYTES: u64 = 32 * 1024;
 /// Bound on a workload's run once released.
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(15);
 /// Bound on the daemon's exit once its target has exited.
@@ -728,6 +730,7 @@ fn as_complete_as_perf_dwarf() {
 
 /// A stack deeper than the 16 KiB copy: the samples that do not reach main
 /// say so with a final `[truncated]` frame and keep every frame the copy
+/// holds; once the thread is marked deep, every frame the 32 KiB copy
 /// holds; stacks that fit are complete.
 #[test]
 fn too_deep_stacks_end_with_truncated() {
@@ -824,6 +827,27 @@ fn too_deep_stacks_end_with_truncated() {
          {:?} of its page){}",
         run.report.get("leaf_sp_page_offset"),
         run.diag(|x| !leaf_is(x, "burn_deep") || descend_frames(x) >= fit)
+    );
+    // Its thread is marked deep once its walks run past the usual copy:
+    // later copies take the long form, and truncated stacks keep what it
+    // holds; beyond it, the cut is counted.
+    let long_fit = ((LONG_STACK_BYTES - 64) / frame_bytes) as usize;
+    let long_kept: i64 = depths.range(long_fit..).map(|(_, n)| n).sum();
+    let (long_records, cut_past_long) = (
+        run.daemon.summary_field("records_long_form"),
+        run.daemon.summary_field("unwinds_cut_past_long_copy"),
+    );
+    println!(
+        "{long_kept} truncated burn_deep samples keep at least {long_fit} descend frames (a \
+         {LONG_STACK_BYTES}-byte copy); {long_records} long records, {cut_past_long} walks cut \
+         past a long copy"
+    );
+    assert!(
+        long_kept > 0 && long_records > 0 && cut_past_long > 0,
+        "no long copies of a thread whose walks ran past the usual copy ({long_kept} samples \
+         with {long_fit} frames, {long_records} long records, {cut_past_long} walks cut past \
+         one){}",
+        run.diag(|x| !leaf_is(x, "burn_deep") || descend_frames(x) >= long_fit)
     );
     // The truncation is about depth: the shallow descent is complete.
     let shallow_main = share(&shallow, has_main);

@@ -11,6 +11,7 @@
 //! brief_records = true   # a matched hint sends the walk's frames instead of a stack copy
 //! short_records = true   # a stack known to fit in 4 KiB goes in the short record form
 //! stack_tops = true      # copies stop at the thread's stack top learned from walks
+//! long_records = true    # a thread whose walks ran past its copy's end gets copies of up to 32 KiB
 //! rings_mapped_once = true  # ring buffers' data pages mapped once, not twice (bpf/ring.rs)
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
@@ -35,6 +36,11 @@ pub struct StackSwitches {
     pub short_records: bool,
     /// Stack copies stop at each thread's known stack top.
     pub stack_tops: bool,
+    /// A thread whose walk ran past the end of its usual copy is marked
+    /// deep, and its later copies take the long form (32 KiB). A
+    /// feature, not an optimization: off, such stacks stay cut, to
+    /// compare.
+    pub long_records: bool,
     /// Ring buffers' data pages are mapped once (a record that wraps is
     /// copied out) rather than twice: the same records for half the
     /// rings' resident memory. Not a stack optimization, but switched
@@ -70,6 +76,7 @@ impl Default for StackSwitches {
             brief_records: true,
             short_records: true,
             stack_tops: true,
+            long_records: true,
             rings_mapped_once: true,
             release_file_pages: true,
             go_special_kinds: true,
@@ -88,6 +95,7 @@ pub struct DebugTable {
     brief_records: Option<bool>,
     short_records: Option<bool>,
     stack_tops: Option<bool>,
+    long_records: Option<bool>,
     rings_mapped_once: Option<bool>,
     release_file_pages: Option<bool>,
     go_special_kinds: Option<bool>,
@@ -106,6 +114,7 @@ impl DebugTable {
             brief_records: self.brief_records.unwrap_or(d.brief_records),
             short_records: self.short_records.unwrap_or(d.short_records),
             stack_tops: self.stack_tops.unwrap_or(d.stack_tops),
+            long_records: self.long_records.unwrap_or(d.long_records),
             rings_mapped_once: self.rings_mapped_once.unwrap_or(d.rings_mapped_once),
             release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),

@@ -58,7 +58,7 @@ const BPF_EVENTS: [(u32, &str); 8] = [
 /// Kernel counters of losses, as (`map`, `lost`) labels of
 /// `profilerd_bpf_dropped_total`: the map or ring that was full (or the
 /// stack walk), and what was lost.
-const BPF_DROPS: [(u32, &str, &str); 16] = [
+const BPF_DROPS: [(u32, &str, &str); 17] = [
     (counter::ANCHORS_LOST, "proc_events", "image_anchors"),
     (counter::COUNTS_FULL, "counts", "cpu_samples"),
     (counter::USER_STACK_LOST, "stacks", "user_stacks"),
@@ -67,6 +67,12 @@ const BPF_DROPS: [(u32, &str, &str); 16] = [
     (counter::TARGETS_FULL, "targets", "descendants"),
     // Not lost: such a sample falls back to a frame-pointer stack.
     (counter::STACK_SAMPLES_FULL, "stack_samples", "stack_copies"),
+    // Not lost: such an interval keeps the usual, shorter copy.
+    (
+        counter::OFFCPU_DEEP_FULL,
+        "offcpu_deep_stacks",
+        "long_copies",
+    ),
     (counter::HEAP_ALLOCS_LOST, "heap_events", "allocations"),
     (counter::HEAP_FREES_LOST, "heap_events", "frees"),
     (counter::HEAP_LIVE_FULL, "heap_live", "live_allocations"),
@@ -92,7 +98,8 @@ const BPF_DROPS: [(u32, &str, &str); 16] = [
 #[derive(Debug, Default)]
 pub struct Observed {
     /// The kernel's `COUNTERS`, summed over CPUs.
-    pub kernel: [u64; counter::COUNT as usize],
+    /// (A vector: arrays longer than 32 have no `Default`.)
+    pub kernel: Vec<u64>,
     /// Frames that found no symbol.
     pub symbolization_failures: u64,
     /// User stacks whose unwinding stopped before the root.
@@ -449,13 +456,13 @@ impl Metrics {
         for (index, event) in BPF_EVENTS {
             mirror(
                 &self.bpf_events.with_label_values(&[event]),
-                o.kernel[index as usize],
+                o.kernel.get(index as usize).copied().unwrap_or(0),
             );
         }
         for (index, map, lost) in BPF_DROPS {
             mirror(
                 &self.bpf_dropped.with_label_values(&[map, lost]),
-                o.kernel[index as usize],
+                o.kernel.get(index as usize).copied().unwrap_or(0),
             );
         }
         mirror(&self.symbolization_failures, o.symbolization_failures);
@@ -609,7 +616,10 @@ mod tests {
         let m = Metrics::new().unwrap();
         m.profile_written(ProfileKind::Cpu, 7, 1000);
         m.profile_written(ProfileKind::Cpu, 3, 24);
-        let mut o = Observed::default();
+        let mut o = Observed {
+            kernel: vec![0; counter::COUNT as usize],
+            ..Observed::default()
+        };
         o.kernel[counter::SAMPLES as usize] = 42;
         o.kernel[counter::COUNTS_FULL as usize] = 2;
         o.processes = 5;

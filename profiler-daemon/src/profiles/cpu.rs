@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use profiler_common::{
-    MAX_STACK_DEPTH, PySample, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
+    LONG_STACK_BYTES, MAX_STACK_DEPTH, PySample, SHORT_STACK_BYTES, STACK_COPY_BYTES, StackSample,
 };
 
 use crate::bpf::drain::{CpuWindow, SampleId, Stack};
@@ -64,6 +64,10 @@ pub(crate) static COUNTS_AHEAD_OF_IMAGE: AtomicU64 = AtomicU64::new(0);
 /// (for the exit summary).
 pub(crate) static SHORT_RECORDS: AtomicU64 = AtomicU64::new(0);
 
+/// CPU samples, sampled allocations and off-CPU records received in the
+/// long record form, of threads marked deep (for the exit summary).
+pub(crate) static LONG_RECORDS: AtomicU64 = AtomicU64::new(0);
+
 /// Unwinds every sample that came with a copy of its user stack and adds it
 /// to the window; one of an image whose event is not read yet waits in
 /// `waiting` for it.
@@ -82,7 +86,14 @@ pub(crate) fn read_stack_samples(
         // A CPython process's samples add the thread's Python frames.
         // Largest form first: a record is taken as the first form it is
         // at least as long as.
-        if let Some(py) = record::<PySample<STACK_COPY_BYTES>>(&item) {
+        if let Some(py) = record::<PySample<LONG_STACK_BYTES>>(&item) {
+            LONG_RECORDS.fetch_add(1, Ordering::Relaxed);
+            let python = python_frames(codes, py.sample.tgid, &py.python);
+            take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
+        } else if let Some(sample) = record::<StackSample<LONG_STACK_BYTES>>(&item) {
+            LONG_RECORDS.fetch_add(1, Ordering::Relaxed);
+            take_stack_sample(sample, None, procs, unwinder, cpu, waiting);
+        } else if let Some(py) = record::<PySample<STACK_COPY_BYTES>>(&item) {
             let python = python_frames(codes, py.sample.tgid, &py.python);
             take_stack_sample(&py.sample, python, procs, unwinder, cpu, waiting);
         } else if let Some(sample) = record::<StackSample>(&item) {

@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 
 use foldhash::{HashMap, HashSet};
 use profiler_common::{
-    HEAP_PY_FRAMES, HeapAlloc, HeapFree, MAX_STACK_DEPTH, SHORT_STACK_BYTES, alloc_fn, heap_event,
+    HEAP_PY_FRAMES, HeapAlloc, HeapFree, LONG_STACK_BYTES, MAX_STACK_DEPTH, SHORT_STACK_BYTES,
+    alloc_fn, heap_event,
 };
 
 use crate::bpf::drain::{SampleId, Stack};
@@ -22,7 +23,7 @@ use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
-use crate::profiles::cpu::SHORT_RECORDS;
+use crate::profiles::cpu::{LONG_RECORDS, SHORT_RECORDS};
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{Thread, event_user_stack, python_tail, read_record, record};
 use crate::profiles::rescale::heap_scale;
@@ -209,8 +210,11 @@ pub(crate) fn read_heap_events(
         };
         // Settled now, while the process lives.
         let python = python.and_then(|p| python_frames(codes, tgid, p));
-        // Three record forms, told apart by their length.
-        if let Some(alloc) = record::<HeapAlloc>(item) {
+        // Four record forms, told apart by their length, largest first.
+        if let Some(alloc) = record::<HeapAlloc<LONG_STACK_BYTES>>(item) {
+            LONG_RECORDS.fetch_add(1, Ordering::Relaxed);
+            add_heap_alloc(alloc, python, procs, probes, unwinder, heap);
+        } else if let Some(alloc) = record::<HeapAlloc>(item) {
             add_heap_alloc(alloc, python, procs, probes, unwinder, heap);
         } else if let Some(alloc) = record::<HeapAlloc<SHORT_STACK_BYTES>>(item) {
             SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);

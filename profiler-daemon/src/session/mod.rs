@@ -274,11 +274,7 @@ impl Session {
         let mut probes = Probes::load(&probe_config(&settings, &features, &settings.profiles))?;
         let mut unwinder = Unwinder::with_budget(budget.clone());
         let switches = settings.stack_switches;
-        unwinder.set_stack_options(
-            settings.limits.walk_memo_entries as usize,
-            switches.walk_hints,
-            switches.stack_tops,
-        );
+        unwinder.set_stack_options(settings.limits.walk_memo_entries as usize, &switches);
         for &pid in &settings.pids {
             probes.add_target(pid)?;
             procs.ensure(pid);

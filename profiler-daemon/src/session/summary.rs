@@ -14,7 +14,8 @@ use crate::output::metrics::{Metrics, Observed};
 use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{
-    COUNTS_AHEAD_OF_IMAGE, SAMPLES_IMAGE_UNHEARD, SAMPLES_WAITED_FOR_IMAGE, SHORT_RECORDS,
+    COUNTS_AHEAD_OF_IMAGE, LONG_RECORDS, SAMPLES_IMAGE_UNHEARD, SAMPLES_WAITED_FOR_IMAGE,
+    SHORT_RECORDS,
 };
 use crate::profiles::heap::HeapTable;
 use crate::profiles::waits::Waits;
@@ -28,7 +29,8 @@ use crate::stacks::unwind::Unwinder;
 /// the exit summary.
 #[derive(Default)]
 pub(crate) struct Losses {
-    pub(crate) logged: [bool; counter::COUNT as usize],
+    /// Bit i: counter i was logged.
+    pub(crate) logged: u64,
 }
 
 impl Losses {
@@ -36,8 +38,8 @@ impl Losses {
         let now = probes.counters();
         for (index, what) in LOSSES {
             let i = index as usize;
-            if now[i] > 0 && !self.logged[i] {
-                self.logged[i] = true;
+            if now[i] > 0 && self.logged & (1 << i) == 0 {
+                self.logged |= 1 << i;
                 tracing::warn!(target: "profilerd::session",
                     "{what}: {} so far (logged once; see the exit summary and /metrics)",
                     now[i]
@@ -205,6 +207,7 @@ pub(crate) fn log_summary(
         wait_events_lost = c[counter::WAIT_EVENTS_LOST as usize],
         futex_calls_full = c[counter::FUTEX_CALLS_FULL as usize],
         offcpu_parked_full = c[counter::OFFCPU_PARKED_FULL as usize],
+        offcpu_deep_full = c[counter::OFFCPU_DEEP_FULL as usize],
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
         jit_frames_by_frame_pointer = u.jit_frames,
@@ -216,6 +219,9 @@ pub(crate) fn log_summary(
         stack_copy_bytes = c[counter::STACK_BYTES_COPIED as usize],
         stack_tops_sent = u.tops.sent,
         records_short_form = SHORT_RECORDS.load(Ordering::Relaxed),
+        records_long_form = LONG_RECORDS.load(Ordering::Relaxed),
+        deep_threads_marked = u.tops.deep_marked,
+        unwinds_cut_past_long_copy = u.tops.cut_past_long,
         samples_waited_for_image = SAMPLES_WAITED_FOR_IMAGE.load(Ordering::Relaxed),
         samples_image_unheard = SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed),
         counts_ahead_of_image = COUNTS_AHEAD_OF_IMAGE.load(Ordering::Relaxed),
@@ -368,7 +374,7 @@ pub(crate) fn observe(
             .map(|(i, cache)| (cache.name(), b.bytes[i], b.evictions[i]))
             .collect(),
         cache_budget_bytes: b.limit,
-        kernel: probes.counters(),
+        kernel: probes.counters().to_vec(),
         symbolization_failures: symbolizer.stats().failures,
         unwinds_truncated: unwinder.stats().truncated,
         attach_errors: probes.uprobe_links().map(|l| l.stats().failures).sum(),

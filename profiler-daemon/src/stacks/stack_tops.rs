@@ -15,9 +15,18 @@
 //! takes the top back, and the thread is not learned again until the
 //! window ends. Tops are sent again each window, as the kernel drops a
 //! thread's entry when it exits and its id may come back.
+//!
+//! A walk cut by the end of a whole usual copy (not one stopped at a top)
+//! marks its thread deep (`DEEP_THREADS`): the kernel then copies up to
+//! LONG_STACK_BYTES of it, in the long record form. An event loop keeps
+//! such a thread there for its life: libuv's `uv__io_poll` holds 12 KiB of
+//! epoll events in its frame, so a Node main thread's walks from inside
+//! it ran out of the copy before reaching `main`. A mark is sent once a
+//! window, like a top; a walk cut even in a long copy is counted.
 
 use crate::bpf::probes::TopUpdate;
-use std::collections::HashMap;
+use profiler_common::LONG_STACK_BYTES;
+use std::collections::{HashMap, HashSet};
 
 /// Counters of learned tops.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -28,6 +37,10 @@ pub struct TopStats {
     pub taken_back: u64,
     /// Updates dropped because too many were pending.
     pub dropped: u64,
+    /// Threads marked deep (a mark per thread and window).
+    pub deep_marked: u64,
+    /// Walks cut by the end of a long copy: deeper than it holds.
+    pub cut_past_long: u64,
 }
 
 /// Marks a thread whose top was taken back this window.
@@ -37,6 +50,8 @@ const TAKEN_BACK: u64 = u64::MAX;
 pub struct StackTops {
     /// Tops sent this window, by thread.
     sent: HashMap<u32, u64>,
+    /// Threads marked deep this window.
+    deep: HashSet<u32>,
     pending: Vec<TopUpdate>,
     max_threads: usize,
     stats: TopStats,
@@ -47,6 +62,7 @@ impl StackTops {
     pub fn new(max_threads: usize) -> Self {
         Self {
             sent: HashMap::new(),
+            deep: HashSet::new(),
             pending: Vec::new(),
             max_threads: max_threads.max(1),
             stats: TopStats::default(),
@@ -78,6 +94,25 @@ impl StackTops {
         }
     }
 
+    /// A walk of thread `tid` was cut by the end of a copy of `copied`
+    /// bytes that no top had shortened: the thread is marked deep, or,
+    /// when the copy was already a long one, the cut is counted.
+    pub fn cut_at_copy_end(&mut self, tid: u32, copied: usize) {
+        if copied >= LONG_STACK_BYTES {
+            self.stats.cut_past_long += 1;
+            return;
+        }
+        if tid == 0 || self.deep.contains(&tid) {
+            return;
+        }
+        if self.deep.len() >= self.max_threads {
+            self.deep.clear();
+        }
+        self.deep.insert(tid);
+        self.stats.deep_marked += 1;
+        self.push(TopUpdate::Deep { tid });
+    }
+
     fn push(&mut self, update: TopUpdate) {
         if self.pending.len() >= self.max_threads {
             self.stats.dropped += 1;
@@ -97,6 +132,7 @@ impl StackTops {
     /// A new window: every thread may be learned (and sent) again.
     pub fn new_window(&mut self) {
         self.sent.clear();
+        self.deep.clear();
     }
 
     pub fn stats(&self) -> TopStats {
@@ -171,6 +207,25 @@ mod tests {
             }]
         );
         assert_eq!(tops.stats().taken_back, 1);
+    }
+
+    #[test]
+    fn a_walk_cut_at_a_whole_copy_marks_its_thread_deep_once_a_window() {
+        let mut tops = StackTops::new(8);
+        tops.cut_at_copy_end(5, 16 * 1024);
+        tops.cut_at_copy_end(5, 8 * 1024);
+        assert_eq!(tops.take(), [TopUpdate::Deep { tid: 5 }]);
+        // Cut again in a long copy: deeper than it holds, counted.
+        tops.cut_at_copy_end(5, LONG_STACK_BYTES);
+        assert!(tops.take().is_empty());
+        // No thread id: nothing to key the kernel's entry by.
+        tops.cut_at_copy_end(0, 16 * 1024);
+        assert!(tops.take().is_empty());
+        tops.new_window();
+        tops.cut_at_copy_end(5, 16 * 1024);
+        assert_eq!(tops.take(), [TopUpdate::Deep { tid: 5 }]);
+        let stats = tops.stats();
+        assert_eq!((stats.deep_marked, stats.cut_past_long), (2, 1));
     }
 
     #[test]

@@ -21,9 +21,9 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COMM_LEN, COUNTS_ENTRIES, FpProcess, MAX_STACK_DEPTH, PyRuntime, PySample, SHORT_STACK_BYTES,
-    STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES, STACKS_ENTRIES, SampleKey,
-    Stack, StackHash, StackSample, control, counter,
+    COMM_LEN, COUNTS_ENTRIES, FpProcess, LONG_STACK_BYTES, MAX_STACK_DEPTH, PyFrames, PySample,
+    SHORT_STACK_BYTES, STACK_COPY_BYTES, STACK_LOST, STACK_NONE, STACK_SAMPLES_BYTES,
+    STACKS_ENTRIES, SampleKey, Stack, StackHash, StackSample, control, counter,
 };
 
 use crate::{
@@ -33,10 +33,11 @@ use crate::{
     klog::{self, klog, why},
     maps::wake_flag,
     process::{anchor_young_image, is_target, note_process},
-    python::{is_python, python_frames, python_process},
+    python::{is_python, python_process},
+    python_records::{copy_python_frames, cpu_python_frames},
     stack::{
         UserRegs,
-        copy::{counted_copy_stack, stack_fits},
+        copy::{counted_copy_stack, needs_long_copy, stack_fits},
         fp_process, leaf_words, task_user_regs, use_dwarf,
     },
 };
@@ -244,8 +245,11 @@ fn try_py_sample(ctx: PerfEventContext) -> Result<u32, u32> {
             // SAFETY: a map value, read in place.
             let py = unsafe { &*py };
             let (who, regs) = ((tgid, tid, image_since), (ip, sp, bp));
+            let py = cpu_python_frames(py, tid);
             if stack_fits(tid, sp, SHORT_STACK_BYTES) {
                 send_py_sample_in::<SHORT_STACK_BYTES>(&ctx, who, &comm, regs, py)
+            } else if needs_long_copy(tid, sp, STACK_COPY_BYTES) {
+                send_py_sample_in::<LONG_STACK_BYTES>(&ctx, who, &comm, regs, py)
             } else {
                 send_py_sample_in::<STACK_COPY_BYTES>(&ctx, who, &comm, regs, py)
             }
@@ -270,16 +274,23 @@ fn send_py_sample_in<const N: usize>(
     who: (u32, u32, u64),
     comm: &[u8; COMM_LEN],
     regs: (u64, u64, u64),
-    py: &PyRuntime,
+    python: Option<*const PyFrames>,
 ) -> bool {
     let Some(mut entry) = STACK_SAMPLES.reserve::<PySample<N>>(0) else {
         return false;
     };
     let out = entry.as_mut_ptr();
     // SAFETY: the entry is ours until submitted; written in place.
+    // `python` is this CPU's scratch, walked by the caller.
     unsafe {
         fill_stack_sample::<N>(ctx, &mut (*out).sample, who, comm, regs);
-        python_frames(py, who.1, &mut (*out).python);
+        match python {
+            Some(python) => copy_python_frames(&raw mut (*out).python, python),
+            None => {
+                (*out).python.len = 0;
+                (*out).python.truncated = 0;
+            }
+        }
     }
     entry.submit(wake_flag(&STACK_SAMPLES, &STACK_SAMPLES_RING));
     true
@@ -352,6 +363,8 @@ fn send_stack_sample(
     };
     let sent = if stack_fits(tid, sp, SHORT_STACK_BYTES) {
         send_stack_sample_in::<SHORT_STACK_BYTES>(ctx, (tgid, tid, image_since), comm, (ip, sp, bp))
+    } else if needs_long_copy(tid, sp, STACK_COPY_BYTES) {
+        send_stack_sample_in::<LONG_STACK_BYTES>(ctx, (tgid, tid, image_since), comm, (ip, sp, bp))
     } else {
         send_stack_sample_in::<STACK_COPY_BYTES>(ctx, (tgid, tid, image_since), comm, (ip, sp, bp))
     };

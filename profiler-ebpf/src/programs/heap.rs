@@ -18,8 +18,9 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COMM_LEN, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_PY_FRAMES, HEAP_THREADS_ENTRIES,
-    HeapAlloc, HeapFree, HeapThread, LiveKey, PyFrames, SHORT_STACK_BYTES, STACK_COPY_BYTES,
-    WithPython, alloc_fn, counter, heap_event, probe_cookie, sampling::next_sample_distance,
+    HeapAlloc, HeapFree, HeapThread, LONG_STACK_BYTES, LiveKey, PyFrames, SHORT_STACK_BYTES,
+    STACK_COPY_BYTES, WithPython, alloc_fn, counter, heap_event, probe_cookie,
+    sampling::next_sample_distance,
 };
 
 use crate::{
@@ -29,7 +30,10 @@ use crate::{
     maps::wake_flag,
     process::{anchor_young_image, note_process},
     python_records::{copy_python_frames, heap_python_frames},
-    stack::{copy::stack_fits, record_user_stack, use_dwarf, walk_user_stack},
+    stack::{
+        copy::{needs_long_copy, stack_fits},
+        record_user_stack, use_dwarf, walk_user_stack,
+    },
 };
 
 /// Heap sampling state per thread id.
@@ -344,6 +348,8 @@ fn send_heap_alloc(
         send_heap_alloc_in::<0>(ctx, event, python)
     } else if stack_fits(tid, sp, SHORT_STACK_BYTES) {
         send_heap_alloc_in::<SHORT_STACK_BYTES>(ctx, event, python)
+    } else if needs_long_copy(tid, sp, STACK_COPY_BYTES) {
+        send_heap_alloc_in::<LONG_STACK_BYTES>(ctx, event, python)
     } else {
         send_heap_alloc_in::<STACK_COPY_BYTES>(ctx, event, python)
     }

@@ -13,13 +13,14 @@ use aya_ebpf::{
         },
     },
     macros::{btf_tracepoint, map},
-    maps::{HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
 use profiler_common::{
-    COMM_LEN, MAX_STACK_DEPTH, OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_PY_FRAMES,
-    OFFCPU_STACK_BYTES, OffcpuRecord, PyFrame, WALK_HINT_WORDS, WalkHintKey, counter,
-    sampling::keep_block_event, wait_event, wait_flags,
+    COMM_LEN, DeepStack, LONG_STACK_BYTES, MAX_STACK_DEPTH, OFFCPU_DEEP_ENTRIES,
+    OFFCPU_KERNEL_DEPTH, OFFCPU_PARKED_ENTRIES, OFFCPU_PY_FRAMES, OFFCPU_STACK_BYTES, OffcpuRecord,
+    PyFrame, WALK_HINT_WORDS, WalkHintKey, counter, sampling::keep_block_event, wait_event,
+    wait_flags,
 };
 
 use crate::{
@@ -33,12 +34,13 @@ use crate::{
     process::{forked_parent, is_target},
     python::{python_frames, python_process},
     stack::{
+        copy::{counted_copy_stack, needs_long_copy},
         fp_process,
         hints::{
             HINT_SCRATCH, HintMatch, WALK_HINTS, copy_frames, hint_key, hinted_walk,
             matching_walk_hint,
         },
-        record_user_stack, task_user_regs,
+        record_user_stack, task_user_regs, use_dwarf,
     },
     waits::WAIT_EVENTS,
 };
@@ -53,6 +55,17 @@ pub(crate) static OFFCPU_PARKED: HashMap<u64, OffcpuRecord> =
 /// the BPF stack).
 #[map]
 static OFFCPU_SCRATCH: PerCpuArray<OffcpuRecord> = PerCpuArray::with_max_entries(1, 0);
+
+/// The switch-out stack copies of threads marked deep (`DEEP_THREADS`),
+/// by task, beside their parked records (`wait_flags::LONG_STACK`): a
+/// long copy in every thread's slot would quadruple the parked memory.
+#[map]
+pub(crate) static OFFCPU_DEEP_STACKS: HashMap<u64, DeepStack> =
+    HashMap::with_max_entries(OFFCPU_DEEP_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// A blank to create a deep slot from; never written (one for all CPUs).
+#[map]
+static OFFCPU_DEEP_BLANK: Array<DeepStack> = Array::with_max_entries(1, 0);
 
 /// sched_switch (the BTF tracepoint: it hands over both tasks): parks the
 /// user stack of a targeted thread that leaves the CPU blocked (not one
@@ -166,19 +179,53 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
                     (*record).frames_len = u64::from(found.frames);
                     klog!(why::BRIEF_PARKED, tgid, tid, found.frames, found.id, sp);
                 }
-                None => {
-                    ((*record).stack_len, (*record).frames_len) =
-                        record_user_stack::<OFFCPU_STACK_BYTES>(
-                            ctx.as_ptr(),
-                            tgid,
-                            sp,
-                            (*record).stack.as_mut_ptr(),
-                            (*record).frames.as_mut_ptr(),
-                        );
-                }
+                None => match deep_slot(task, tgid, tid, sp) {
+                    // A deep thread: the long copy, beside the record.
+                    Some(deep) => {
+                        (*record).stack_len =
+                            counted_copy_stack::<LONG_STACK_BYTES>((*deep).stack.as_mut_ptr(), sp);
+                        (*record).flags = wait_flags::LONG_STACK;
+                    }
+                    None => {
+                        ((*record).stack_len, (*record).frames_len) =
+                            record_user_stack::<OFFCPU_STACK_BYTES>(
+                                ctx.as_ptr(),
+                                tgid,
+                                sp,
+                                (*record).stack.as_mut_ptr(),
+                                (*record).frames.as_mut_ptr(),
+                            );
+                    }
+                },
             },
         }
     }
+}
+
+/// The deep-stack slot of thread `tid` (task `task`), blocking at `sp`,
+/// when its stack is copied for the daemon and the thread is marked deep;
+/// None for any other thread, or when no slot is free (counted: it parks
+/// the usual copy).
+#[inline(always)]
+fn deep_slot(task: u64, tgid: u32, tid: u32, sp: u64) -> Option<*mut DeepStack> {
+    if !use_dwarf(tgid) || !needs_long_copy(tid, sp, OFFCPU_STACK_BYTES) {
+        return None;
+    }
+    if let Some(slot) = OFFCPU_DEEP_STACKS.get_ptr_mut(task) {
+        return Some(slot);
+    }
+    let blank = OFFCPU_DEEP_BLANK.get_ptr(0)?;
+    // SAFETY: a map value, read-only here.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    if OFFCPU_DEEP_STACKS
+        .insert(task, unsafe { &*blank }, 0)
+        .is_err()
+    {
+        count(counter::OFFCPU_DEEP_FULL);
+        klog!(why::OFFCPU_PARKED_FULL, tgid, tid);
+        return None;
+    }
+    OFFCPU_DEEP_STACKS.get_ptr_mut(task)
 }
 
 /// A walk hint matched at a switch-out, its frames written to the parked
@@ -220,78 +267,117 @@ fn unpark(next: *mut task_struct, now: u64) {
     // SAFETY: plain helper.
     let random = unsafe { bpf_get_prandom_u32() };
     if keep_block_event(off, global(&BLOCK_RATE_NS), random) {
-        match WAIT_EVENTS.reserve::<OffcpuRecord>(0) {
-            Some(mut entry) => {
-                let out = entry.as_mut_ptr();
-                // SAFETY: copies the parked record (a map value) into the
-                // reserved entry of the same type: everything before the
-                // stack copy, then only the bytes of it in use (a whole
-                // record is 9 KiB; most copies are far shorter).
-                let copied = unsafe { copy_parked(out, parked) };
-                if copied == 0 {
-                    // SAFETY: the entry is ours until submitted; `next`
-                    // is the task the tracepoint hands over, blocked
-                    // since it was parked.
+        // SAFETY: a field of a map value.
+        let sent = if unsafe { (*parked).flags } & wait_flags::LONG_STACK != 0 {
+            match OFFCPU_DEEP_STACKS.get_ptr(next as u64) {
+                // SAFETY: the thread's own slot (its exit removes it).
+                Some(deep) => send_unparked::<LONG_STACK_BYTES>(next, parked, off, unsafe {
+                    (*deep).stack.as_ptr()
+                }),
+                // Not reached: a deep slot goes only at its thread's exit.
+                None => {
+                    // SAFETY: as above.
                     unsafe {
-                        (*out).duration_ns = off;
-                        // Asked now: the task is alive, being switched in.
-                        (*out).parent = forked_parent((*out).tgid);
-                        (*out)._pad = 0;
-                        if (*out).flags & wait_flags::HINT_MATCHED == 0
-                            && (*out).stack_len != 0
-                            && global_u8(&BRIEF_RECORDS) != 0
-                            && let key = hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp)
-                            && let Some(hint) = WALK_HINTS.get(key)
-                            && let Some(found) = matching_walk_hint::<OFFCPU_STACK_BYTES>(
-                                hint,
-                                key,
-                                (*out).tid,
-                                (*out).stack.as_ptr(),
-                                (*out).stack_len,
-                                (*out).frames.as_mut_ptr(),
-                            )
-                        {
-                            (*out).flags = wait_flags::HINT_MATCHED | found.flags;
-                            (*out).hint_id = found.id;
-                            (*out).frames_len = u64::from(found.frames);
-                        }
-                        let bytes = bpf_get_task_stack(
-                            next,
-                            (*out).kernel.as_mut_ptr().cast(),
-                            (OFFCPU_KERNEL_DEPTH * 8) as u32,
-                            0,
-                        );
-                        (*out).kernel_len = if bytes > 0 {
-                            (bytes as u64 / 8).min(OFFCPU_KERNEL_DEPTH as u64)
-                        } else {
-                            0
-                        };
+                        (*parked).stack_len = 0;
+                        (*parked).flags &= !wait_flags::LONG_STACK;
                     }
-                    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
-                } else {
-                    entry.discard(0);
+                    send_unparked::<OFFCPU_STACK_BYTES>(next, parked, off, core::ptr::null())
                 }
             }
-            None => {
-                count(counter::WAIT_EVENTS_LOST);
-                // SAFETY: fields of a map value.
-                let (tgid, tid) = unsafe { ((*parked).tgid, (*parked).tid) };
-                klog!(why::OFFCPU_LOST, tgid, tid, off);
-            }
+        } else {
+            // SAFETY: as above.
+            send_unparked::<OFFCPU_STACK_BYTES>(next, parked, off, unsafe {
+                (*parked).stack.as_ptr()
+            })
+        };
+        if !sent {
+            count(counter::WAIT_EVENTS_LOST);
+            // SAFETY: fields of a map value.
+            let (tgid, tid) = unsafe { ((*parked).tgid, (*parked).tid) };
+            klog!(why::OFFCPU_LOST, tgid, tid, off);
         }
     }
     // SAFETY: as above; the slot is kept for the thread's next switch.
     unsafe { (*parked).start_ns = 0 };
 }
 
-/// Copies a parked off-CPU record: its head, the `frames_len` frames of a
-/// frame-pointer walk, its Python frames, and the `stack_len` bytes of its
-/// stack copy; not
-/// the kernel frames, which the caller walks itself. Only what is in use
-/// is written: the ring's memory is cold in this CPU's cache. 0 on
-/// success.
+/// Sends a kept off-CPU interval of `off` ns in the record form with an
+/// N-byte stack copy, taken from `stack` (the parked record's or the
+/// thread's deep slot, `stack_len` bytes of it in use; null: none). False
+/// when the ring is full.
 #[inline(always)]
-unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i64 {
+fn send_unparked<const N: usize>(
+    next: *mut task_struct,
+    parked: *const OffcpuRecord,
+    off: u64,
+    stack: *const u8,
+) -> bool {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<OffcpuRecord<N>>(0) else {
+        return false;
+    };
+    let out = entry.as_mut_ptr();
+    // SAFETY: copies the parked record (a map value) into the reserved
+    // entry: everything before the stack copy, then only the bytes of it
+    // in use (a whole record is 9 KiB; most copies are far shorter).
+    if unsafe { copy_parked::<N>(out, parked, stack) } != 0 {
+        entry.discard(0);
+        return true;
+    }
+    // SAFETY: the entry is ours until submitted; `next` is the task the
+    // tracepoint hands over, blocked since it was parked.
+    unsafe {
+        (*out).duration_ns = off;
+        // Asked now: the task is alive, being switched in.
+        (*out).parent = forked_parent((*out).tgid);
+        (*out)._pad = 0;
+        // Long copies are not matched: no hint spans them.
+        if N == OFFCPU_STACK_BYTES
+            && (*out).flags & wait_flags::HINT_MATCHED == 0
+            && (*out).stack_len != 0
+            && global_u8(&BRIEF_RECORDS) != 0
+            && let key = hint_key((*out).tgid, (*out).ip, (*out).sp, (*out).bp)
+            && let Some(hint) = WALK_HINTS.get(key)
+            && let Some(found) = matching_walk_hint::<N>(
+                hint,
+                key,
+                (*out).tid,
+                (*out).stack.as_ptr(),
+                (*out).stack_len,
+                (*out).frames.as_mut_ptr(),
+            )
+        {
+            (*out).flags = wait_flags::HINT_MATCHED | found.flags;
+            (*out).hint_id = found.id;
+            (*out).frames_len = u64::from(found.frames);
+        }
+        let bytes = bpf_get_task_stack(
+            next,
+            (*out).kernel.as_mut_ptr().cast(),
+            (OFFCPU_KERNEL_DEPTH * 8) as u32,
+            0,
+        );
+        (*out).kernel_len = if bytes > 0 {
+            (bytes as u64 / 8).min(OFFCPU_KERNEL_DEPTH as u64)
+        } else {
+            0
+        };
+    }
+    entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+    true
+}
+
+/// Copies a parked off-CPU record into the N-byte form `out`: its head,
+/// the `frames_len` frames of a frame-pointer walk, its Python frames,
+/// and the `stack_len` bytes of its stack copy from `stack` (its own, or
+/// its thread's deep slot); not the kernel frames, which the caller walks
+/// itself. Only what is in use is written: the ring's memory is cold in
+/// this CPU's cache. 0 on success.
+#[inline(always)]
+unsafe fn copy_parked<const N: usize>(
+    out: *mut OffcpuRecord<N>,
+    parked: *const OffcpuRecord,
+    stack: *const u8,
+) -> i64 {
     use aya_ebpf::helpers::generated::bpf_probe_read_kernel as read_kernel;
     const HEAD: usize = core::mem::offset_of!(OffcpuRecord, kernel);
     // SAFETY: both point to whole records; HEAD is inside them.
@@ -340,18 +426,13 @@ unsafe fn copy_parked(out: *mut OffcpuRecord, parked: *const OffcpuRecord) -> i6
         }
     }
     // SAFETY: as above.
-    let len = bounded(unsafe { (*parked).stack_len }, OFFCPU_STACK_BYTES as u64);
-    if len == 0 {
+    let len = bounded(unsafe { (*parked).stack_len }, N as u64);
+    if len == 0 || stack.is_null() {
         return 0;
     }
-    // SAFETY: len <= the stack arrays' length.
-    unsafe {
-        read_kernel(
-            (*out).stack.as_mut_ptr().cast(),
-            len as u32,
-            (*parked).stack.as_ptr().cast(),
-        )
-    }
+    // SAFETY: len <= N, the length of `out`'s stack and of `stack` (the
+    // caller's word).
+    unsafe { read_kernel((*out).stack.as_mut_ptr().cast(), len as u32, stack.cast()) }
 }
 
 /// `value`, at most `max`, in a register whose bounds the verifier knows

@@ -24,8 +24,11 @@ use crate::{
     process::{
         EXITED, is_target, note_image, send_proc_event, send_proc_event_at, send_proc_event_from,
     },
-    programs::{heap::HEAP_THREADS, offcpu::OFFCPU_PARKED},
-    stack::copy::STACK_TOPS,
+    programs::{
+        heap::HEAP_THREADS,
+        offcpu::{OFFCPU_DEEP_STACKS, OFFCPU_PARKED},
+    },
+    stack::copy::{DEEP_THREADS, STACK_TOPS},
     task_storage::TaskStorage,
 };
 
@@ -181,8 +184,11 @@ fn try_sched_process_exit(_ctx: TracePointContext) -> Result<u32, u32> {
     let tid = pid_tgid as u32;
     let _ = HEAP_THREADS.remove(tid);
     // SAFETY: plain helper; the address is only a key.
-    let _ = OFFCPU_PARKED.remove(unsafe { bpf_get_current_task() });
+    let task = unsafe { bpf_get_current_task() };
+    let _ = OFFCPU_PARKED.remove(task);
+    let _ = OFFCPU_DEEP_STACKS.remove(task);
     let _ = STACK_TOPS.remove(tid);
+    let _ = DEEP_THREADS.remove(tid);
     let _ = FORKED.remove(tid);
     if tid != tgid {
         // A thread: its process lives on. (Thread ids are never targets:

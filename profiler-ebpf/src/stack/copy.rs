@@ -1,17 +1,18 @@
 //! Copies of user stack memory, stopped at each thread's known stack top
-//! (`STACK_TOPS`), and the choice of the short record form for a stack
-//! known to fit it.
+//! (`STACK_TOPS`), and the choice of the record form: the short one for a
+//! stack known to fit it, the long one for a thread the daemon marked deep
+//! (`DEEP_THREADS`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
     macros::map,
     maps::LruHashMap,
 };
-use profiler_common::{STACK_TOPS_ENTRIES, counter};
+use profiler_common::{DEEP_THREADS_ENTRIES, STACK_TOPS_ENTRIES, counter};
 
 use crate::{
     counters::{count, count_n},
-    globals::{SHORT_RECORDS, USE_STACK_TOPS, global_u8},
+    globals::{LONG_RECORDS, SHORT_RECORDS, USE_STACK_TOPS, global_u8},
     klog::{self, klog, why},
 };
 
@@ -20,6 +21,29 @@ use crate::{
 #[map]
 pub(crate) static STACK_TOPS: LruHashMap<u32, u64> =
     LruHashMap::with_max_entries(STACK_TOPS_ENTRIES, 0);
+
+/// Threads whose walks ran past the end of their usual copy, marked by the
+/// daemon: their copies use the long record form (LONG_STACK_BYTES). The
+/// value is unused. An entry goes at the thread's exit.
+#[map]
+pub(crate) static DEEP_THREADS: LruHashMap<u32, u8> =
+    LruHashMap::with_max_entries(DEEP_THREADS_ENTRIES, 0);
+
+/// Whether thread `tid`'s copy from `sp` takes the long record form: the
+/// daemon marked the thread deep, and no known top says its stack fits in
+/// the usual `n` bytes.
+#[inline(always)]
+pub(crate) fn needs_long_copy(tid: u32, sp: u64, n: usize) -> bool {
+    if global_u8(&LONG_RECORDS) == 0 {
+        return false;
+    }
+    // SAFETY: only the entry's presence is read.
+    if unsafe { DEEP_THREADS.get(tid) }.is_none() {
+        return false;
+    }
+    let top = stack_top(tid);
+    !(top > sp && top - sp <= n as u64)
+}
 
 /// Whether thread `tid`'s stack from `sp` to its known top (STACK_TOPS)
 /// fits in N bytes: then a record with an N-byte copy holds all of it.

@@ -99,6 +99,10 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             exe: PathBuf::from("/usr/bin/node"),
             args: vec![
                 "--perf-basic-prof".into(),
+                // V8's log, which --perf-basic-prof also writes, kept out
+                // of the working directory.
+                "--no-logfile-per-isolate".into(),
+                format!("--logfile={}", work.join("v8.log").display()),
                 "--no-turbo-inlining".into(),
                 script("cpu_ratio.js"),
             ],

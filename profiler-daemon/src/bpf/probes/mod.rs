@@ -51,6 +51,8 @@ pub enum TopUpdate {
     Set { tid: u32, top: u64 },
     /// Copies of thread `tid` read as far as they can again.
     Clear { tid: u32 },
+    /// Thread `tid`'s copies take the long form (`DEEP_THREADS`).
+    Deep { tid: u32 },
 }
 
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
@@ -161,6 +163,8 @@ pub struct Probes {
     walk_hints: Option<HashMap<MapData, WalkHintKey, WalkHint>>,
     /// Where the kernel's copies of each thread's stack stop.
     stack_tops: HashMap<MapData, u32, u64>,
+    /// Threads whose copies take the long form.
+    deep_threads: HashMap<MapData, u32, u8>,
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<UprobeLinks>,
@@ -220,6 +224,7 @@ impl Probes {
         let brief_records = u8::from(switches.brief_records);
         let short_records = u8::from(switches.short_records && switches.stack_tops);
         let stack_tops = u8::from(switches.stack_tops);
+        let long_records = u8::from(switches.long_records);
         // Off, both are 0, and the verifier drops every log site.
         let kernel_log = u8::from(config.kernel_log);
         let log_level = match config.kernel_log {
@@ -299,6 +304,7 @@ impl Probes {
             .override_global("BRIEF_RECORDS", &brief_records, true)
             .override_global("SHORT_RECORDS", &short_records, true)
             .override_global("USE_STACK_TOPS", &stack_tops, true)
+            .override_global("LONG_RECORDS", &long_records, true)
             .override_global("KERNEL_LOG", &kernel_log, true)
             .override_global(aya_log::LEVEL, &log_level, true)
             .load(EBPF_OBJECT)
@@ -409,6 +415,7 @@ impl Probes {
         let wait_events = ring(&mut ebpf, "WAIT_EVENTS", twice)?;
         let walk_hints = typed_map(&mut ebpf, "WALK_HINTS")?;
         let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
+        let deep_threads = typed_map(&mut ebpf, "DEEP_THREADS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let park_budget = match go_parks {
             Some(_) => Some(ParkBudget::new(
@@ -445,6 +452,7 @@ impl Probes {
             wait_events: Some(wait_events),
             walk_hints: Some(walk_hints),
             stack_tops,
+            deep_threads,
             heap_live,
             allocators,
             go_heap,
@@ -691,6 +699,7 @@ impl Probes {
             let result = match *update {
                 TopUpdate::Set { tid, top } => self.stack_tops.insert(tid, top, 0),
                 TopUpdate::Clear { tid } => self.stack_tops.remove(&tid),
+                TopUpdate::Deep { tid } => self.deep_threads.insert(tid, 0, 0),
             };
             if let Err(e) = result {
                 tracing::debug!("stack top update {update:?} not applied: {e}");

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
 use profiler_common::{
-    MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OFFCPU_STACK_BYTES, OffcpuRecord,
+    LONG_STACK_BYTES, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OffcpuRecord,
     STACK_COPY_BYTES, WAIT_PY_FRAMES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event,
     wait_flags,
 };
@@ -28,6 +28,7 @@ use crate::model::go_wait_reasons;
 use crate::model::profile_kind::ProfileKind;
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
+use crate::profiles::cpu::LONG_RECORDS;
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{
     Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, python_tail, read_record,
@@ -149,7 +150,11 @@ pub(crate) fn read_wait_events(
         };
         match kind {
             wait_event::OFFCPU => {
-                if let Some(event) = record::<OffcpuRecord>(&item) {
+                // Two forms, told apart by their length, largest first.
+                if let Some(event) = record::<OffcpuRecord<LONG_STACK_BYTES>>(&item) {
+                    LONG_RECORDS.fetch_add(1, Ordering::Relaxed);
+                    read_offcpu_event(event, codes, procs, unwinder, waits);
+                } else if let Some(event) = record::<OffcpuRecord>(&item) {
                     read_offcpu_event(event, codes, procs, unwinder, waits);
                 }
                 continue;
@@ -254,8 +259,8 @@ pub(crate) fn read_wait_events(
 }
 
 /// A kept off-CPU interval: the stacks at the thread's switch-out.
-pub(crate) fn read_offcpu_event(
-    event: &OffcpuRecord,
+pub(crate) fn read_offcpu_event<const N: usize>(
+    event: &OffcpuRecord<N>,
     codes: &mut PythonCodes,
     procs: &mut ProcessTable,
     unwinder: &mut Unwinder,
@@ -276,7 +281,7 @@ pub(crate) fn read_offcpu_event(
                 tid: event.tid,
             },
             (event.ip, event.sp, event.bp),
-            &event.stack[..(event.stack_len as usize).min(OFFCPU_STACK_BYTES)],
+            &event.stack[..(event.stack_len as usize).min(N)],
             (&event.frames, event.frames_len.min(MAX_STACK_DEPTH as u64)),
             (event.flags, event.hint_id),
         ),

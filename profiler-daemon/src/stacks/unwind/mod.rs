@@ -41,6 +41,7 @@ use tracing::{debug, trace};
 
 use crate::bpf::probes::TopUpdate;
 use crate::config::limits::{DEFAULT_MAX_WALKS, DEFAULT_MEMORY_BYTES};
+use crate::config::stack_switches::StackSwitches;
 use crate::procs::objects::{MappedObject, ObjectFile};
 use crate::procs::process::PAGE_SIZE;
 use crate::procs::process::ProcessInfo;
@@ -58,6 +59,10 @@ const DEFAULT_MAX_THREAD_TOPS: usize = 65_536;
 /// Bound of cached objects (including failed ones), besides the memory
 /// budget.
 pub const DEFAULT_MAX_OBJECTS: usize = 1024;
+/// The smallest copy the kernel makes whole (the off-CPU form; CPU
+/// samples, allocations and waits copy STACK_COPY_BYTES): a walk cut by
+/// the end of a shorter copy was cut at a learned top, not by its depth.
+const MIN_USUAL_COPY: usize = profiler_common::OFFCPU_STACK_BYTES;
 /// framehop's rule cache of a process: 509 slots of 24 bytes.
 const RULE_CACHE_BYTES: usize = 509 * 24;
 /// framehop's DWARF evaluation context of a process (its stacks of rules
@@ -347,6 +352,8 @@ pub struct Unwinder {
     give_hints: bool,
     /// Whether stack tops are learned from complete walks.
     learn_tops: bool,
+    /// Whether threads whose walks run past their copies are marked deep.
+    mark_deep: bool,
     /// The frames of walks lately given to the kernel as hints, by id.
     hinted: HintedFrames,
     /// Id of the last process unwinder made.
@@ -392,6 +399,7 @@ impl Unwinder {
             tops: StackTops::new(DEFAULT_MAX_THREAD_TOPS),
             give_hints: true,
             learn_tops: true,
+            mark_deep: true,
             hinted: HintedFrames::default(),
             next_id: 0,
             memo_forgotten: 0,
@@ -487,6 +495,7 @@ impl Unwinder {
             next_id,
             give_hints,
             learn_tops,
+            mark_deep,
             hinted,
             budget,
             ..
@@ -612,8 +621,14 @@ impl Unwinder {
                 }
             }
             // Stopped by the end of the copy: the copy may have been cut
-            // at a top learned too low.
-            (true, Some(&(addr, None))) if addr >= copy_end => tops.cut_short(tid),
+            // at a top learned too low, or the stack is deeper than the
+            // usual copy (the thread is marked deep, see stack_tops.rs).
+            (true, Some(&(addr, None))) if addr >= copy_end => {
+                tops.cut_short(tid);
+                if *mark_deep && stack.len() >= MIN_USUAL_COPY {
+                    tops.cut_at_copy_end(tid, stack.len());
+                }
+            }
             _ => {}
         }
         let frames: Arc<[u64]> = Arc::from(frames);
@@ -628,13 +643,16 @@ impl Unwinder {
     /// `[limits] walk_memo_entries` in the config): a memo of at most
     /// `memo_walks` walks per generation (0: none), hints for the kernel,
     /// stack tops learned from walks. Off, the answers must be the same.
-    pub fn set_stack_options(&mut self, memo_walks: usize, give_hints: bool, learn_tops: bool) {
+    /// And threads whose walks ran past their copies marked deep
+    /// (`long_records`), which makes their stacks whole.
+    pub fn set_stack_options(&mut self, memo_walks: usize, switches: &StackSwitches) {
         self.memo = WalkMemo::new(memo_walks);
         self.memo_forgotten = 0;
         // The new memo numbers its walks afresh.
         self.hinted = HintedFrames::default();
-        self.give_hints = give_hints;
-        self.learn_tops = learn_tops;
+        self.give_hints = switches.walk_hints;
+        self.learn_tops = switches.stack_tops;
+        self.mark_deep = switches.long_records;
     }
 
     /// What the kernel should change in its table of stack tops (see
