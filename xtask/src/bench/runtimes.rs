@@ -13,7 +13,10 @@
 //! BPF time per run of `cpu_sample` (the kernel's run-time statistics, as
 //! the daemon logs them at exit), which includes the programs it
 //! tail-calls (`py_sample`): the kernel counts a tail-called program's
-//! time in its caller's.
+//! time in its caller's. Deep threads' long copies are measured the same
+//! way: the C workload with `[debug] long_records = false` beside it (the
+//! mark's lookup), and a Node event loop (`node_io.js`, cpu and off-CPU,
+//! with sched_switch's time too) with them on and off.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
@@ -35,6 +38,12 @@ struct Workload {
     args: Vec<String>,
     /// Whether it prints `ready` before it waits (the C program does not).
     says_ready: bool,
+    /// The daemon's `--profiles` (cpu, or cpu,offcpu for an event loop
+    /// that mostly waits).
+    profiles: &'static str,
+    /// Whether threads are marked deep (`[debug] long_records`): off, to
+    /// measure what the long copies and the mark's lookup cost.
+    long_records: bool,
 }
 
 #[derive(Default)]
@@ -42,6 +51,8 @@ struct Figures {
     /// Daemon CPU per sample, µs.
     daemon_us: Vec<f64>,
     cpu_sample_ns: Vec<f64>,
+    /// BPF time per run of `sched_switch` (0 without off-CPU).
+    switch_ns: Vec<f64>,
     samples: Vec<f64>,
 }
 
@@ -63,36 +74,46 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
             .to_string()
     };
     let python312 = pyenv("3.12")?;
-    let workloads = [
+    let mut workloads = vec![
         Workload {
             name: "C (gcc -O2, frame pointers)",
-            exe: c,
+            exe: c.clone(),
             args: Vec::new(),
             says_ready: false,
+            profiles: "cpu",
+            long_records: true,
         },
         Workload {
             name: "CPython 3.10 (pyenv), no flag",
             exe: pyenv("3.10")?,
             args: vec![script("cpu_ratio.py")],
             says_ready: true,
+            profiles: "cpu",
+            long_records: true,
         },
         Workload {
             name: "CPython 3.11 (Debian), no flag",
             exe: PathBuf::from("/usr/bin/python3.11"),
             args: vec![script("cpu_ratio.py")],
             says_ready: true,
+            profiles: "cpu",
+            long_records: true,
         },
         Workload {
             name: "CPython 3.12 (pyenv), no flag",
             exe: python312.clone(),
             args: vec![script("cpu_ratio.py")],
             says_ready: true,
+            profiles: "cpu",
+            long_records: true,
         },
         Workload {
             name: "CPython 3.12 (pyenv), -X perf",
             exe: python312,
             args: vec!["-X".into(), "perf".into(), script("cpu_ratio.py")],
             says_ready: true,
+            profiles: "cpu",
+            long_records: true,
         },
         Workload {
             name: "Node 20, --perf-basic-prof",
@@ -107,8 +128,40 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
                 script("cpu_ratio.js"),
             ],
             says_ready: true,
+            profiles: "cpu",
+            long_records: true,
         },
     ];
+    // Deep threads: the C program, which never needs a long copy, with
+    // them off (what the mark's lookup costs each sample), and a Node
+    // event loop whose main thread needs them (node_io.js: JavaScript run
+    // from I/O callbacks under uv__io_poll, 1 ms timer waits), on and off.
+    workloads.push(Workload {
+        name: "C (gcc -O2, frame pointers), long records off",
+        exe: c,
+        args: Vec::new(),
+        says_ready: false,
+        profiles: "cpu",
+        long_records: false,
+    });
+    for long_records in [true, false] {
+        workloads.push(Workload {
+            name: match long_records {
+                true => "Node 20 event loop (node_io.js), cpu+offcpu",
+                false => "Node 20 event loop (node_io.js), cpu+offcpu, long records off",
+            },
+            exe: PathBuf::from("/usr/bin/node"),
+            args: vec![
+                "--perf-basic-prof".into(),
+                "--no-logfile-per-isolate".into(),
+                format!("--logfile={}", work.join("v8.log").display()),
+                script("node_io.js"),
+            ],
+            says_ready: false,
+            profiles: "cpu,offcpu",
+            long_records,
+        });
+    }
     let mut figures: Vec<Figures> = workloads.iter().map(|_| Figures::default()).collect();
     for round in 0..ROUNDS {
         for (workload, figures) in workloads.iter().zip(figures.iter_mut()) {
@@ -123,8 +176,8 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
          `cargo xtask bench --runtimes --seconds {seconds}`: each workload alone under \
          `profilerd --pid P --cpu-frequency {HZ}`, {ROUNDS} alternated rounds; medians \
          (and the rounds' values).\n\n\
-         | workload | samples | daemon CPU per sample | cpu_sample ns/run (with py_sample) |\n\
-         |---|---|---|---|"
+         | workload | samples | daemon CPU per sample | cpu_sample ns/run (with py_sample) | sched_switch ns/run |\n\
+         |---|---|---|---|---|"
     )?;
     let rounds = |values: &[f64]| {
         values
@@ -136,13 +189,17 @@ pub fn measure(root: &Path, bin: &Path, work: &Path, seconds: u64) -> Result<Str
     for (workload, f) in workloads.iter().zip(&figures) {
         writeln!(
             out,
-            "| {} | {:.0} | {:.1} µs ({}) | {:.0} ({}) |",
+            "| {} | {:.0} | {:.1} µs ({}) | {:.0} ({}) | {} |",
             workload.name,
             median(&f.samples),
             median(&f.daemon_us),
             rounds(&f.daemon_us),
             median(&f.cpu_sample_ns),
             rounds(&f.cpu_sample_ns),
+            match workload.profiles.contains("offcpu") {
+                true => format!("{:.0} ({})", median(&f.switch_ns), rounds(&f.switch_ns)),
+                false => "-".into(),
+            },
         )?;
     }
     Ok(out)
@@ -191,9 +248,14 @@ fn run(bin: &Path, workload: &Workload, work: &Path, seconds: u64, f: &mut Figur
         }
     }
     let out = work.join("runtime-profiles");
-    let args: Vec<String> = [
+    let config = work.join("runtimes-long-records-off.toml");
+    std::fs::write(&config, "[debug]\nlong_records = false\n")
+        .with_context(|| format!("writing {}", config.display()))?;
+    let mut args: Vec<String> = [
         "--pid",
         &pid.to_string(),
+        "--profiles",
+        workload.profiles,
         "--interval",
         "5s",
         "--cpu-frequency",
@@ -204,6 +266,9 @@ fn run(bin: &Path, workload: &Workload, work: &Path, seconds: u64, f: &mut Figur
     .iter()
     .map(|a| a.to_string())
     .collect();
+    if !workload.long_records {
+        args.extend(["--config".into(), config.to_string_lossy().into_owned()]);
+    }
     let mut daemon = Daemon::start(bin, &args)?;
     if let Some(reason) = daemon.wait_ready()? {
         bail!("profilerd did not start: {reason}");
@@ -244,6 +309,7 @@ fn run(bin: &Path, workload: &Workload, work: &Path, seconds: u64, f: &mut Figur
     f.daemon_us
         .push((cpu_at_end.saturating_sub(cpu_at_ready)) as f64 / 1000.0 / samples.max(1.0));
     f.cpu_sample_ns.push(ns_of("cpu_sample"));
+    f.switch_ns.push(ns_of("sched_switch"));
     let _ = std::fs::remove_dir_all(&out);
     // Node leaves its perf map behind.
     let _ = std::fs::remove_file(format!("/tmp/perf-{pid}.map"));
