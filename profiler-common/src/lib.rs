@@ -59,7 +59,7 @@ mod user {
     // SAFETY: as below.
     unsafe impl aya::Pod for super::HeapFree {}
     // SAFETY: as below.
-    unsafe impl aya::Pod for super::WaitStack {}
+    unsafe impl<const N: usize> aya::Pod for super::WaitStack<N> {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::WaitHead {}
     // SAFETY: as below.

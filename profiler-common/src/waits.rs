@@ -302,16 +302,18 @@ pub const BRIEF_FRAMES_OFFSET: usize = core::mem::offset_of!(WaitBrief<1>, frame
 
 /// A kept wait or wake-up with the user stack where it happened (a copy for
 /// unwinding in the daemon, or frame-pointer frames walked by the kernel).
+/// A thread marked deep sends the long form, N = LONG_STACK_BYTES; the
+/// daemon tells the forms apart by their length.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct WaitStack {
+pub struct WaitStack<const N: usize = STACK_COPY_BYTES> {
     pub head: WaitHead,
     /// Bytes of `stack` copied from `sp` up (0: frames were walked instead).
     pub stack_len: u64,
     /// Frames of `frames` in use (frame-pointer walk).
     pub frames_len: u64,
     pub frames: [u64; MAX_STACK_DEPTH],
-    pub stack: [u8; STACK_COPY_BYTES],
+    pub stack: [u8; N],
 }
 
 /// A wait ended by a kept wake-up, and how long it waited.

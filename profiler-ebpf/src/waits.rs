@@ -11,8 +11,8 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use profiler_common::{
-    BRIEF_FRAME_CLASSES, COMM_LEN, PyFrames, STACK_COPY_BYTES, WAIT_EVENTS_BYTES, WAIT_PY_FRAMES,
-    WaitBrief, WaitHead, WaitStack, WithPython, counter, wait_event, wait_flags,
+    BRIEF_FRAME_CLASSES, COMM_LEN, LONG_STACK_BYTES, PyFrames, STACK_COPY_BYTES, WAIT_EVENTS_BYTES,
+    WAIT_PY_FRAMES, WaitBrief, WaitHead, WaitStack, WithPython, counter, wait_event, wait_flags,
 };
 
 use crate::{
@@ -24,8 +24,9 @@ use crate::{
     programs::cond_wait::cond_of,
     python_records::{copy_python_frames, wait_python_frames},
     stack::{
+        copy::needs_long_copy,
         hints::{HINT_SCRATCH, HintScratch, copy_frames, hint_key, hinted_walk},
-        record_user_stack, task_user_regs,
+        record_user_stack, task_user_regs, use_dwarf,
     },
 };
 
@@ -110,24 +111,11 @@ pub(crate) fn send_wait_stack(
         }
         return;
     }
-    let sent = match python {
-        None => WAIT_EVENTS.reserve::<WaitStack>(0).map(|mut entry| {
-            // SAFETY: the entry is ours until submitted.
-            unsafe { write_wait_stack(ctx, entry.as_mut_ptr(), &head) };
-            entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
-        }),
-        Some(python) => WAIT_EVENTS
-            .reserve::<WithPython<WaitStack, WAIT_PY_FRAMES>>(0)
-            .map(|mut entry| {
-                let out = entry.as_mut_ptr();
-                // SAFETY: the entry is ours until submitted; `python` is
-                // this CPU's scratch, walked above.
-                unsafe {
-                    write_wait_stack(ctx, &raw mut (*out).record, &head);
-                    copy_python_frames(&raw mut (*out).python, python);
-                }
-                entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
-            }),
+    // A thread marked deep whose stack is copied: the long form.
+    let sent = if sp != 0 && use_dwarf(tgid) && needs_long_copy(tid, sp, STACK_COPY_BYTES) {
+        send_wait_copy::<LONG_STACK_BYTES>(ctx, &head, python)
+    } else {
+        send_wait_copy::<STACK_COPY_BYTES>(ctx, &head, python)
     };
     if sent.is_none() {
         count(counter::WAIT_EVENTS_LOST);
@@ -135,17 +123,51 @@ pub(crate) fn send_wait_stack(
     }
 }
 
-/// Writes a wait record with a copy of the user stack into `out`, in
-/// place.
+/// Sends a full wait record with an N-byte stack copy (or a
+/// frame-pointer walk), and `python`'s frames after it when there are.
+/// None when the ring is full.
+#[inline(always)]
+fn send_wait_copy<const N: usize>(
+    ctx: &TracePointContext,
+    head: &WaitHead,
+    python: Option<*const PyFrames<WAIT_PY_FRAMES>>,
+) -> Option<()> {
+    match python {
+        None => WAIT_EVENTS.reserve::<WaitStack<N>>(0).map(|mut entry| {
+            // SAFETY: the entry is ours until submitted.
+            unsafe { write_wait_stack::<N>(ctx, entry.as_mut_ptr(), head) };
+            entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+        }),
+        Some(python) => WAIT_EVENTS
+            .reserve::<WithPython<WaitStack<N>, WAIT_PY_FRAMES>>(0)
+            .map(|mut entry| {
+                let out = entry.as_mut_ptr();
+                // SAFETY: the entry is ours until submitted; `python` is
+                // this CPU's scratch, walked by the caller.
+                unsafe {
+                    write_wait_stack::<N>(ctx, &raw mut (*out).record, head);
+                    copy_python_frames(&raw mut (*out).python, python);
+                }
+                entry.submit(wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING));
+            }),
+    }
+}
+
+/// Writes a wait record with an N-byte copy of the user stack into `out`,
+/// in place.
 ///
 /// # Safety
 /// `out` is a reserved ring entry of the caller's.
 #[inline(always)]
-unsafe fn write_wait_stack(ctx: &TracePointContext, out: *mut WaitStack, head: &WaitHead) {
+unsafe fn write_wait_stack<const N: usize>(
+    ctx: &TracePointContext,
+    out: *mut WaitStack<N>,
+    head: &WaitHead,
+) {
     // SAFETY: the caller's entry.
     unsafe {
         (*out).head = *head;
-        ((*out).stack_len, (*out).frames_len) = record_user_stack::<STACK_COPY_BYTES>(
+        ((*out).stack_len, (*out).frames_len) = record_user_stack::<N>(
             ctx.as_ptr(),
             head.tgid,
             head.sp,

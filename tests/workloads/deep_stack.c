@@ -7,7 +7,11 @@
  *   main -> run -> descend -> descend -> ... -> burn_deep / burn_shallow
  * Built without frame pointers.
  *
- * usage: deep_stack SECONDS [--wait-stdin]
+ * usage: deep_stack SECONDS [--wait-stdin] [--futex-wait]
+ *
+ * With --futex-wait, burn_deep also waits 200 us on a futex (FUTEX_WAIT
+ * with a timeout, on a word nobody wakes) after each burn: a blocking
+ * wait at the bottom of the deep recursion, for block profiles.
  *
  * At exit it prints one line to stdout:
  *   pid=P rounds=R frame_bytes=F leaf_sp_page_offset=O
@@ -27,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define NOINLINE __attribute__((noinline, noclone))
@@ -39,6 +45,9 @@
 static volatile uint64_t sink;
 /* Addresses of the arrays of the last two levels of a deep descent. */
 static volatile uintptr_t pad_at[3];
+/* Whether burn_deep waits on a futex after each burn (--futex-wait). */
+static int futex_wait;
+static int futex_word;
 
 static uint64_t clock_ns(void)
 {
@@ -51,6 +60,10 @@ NOINLINE uint64_t burn_deep(uint64_t x)
 {
     for (int i = 0; i < STEPS; i++)
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    if (futex_wait) {
+        struct timespec timeout = {0, 200000};
+        syscall(SYS_futex, &futex_word, FUTEX_WAIT_PRIVATE, 0, &timeout, NULL, 0);
+    }
     return x;
 }
 
@@ -96,7 +109,7 @@ NOINLINE unsigned run(double seconds)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s SECONDS [--wait-stdin]\n", argv[0]);
+        fprintf(stderr, "usage: %s SECONDS [--wait-stdin] [--futex-wait]\n", argv[0]);
         return 2;
     }
     double seconds = atof(argv[1]);
@@ -105,6 +118,8 @@ int main(int argc, char **argv)
             char byte;
             if (read(0, &byte, 1) < 0)
                 perror("read stdin");
+        } else if (strcmp(argv[i], "--futex-wait") == 0) {
+            futex_wait = 1;
         } else {
             fprintf(stderr, "unknown argument %s\n", argv[i]);
             return 2;

@@ -186,6 +186,14 @@ pub(crate) fn read_wait_events(
                     continue;
                 };
                 (&[], frames, frames.len() as u64)
+            } else if let Some(event) = record::<WaitStack<LONG_STACK_BYTES>>(item) {
+                // The long form of a thread marked deep.
+                LONG_RECORDS.fetch_add(1, Ordering::Relaxed);
+                (
+                    &event.stack[..(event.stack_len as usize).min(LONG_STACK_BYTES)],
+                    &event.frames,
+                    event.frames_len.min(MAX_STACK_DEPTH as u64),
+                )
             } else {
                 let Some(event) = record::<WaitStack>(item) else {
                     continue;
