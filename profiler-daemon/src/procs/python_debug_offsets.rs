@@ -113,7 +113,7 @@ impl Offset {
 pub enum Rejected {
     #[error("_PyRuntime's initialized data is shorter than the debug offsets ({BYTES} bytes)")]
     Missing,
-    #[error("its cookie is {0:02x?}, not \"xdebugpy\"")]
+    #[error("its cookie is \"{}\", not \"xdebugpy\"", .0.escape_ascii())]
     Cookie([u8; 8]),
     #[error("the file has no Py_Version to check the debug offsets' version against")]
     NoVersion,
@@ -406,11 +406,12 @@ pub(crate) mod tests {
             Err(Rejected::Missing)
         );
         let mut cookie = good.clone();
-        cookie[0] = b'y';
-        assert!(matches!(
-            read(&cookie, Some(0x030d_00f0)),
-            Err(Rejected::Cookie(_))
-        ));
+        cookie[7] = b'z';
+        let refused = read(&cookie, Some(0x030d_00f0)).expect_err("a wrong cookie");
+        assert_eq!(
+            refused.to_string(),
+            "its cookie is \"xdebugpz\", not \"xdebugpy\""
+        );
         assert_eq!(read(&good, None), Err(Rejected::NoVersion));
         assert_eq!(
             read(&good, Some(0x030d_01f0)),
