@@ -16,7 +16,9 @@
 //!   gives them;
 //! - native frames stay: the C leaf (the interpreter's long arithmetic)
 //!   above the Python frame that ran it, `PyEval_EvalCode` below;
-//! - every file reads with `go tool pprof -raw`.
+//! - every file reads with `go tool pprof -raw`;
+//! - 3.13's layout is the interpreter's own (`_Py_DebugOffsets`), the
+//!   others' the daemon's tables.
 //!
 //! And a container's interpreter, pid 1 of its own pid namespace, whose
 //! thread states hold that namespace's thread ids; off-CPU time of
@@ -50,14 +52,20 @@ const PY_SPY_HZ: u64 = 499;
 const SECONDS: &str = "4";
 
 /// The interpreters tried: Debian's, and pyenv's 3.9, 3.10, 3.12 and
-/// 3.13.
-fn interpreters() -> Vec<(String, PathBuf)> {
+/// 3.13; with whether the daemon takes the layout from the interpreter's
+/// own debug offsets (3.13) rather than its table.
+fn interpreters() -> Vec<(String, PathBuf, bool)> {
     let mut found = vec![(
         "python3.11 (Debian)".to_string(),
         PathBuf::from("/usr/bin/python3.11"),
+        false,
     )];
     for minor in ["3.9", "3.10", "3.12", "3.13"] {
-        found.push((format!("python{minor} (pyenv)"), pyenv_python(minor)));
+        found.push((
+            format!("python{minor} (pyenv)"),
+            pyenv_python(minor),
+            minor == "3.13",
+        ));
     }
     found
 }
@@ -173,8 +181,8 @@ fn main_line<'a>(
 #[test]
 fn python_functions_are_named_without_any_flag() {
     require_root();
-    for (name, python) in interpreters() {
-        let (reads, named) = check_named(&name, &python, &[], CACHED);
+    for (name, python, debug_offsets) in interpreters() {
+        let (reads, named) = check_named(&name, &python, &[], CACHED, debug_offsets);
         // Each code object is read once: a few dozen in this program.
         assert!(
             reads <= 200,
@@ -201,6 +209,7 @@ fn python_frames_are_the_same_without_their_caches() {
         &pyenv_python("3.12"),
         &["--config", config],
         CACHED,
+        false,
     );
     // The switch took: a read per frame while the program ran (those
     // after its end find it gone), against a few dozen cached.
@@ -228,9 +237,16 @@ const CACHED: Allowed = Allowed {
 
 /// One run of `cpu_ratio.py` on `python`, with py-spy beside it, held
 /// against the program's timing and py-spy's stacks; the code objects
-/// read and the frames named, within `allowed`.
+/// read and the frames named, within `allowed`; the layout from the
+/// interpreter's debug offsets if `debug_offsets`, else from the table.
 /// may go unread.
-fn check_named(name: &str, python: &Path, extra: &[&str], allowed: Allowed) -> (u64, u64) {
+fn check_named(
+    name: &str,
+    python: &Path,
+    extra: &[&str],
+    allowed: Allowed,
+    debug_offsets: bool,
+) -> (u64, u64) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.py");
     let script = script.to_str().expect("UTF-8 path");
     let mut args = vec!["--profiles", "cpu"];
@@ -348,6 +364,17 @@ fn check_named(name: &str, python: &Path, extra: &[&str], allowed: Allowed) -> (
     assert!(
         unread * allowed.named_per_unread <= named,
         "{name}: {unread} Python frames unread, {named} named{diag}"
+    );
+    // Each Python process's layout from its interpreter's debug offsets
+    // (3.13), none refused.
+    let processes = daemon.summary_field("python_processes");
+    assert_eq!(
+        (
+            daemon.summary_field("python_layouts_from_debug_offsets"),
+            daemon.summary_field("python_debug_offsets_rejected"),
+        ),
+        (if debug_offsets { processes } else { 0 }, 0),
+        "{name}: of {processes} Python processes, the layouts from debug offsets and those refused{diag}"
     );
     (daemon.summary_field("python_code_reads"), named)
 }

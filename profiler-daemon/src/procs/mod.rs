@@ -4,7 +4,8 @@
 //! to read of a Go process (`go_runtime`), and the goroutines read from
 //! a Go process's memory (`goroutines`); reading a process's memory
 //! (`memory`); and where a CPython process keeps its threads' frames
-//! (`python_runtime`).
+//! (`python_runtime`), from 3.13 on as the interpreter says itself
+//! (`python_debug_offsets`).
 
 pub mod environment;
 pub(crate) mod go_code;
@@ -14,4 +15,5 @@ mod lineage;
 pub(crate) mod memory;
 pub(crate) mod objects;
 pub(crate) mod process;
+pub(crate) mod python_debug_offsets;
 pub(crate) mod python_runtime;

@@ -286,6 +286,8 @@ pub(crate) fn log_summary(
             python_code_reads = py.code_reads,
             python_segments_unplaced = py.segments_unplaced,
             python_trampolines_folded = py.trampolines_folded,
+            python_layouts_from_debug_offsets = py.layouts_from_debug_offsets,
+            python_debug_offsets_rejected = py.debug_offsets_rejected,
             "python summary"
         );
     }

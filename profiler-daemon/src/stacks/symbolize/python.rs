@@ -29,8 +29,8 @@ use crate::model::python_lines::{line_of, line_of_linetable310, line_of_lnotab};
 use crate::procs::memory::Memory;
 use crate::procs::process::ProcessTable;
 use crate::procs::python_runtime::{
-    BYTES_DATA, CodeLayout, LineForm, NotWalked, OB_SIZE, OB_TYPE, PythonProcess, STR_LENGTH,
-    STR_STATE, python_process,
+    BYTES_DATA, CODE_HEAD, CodeLayout, Interpreter, LayoutSource, LineForm, NotWalked, OB_SIZE,
+    OB_TYPE, PythonProcess, STR_LENGTH, STR_STATE, TP_NAME, python_process,
 };
 
 /// Python processes followed at once (the kernel's `PY_PROCESSES`).
@@ -41,8 +41,6 @@ const MAX_CODES: usize = 16_384;
 const MAX_TEXT: usize = 1024;
 /// Longest location table read, in bytes.
 const MAX_TABLE: usize = 64 * 1024;
-/// Bytes of a code object read at once: every field used lies in them.
-const CODE_HEAD: usize = 144;
 
 /// The evaluator whose calls Python frames take the place of.
 const EVALUATOR: &str = "_PyEval_EvalFrameDefault";
@@ -93,12 +91,20 @@ pub struct PythonStats {
     /// `-X perf` trampolines left out beside the Python frames they
     /// enter.
     pub trampolines_folded: u64,
+    /// Processes whose layout came from their interpreter's debug
+    /// offsets (3.13).
+    pub layouts_from_debug_offsets: u64,
+    /// Processes whose interpreter's debug offsets were refused (the
+    /// table used instead).
+    pub debug_offsets_rejected: u64,
 }
 
 #[derive(Debug, Default)]
 pub struct PythonCodes {
     procs: HashMap<u32, Process>,
     warned: HashSet<u32>,
+    /// Interpreter files whose debug offsets were refused, said once each.
+    warned_files: HashSet<String>,
     /// Caches off (`[debug] python_caches = false`): code objects read
     /// at every frame (the last read standing in once the process is
     /// gone), thread states searched at every sample.
@@ -139,7 +145,7 @@ impl PythonCodes {
                 continue;
             }
             let python = match python_process(tgid, info.mappings()) {
-                Some(Ok(python)) => Some(python),
+                Some(Ok(found)) => Some(self.layout_found(tgid, found)),
                 Some(Err(NotWalked::Release(minor))) => {
                     if self.warned.len() < 64 && self.warned.insert(minor) {
                         tracing::info!(
@@ -171,6 +177,26 @@ impl PythonCodes {
             );
         }
         marks
+    }
+
+    /// Counts where a found interpreter's layout came from, and says once
+    /// per file why its debug offsets were refused.
+    fn layout_found(&mut self, tgid: u32, found: Interpreter) -> PythonProcess {
+        match found.source {
+            LayoutSource::Table => {}
+            LayoutSource::DebugOffsets => self.stats.layouts_from_debug_offsets += 1,
+            LayoutSource::Rejected(why) => {
+                self.stats.debug_offsets_rejected += 1;
+                if self.warned_files.len() < 64 && self.warned_files.insert(found.path.clone()) {
+                    tracing::warn!(
+                        "process {tgid}: the debug offsets of {} are not used ({why}): its layout is this build's table for CPython 3.{}",
+                        found.path,
+                        found.process.minor
+                    );
+                }
+            }
+        }
+        found.process
     }
 
     /// Settles the Python frames of a sample of `tgid` (see [`PyLoc`]),
@@ -363,8 +389,7 @@ fn read_code(
         Some(known) if known != ob_type => return None,
         Some(_) => {}
         None => {
-            // `PyTypeObject.tp_name`, after the object and size headers.
-            let name = mem.u64(ob_type.checked_add(24)?)?;
+            let name = mem.u64(ob_type.checked_add(TP_NAME)?)?;
             let mut text = [0u8; 5];
             if !mem.read(name, &mut text) || &text != b"code\0" {
                 return None;
