@@ -861,55 +861,63 @@ fn too_deep_stacks_end_with_truncated() {
 }
 
 /// The same deep recursion blocking in a futex wait at its bottom
-/// (`--futex-wait`, block profile): the wait records of its thread, once
-/// marked deep, keep what a 32 KiB copy holds, as its CPU samples do.
+/// (`--futex-wait`, block profile) and allocating there (`--malloc`, heap
+/// profile of every allocation): the records of its thread, once marked
+/// deep, keep what a 32 KiB copy holds, as its CPU samples do.
 #[test]
-fn too_deep_waits_take_the_long_copy() {
+fn too_deep_waits_and_allocations_take_the_long_copy() {
     require_root();
     let tmp = temp_dir();
     let exe = build_c(tmp.path(), "deep_stack.c", "deep_stack");
-    let out = tmp.path().join("out");
-    let mut workload = Running::start(&exe, &[BURN_SECONDS, "--wait-stdin", "--futex-wait"]);
-    let pid = workload.pid().to_string();
-    let mut daemon = Daemon::start(&[
-        "--pid",
-        &pid,
-        "--profiles",
-        "block",
-        "--output-dir",
-        out.to_str().expect("temporary paths are UTF-8"),
-    ]);
-    daemon.wait_ready();
-    workload.release();
-    let report = parse_report(&workload.finish(WORKLOAD_TIMEOUT), "pid");
-    workload.kill();
-    daemon.wait_success(DAEMON_EXIT_TIMEOUT);
-    let frame_bytes = field(&report, "frame_bytes");
-    let long_fit = ((LONG_STACK_BYTES - 64) / frame_bytes) as usize;
-    let samples = flatten_all(&read_profiles(&out, "block"));
-    let mut depths: BTreeMap<usize, i64> = BTreeMap::new();
-    for x in samples.iter().filter(|x| x.has_function("burn_deep")) {
-        let descend = x
-            .frames
-            .iter()
-            .filter(|f| function_matches(&f.function, "descend"))
-            .count();
-        *depths.entry(descend).or_default() += x.count;
+    for (flag, kind, extra) in [
+        ("--futex-wait", "block", &[][..]),
+        ("--malloc", "heap", &["--heap-sample-bytes", "1"][..]),
+    ] {
+        let out = tmp.path().join(kind);
+        let mut workload = Running::start(&exe, &[BURN_SECONDS, "--wait-stdin", flag]);
+        let pid = workload.pid().to_string();
+        let mut args = vec![
+            "--pid",
+            &pid,
+            "--profiles",
+            kind,
+            "--output-dir",
+            out.to_str().expect("temporary paths are UTF-8"),
+        ];
+        args.extend_from_slice(extra);
+        let mut daemon = Daemon::start(&args);
+        daemon.wait_ready();
+        workload.release();
+        let report = parse_report(&workload.finish(WORKLOAD_TIMEOUT), "pid");
+        workload.kill();
+        daemon.wait_success(DAEMON_EXIT_TIMEOUT);
+        let frame_bytes = field(&report, "frame_bytes");
+        let long_fit = ((LONG_STACK_BYTES - 64) / frame_bytes) as usize;
+        let samples = flatten_all(&read_profiles(&out, kind));
+        let mut depths: BTreeMap<usize, i64> = BTreeMap::new();
+        for x in samples.iter().filter(|x| x.has_function("burn_deep")) {
+            let descend = x
+                .frames
+                .iter()
+                .filter(|f| function_matches(&f.function, "descend"))
+                .count();
+            *depths.entry(descend).or_default() += x.count;
+        }
+        let long_records = daemon.summary_field("records_long_form");
+        let kept: i64 = depths.range(long_fit..).map(|(_, n)| n).sum();
+        let all: i64 = depths.values().sum();
+        println!(
+            "{kind}: burn_deep's records, descend frames kept (frames: count) {depths:?}; \
+             {kept} of {all} keep at least {long_fit} (a {LONG_STACK_BYTES}-byte copy); \
+             {long_records} long records"
+        );
+        assert!(
+            kept > 0 && long_records > 0 && kept * 2 >= all,
+            "{kind}: burn_deep's records do not take the long copy once its thread is marked \
+             deep: {depths:?}, {long_records} long records\n{}",
+            daemon.describe()
+        );
     }
-    let long_records = daemon.summary_field("records_long_form");
-    let kept: i64 = depths.range(long_fit..).map(|(_, n)| n).sum();
-    let all: i64 = depths.values().sum();
-    println!(
-        "burn_deep's futex waits: descend frames kept (frames: waits) {depths:?}; {kept} of \
-         {all} keep at least {long_fit} (a {LONG_STACK_BYTES}-byte copy); {long_records} long \
-         records"
-    );
-    assert!(
-        kept > 0 && long_records > 0 && kept * 2 >= all,
-        "burn_deep's waits do not take the long copy once its thread is marked deep: \
-         {depths:?}, {long_records} long records\n{}",
-        daemon.describe()
-    );
 }
 
 /// Threads blocked inside glibc, captured where they left the CPU

@@ -7,11 +7,13 @@
  *   main -> run -> descend -> descend -> ... -> burn_deep / burn_shallow
  * Built without frame pointers.
  *
- * usage: deep_stack SECONDS [--wait-stdin] [--futex-wait]
+ * usage: deep_stack SECONDS [--wait-stdin] [--futex-wait] [--malloc]
  *
  * With --futex-wait, burn_deep also waits 200 us on a futex (FUTEX_WAIT
  * with a timeout, on a word nobody wakes) after each burn: a blocking
- * wait at the bottom of the deep recursion, for block profiles.
+ * wait at the bottom of the deep recursion, for block profiles. With
+ * --malloc, it allocates and frees 64 KiB after each burn, for heap
+ * profiles.
  *
  * At exit it prints one line to stdout:
  *   pid=P rounds=R frame_bytes=F leaf_sp_page_offset=O
@@ -48,6 +50,9 @@ static volatile uintptr_t pad_at[3];
 /* Whether burn_deep waits on a futex after each burn (--futex-wait). */
 static int futex_wait;
 static int futex_word;
+/* Whether burn_deep allocates after each burn (--malloc). */
+static int do_malloc;
+static void *volatile allocated;
 
 static uint64_t clock_ns(void)
 {
@@ -63,6 +68,10 @@ NOINLINE uint64_t burn_deep(uint64_t x)
     if (futex_wait) {
         struct timespec timeout = {0, 200000};
         syscall(SYS_futex, &futex_word, FUTEX_WAIT_PRIVATE, 0, &timeout, NULL, 0);
+    }
+    if (do_malloc) {
+        allocated = malloc(64 * 1024);
+        free(allocated);
     }
     return x;
 }
@@ -109,7 +118,7 @@ NOINLINE unsigned run(double seconds)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s SECONDS [--wait-stdin] [--futex-wait]\n", argv[0]);
+        fprintf(stderr, "usage: %s SECONDS [--wait-stdin] [--futex-wait] [--malloc]\n", argv[0]);
         return 2;
     }
     double seconds = atof(argv[1]);
@@ -120,6 +129,8 @@ int main(int argc, char **argv)
                 perror("read stdin");
         } else if (strcmp(argv[i], "--futex-wait") == 0) {
             futex_wait = 1;
+        } else if (strcmp(argv[i], "--malloc") == 0) {
+            do_malloc = 1;
         } else {
             fprintf(stderr, "unknown argument %s\n", argv[i]);
             return 2;
