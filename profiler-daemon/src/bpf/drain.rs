@@ -70,6 +70,33 @@ pub struct CpuWindow {
     /// Go label sets by id; carried from window to window (see
     /// `GoLabelSets::end_window`).
     pub go_labels: GoLabelSets,
+    /// On-demand captures (`/debug/pprof/profile`): each gets a copy of
+    /// the samples of its processes, beside the window, which stays as it
+    /// would be without them.
+    pub taps: Vec<CpuTap>,
+}
+
+/// The samples of some processes gathered beside the windows, from when it
+/// was added until it is taken out.
+#[derive(Debug, Default)]
+pub struct CpuTap {
+    /// Which capture it is.
+    pub id: u64,
+    /// The processes it gathers (none: all).
+    pub pids: Vec<u32>,
+    pub samples: HashMap<SampleId, u64>,
+}
+
+impl CpuTap {
+    fn wants(&self, tgid: u32) -> bool {
+        self.pids.is_empty() || self.pids.contains(&tgid)
+    }
+
+    fn add(&mut self, id: &SampleId, count: u64) {
+        if self.wants(id.tgid) {
+            *self.samples.entry(id.clone()).or_insert(0) += count;
+        }
+    }
 }
 
 impl CpuWindow {
@@ -113,6 +140,9 @@ impl CpuWindow {
             let kernel = resolve(key.kernel_stack);
             let mut id = sample_id(&key, user, kernel);
             id.generation = generation(key.tgid, key.image_since);
+            for tap in &mut self.taps {
+                tap.add(&id, count);
+            }
             *self.samples.entry(id).or_insert(0) += count;
         }
         self.missing_stacks += missing;
@@ -120,6 +150,9 @@ impl CpuWindow {
 
     /// Adds one sample whose stacks were resolved in the daemon.
     pub fn add(&mut self, id: SampleId) {
+        for tap in &mut self.taps {
+            tap.add(&id, 1);
+        }
         *self.samples.entry(id).or_insert(0) += 1;
     }
 

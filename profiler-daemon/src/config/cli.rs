@@ -105,6 +105,12 @@ pub(super) struct Cli {
     #[arg(long, value_name = "ADDR:PORT")]
     pub(super) metrics_addr: Option<String>,
 
+    /// Serve CPU profiles on demand at http://ADDR:PORT/debug/pprof/ (go
+    /// tool pprof http://ADDR:PORT/debug/pprof/profile?seconds=10&pid=PID),
+    /// and /metrics
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(super) http_addr: Option<String>,
+
     /// Command to start once every probe is attached; profiled with its
     /// descendants until it exits
     #[arg(last = true, value_name = "COMMAND")]

@@ -27,6 +27,7 @@ pub(super) struct FileConfig {
     pub(super) push_url: Option<String>,
     pub(super) otlp_endpoint: Option<String>,
     pub(super) metrics_addr: Option<String>,
+    pub(super) http_addr: Option<String>,
     pub(super) push: Option<PushTable>,
     pub(super) otlp: Option<OtlpTable>,
     pub(super) limits: Option<LimitsTable>,

@@ -190,21 +190,43 @@ pub(super) fn merge(
         ),
         None => None,
     };
-    let metrics_addr = match pick(
+    let address = |picked: Option<(String, String)>| -> Result<_, ConfigError> {
+        match picked {
+            Some((raw, opt)) => Ok(Some(raw.trim().parse().map_err(|_| {
+                invalid(
+                    &opt,
+                    &raw,
+                    "expected ADDRESS:PORT, like 127.0.0.1:9464 or [::]:9464",
+                )
+            })?)),
+            None => Ok(None),
+        }
+    };
+    let metrics_addr: Option<std::net::SocketAddr> = address(pick(
         cli.metrics_addr,
         fc.metrics_addr,
         "metrics-addr",
         "metrics_addr",
         path,
-    ) {
-        Some((raw, opt)) => Some(raw.trim().parse().map_err(|_| {
-            invalid(
-                &opt,
-                &raw,
-                "expected ADDRESS:PORT, like 127.0.0.1:9464 or [::]:9464",
-            )
-        })?),
-        None => None,
+    ))?;
+    let http_addr: Option<std::net::SocketAddr> = address(pick(
+        cli.http_addr,
+        fc.http_addr,
+        "http-addr",
+        "http_addr",
+        path,
+    ))?;
+    // One server serves both: /metrics at either address.
+    let (metrics_addr, http_addr) = match (metrics_addr, http_addr) {
+        (Some(m), Some(h)) if m != h => {
+            return Err(invalid(
+                "--metrics-addr",
+                m,
+                format!("the same address as --http-addr ({h}), which serves /metrics too"),
+            ));
+        }
+        (m, Some(h)) => (m.or(Some(h)), Some(h)),
+        (m, None) => (m, None),
     };
 
     let limits = match &fc.limits {
@@ -243,6 +265,7 @@ pub(super) fn merge(
         push,
         otlp,
         metrics_addr,
+        http_addr,
         limits,
         stack_switches,
         kernel_log,

@@ -177,6 +177,9 @@ pub struct Settings {
     pub otlp: Option<OtlpSettings>,
     /// Where `/metrics` is served.
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Where `/debug/pprof/` is served (and `/metrics`, at the same
+    /// address): `--http-addr`.
+    pub http_addr: Option<std::net::SocketAddr>,
     /// Sizes of the kernel maps (`[limits]` in the config file).
     pub limits: MapLimits,
     /// Which stack optimizations are on (`[debug]` in the config file).
@@ -406,6 +409,7 @@ mod tests {
                 push: None,
                 otlp: None,
                 metrics_addr: None,
+                http_addr: None,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),
                 kernel_log: false,
@@ -947,6 +951,37 @@ region = "eu"
         error(&["--metrics-addr", "127.0.0.1:99999"], "--metrics-addr");
         let f = config_file("metrics_addr = \"nope\"\n");
         error(&["--config", path_str(&f)], "'metrics_addr' in config file");
+    }
+
+    #[test]
+    fn http_addr_serves_metrics_too() {
+        let s = parse(&["--http-addr", "127.0.0.1:6060"]).unwrap();
+        let addr = Some("127.0.0.1:6060".parse().unwrap());
+        assert_eq!((s.http_addr, s.metrics_addr), (addr, addr));
+        let s = parse(&[
+            "--http-addr",
+            "127.0.0.1:6060",
+            "--metrics-addr",
+            "127.0.0.1:6060",
+        ])
+        .unwrap();
+        assert_eq!((s.http_addr, s.metrics_addr), (addr, addr));
+        // --metrics-addr alone serves no profiles.
+        let s = parse(&["--metrics-addr", "127.0.0.1:9464"]).unwrap();
+        assert_eq!(s.http_addr, None);
+        error(
+            &[
+                "--http-addr",
+                "127.0.0.1:6060",
+                "--metrics-addr",
+                "127.0.0.1:9464",
+            ],
+            "the same address as --http-addr",
+        );
+        error(&["--http-addr", "nope"], "'nope' for --http-addr");
+        let f = config_file("http_addr = \"[::1]:0\"\n");
+        let s = parse(&["--config", path_str(&f)]).unwrap();
+        assert_eq!(s.http_addr, Some("[::1]:0".parse().unwrap()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// The keys a config file may have, and some it may not.
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "pid",
     "command",
     "profiles",
@@ -28,6 +28,7 @@ const KEYS: [&str; 22] = [
     "otlp_endpoint",
     "otlp",
     "metrics_addr",
+    "http_addr",
     "labels",
     "label",
     "nope",

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use profiler_common::counter;
 use prometheus::{
     Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TEXT_FORMAT,
@@ -33,6 +33,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::model::profile_kind::ProfileKind;
+use crate::output::pprof_http::{self, CAPTURE_CONNECTION_TIMEOUT, PprofServer};
 use crate::output::push::PushStats;
 
 /// Scrapes served at once; more connections are closed at accept.
@@ -527,6 +528,7 @@ fn resident_bytes() -> Option<u64> {
 pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    pprof: Option<PprofServer>,
 ) -> Result<(SocketAddr, JoinHandle<()>), MetricsError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -534,11 +536,11 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|source| MetricsError::Bind { addr, source })?;
-    let task = tokio::spawn(accept_loop(listener, metrics));
+    let task = tokio::spawn(accept_loop(listener, metrics, pprof));
     Ok((bound, task))
 }
 
-async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>) {
+async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, pprof: Option<PprofServer>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut accept_error_logged = false;
     loop {
@@ -558,15 +560,32 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>) {
             continue;
         };
         let metrics = metrics.clone();
+        let pprof = pprof.clone();
+        // A capture holds its connection for its seconds; without
+        // /debug/pprof a connection has CONNECTION_TIMEOUT.
+        let timeout = match pprof {
+            Some(_) => CAPTURE_CONNECTION_TIMEOUT,
+            None => CONNECTION_TIMEOUT,
+        };
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
-                let response = respond(&metrics, &req);
-                async move { Ok::<_, Infallible>(response) }
+                let (metrics, pprof) = (metrics.clone(), pprof.clone());
+                async move {
+                    let response = match &pprof {
+                        Some(server) if req.uri().path().starts_with("/debug/pprof") => {
+                            pprof_http::respond(server, &req).await
+                        }
+                        _ => respond(&metrics, &req),
+                    };
+                    Ok::<_, Infallible>(response)
+                }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .keep_alive(false)
+                .timer(TokioTimer::new())
+                .header_read_timeout(CONNECTION_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+            let _ = tokio::time::timeout(timeout, connection).await;
             drop(slot);
         });
     }

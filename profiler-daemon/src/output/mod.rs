@@ -4,6 +4,7 @@
 
 pub(crate) mod metrics;
 pub(crate) mod otlp;
+pub(crate) mod pprof_http;
 pub(crate) mod publish;
 pub(crate) mod push;
 pub(crate) mod retention;

@@ -13,10 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::Result;
+use tokio::sync::mpsc;
 
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::Metrics;
+use crate::output::pprof_http::{Capture, MAX_CAPTURES, PprofServer};
 use crate::output::push::Pusher;
 use crate::output::writer::{ProfileWriter, WriteError};
 
@@ -121,11 +123,30 @@ impl Publisher {
 /// The metrics, the `/metrics` server, the push and the OTLP export, as
 /// configured.
 /// The server binds here, so that a port in use stops the start.
-pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) -> Result<Publisher> {
+/// With `--http-addr`, also the receiver of `/debug/pprof/` captures.
+pub(crate) async fn start_outputs(
+    settings: &Settings,
+    writer: ProfileWriter,
+) -> Result<(Publisher, Option<mpsc::Receiver<Capture>>)> {
     let metrics = Arc::new(Metrics::new()?);
+    let (pprof, captures) = match settings.http_addr {
+        Some(_) => {
+            let (tx, rx) = mpsc::channel(MAX_CAPTURES);
+            let server = PprofServer {
+                captures: tx,
+                cpu_frequency: settings.cpu_frequency,
+            };
+            (Some(server), Some(rx))
+        }
+        None => (None, None),
+    };
     if let Some(addr) = settings.metrics_addr {
-        let (bound, _) = crate::output::metrics::serve(addr, metrics.clone()).await?;
+        let serves_pprof = pprof.is_some();
+        let (bound, _) = crate::output::metrics::serve(addr, metrics.clone(), pprof).await?;
         tracing::info!(target: "profilerd::session", "serving metrics at http://{bound}/metrics");
+        if serves_pprof {
+            tracing::info!(target: "profilerd::session", "serving profiles on demand at http://{bound}/debug/pprof/");
+        }
     }
     let mut sinks = Vec::new();
     if let Some(push) = &settings.push {
@@ -145,5 +166,5 @@ pub(crate) async fn start_outputs(settings: &Settings, writer: ProfileWriter) ->
         );
         sinks.push(exporter);
     }
-    Ok(Publisher::new(writer, metrics, sinks))
+    Ok((Publisher::new(writer, metrics, sinks), captures))
 }

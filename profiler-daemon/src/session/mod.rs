@@ -3,6 +3,7 @@
 //! exit) by symbolizing, building and writing its profiles, and decides when
 //! to stop.
 
+mod captures;
 mod events;
 mod notify;
 mod summary;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
 use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
@@ -23,6 +25,7 @@ use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
+use crate::output::pprof_http::Capture;
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
@@ -34,13 +37,14 @@ use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
+use crate::session::captures::Captures;
 use crate::session::events::take_proc_events;
 use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
 };
 use crate::session::targets::{
-    all_pids, check_privileges, kernel_log_readable, process_start, sleep_opt, start_command,
-    wait_child, watch_ring,
+    all_pids, check_privileges, kernel_log_readable, process_start, recv_opt, sleep_opt,
+    start_command, wait_child, watch_ring,
 };
 use crate::session::window::{Sources, Window, write_window};
 use crate::stacks::budget::MemoryBudget;
@@ -169,6 +173,12 @@ pub async fn run(settings: Settings) -> Result<()> {
                     s.waits.park_windows.open(window);
                 }
             }
+            Some(capture) = recv_opt(&mut s.capture_requests) => {
+                s.start_capture(capture);
+            }
+            _ = sleep_opt(s.captures.next_end().map(|at| at.saturating_duration_since(Instant::now()))) => {
+                s.finish_captures(&mut rings).await;
+            }
             _ = tokio::time::sleep_until(window_end) => {
                 window_end += s.settings.interval;
                 s.close_window(&mut rings).await;
@@ -235,6 +245,10 @@ struct Session {
     /// Reads Go processes' goroutines for the goroutine profile.
     goroutines: GoroutineReader,
     reported: Losses,
+    /// `/debug/pprof/` captures asked for (with `--http-addr`), and those
+    /// under way.
+    capture_requests: Option<mpsc::Receiver<Capture>>,
+    captures: Captures,
 }
 
 impl Session {
@@ -253,7 +267,7 @@ impl Session {
             .retention
             .map(|age| Retention::new(writer.dir(), age));
         retention.as_mut().map(Retention::run);
-        let publisher = start_outputs(&settings, writer).await?;
+        let (publisher, capture_requests) = start_outputs(&settings, writer).await?;
         for (kind, _) in &skipped {
             publisher.metrics().profile_unavailable(*kind);
         }
@@ -335,6 +349,8 @@ impl Session {
             live_targets,
             goroutines: GoroutineReader::default(),
             reported: Losses::default(),
+            capture_requests,
+            captures: Captures::default(),
         };
         Ok((session, rings))
     }
@@ -508,6 +524,7 @@ impl Session {
         self.read_wait_events(rings.wait_events.get_mut());
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
+        self.captures.drop_abandoned(&mut self.window.cpu);
         for pid in self.exec_rescan.drain(..) {
             for links in self.probes.uprobe_links() {
                 links.attach_process(pid);
@@ -550,6 +567,34 @@ impl Session {
         self.reported.report(&self.probes);
     }
 
+    /// Starts a `/debug/pprof/profile` capture, or refuses it (see
+    /// captures.rs).
+    fn start_capture(&mut self, capture: Capture) {
+        let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
+        let targets = (!system_wide).then(|| self.probes.target_pids());
+        let profiled = |pid: u32| targets.as_ref().is_some_and(|t| t.contains(&pid));
+        let profiled: Option<&dyn Fn(u32) -> bool> = match system_wide {
+            true => None,
+            false => Some(&profiled),
+        };
+        self.captures
+            .start(capture, &self.settings, profiled, &mut self.window.cpu);
+    }
+
+    /// Ends the captures that are due, with every sample taken until now.
+    async fn finish_captures(&mut self, rings: &mut Rings) {
+        self.take_proc_events(rings.events.get_mut());
+        self.drain_once().await;
+        self.read_stack_samples(rings.stack_samples.get_mut());
+        self.add_waiting_samples();
+        self.captures.finish_due(
+            &self.settings,
+            &mut self.symbolizer,
+            &mut self.procs,
+            &mut self.window.cpu,
+        );
+    }
+
     fn write_window(&mut self) {
         let mut closed = std::mem::replace(&mut self.window, Window::new());
         let goroutine_pids = self.goroutine_pids();
@@ -570,6 +615,8 @@ impl Session {
         // may name a set recorded in this one).
         self.window.cpu.go_labels = std::mem::take(&mut closed.cpu.go_labels);
         self.window.cpu.go_labels.end_window();
+        // On-demand captures go on across windows.
+        self.window.cpu.taps = std::mem::take(&mut closed.cpu.taps);
     }
 
     /// The processes whose goroutines the goroutine profile reads: the

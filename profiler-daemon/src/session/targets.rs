@@ -68,6 +68,18 @@ pub(crate) async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
+/// The next item of `rx`; pending forever without a channel, or once it
+/// is closed.
+pub(crate) async fn recv_opt<T>(rx: &mut Option<tokio::sync::mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => match rx.recv().await {
+            Some(item) => Some(item),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
 pub(crate) async fn wait_child(
     child: &mut Option<tokio::process::Child>,
 ) -> std::io::Result<std::process::ExitStatus> {
