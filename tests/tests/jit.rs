@@ -39,6 +39,14 @@ fn v8_log_in(dir: &Path) -> String {
     format!("--logfile={}", dir.join("v8.log").display())
 }
 
+/// Node's arguments for a perf map, its V8 log kept at `v8_log` (see
+/// [`v8_log_in`]), then `rest`.
+fn node_args<'a>(v8_log: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["--perf-basic-prof", "--no-logfile-per-isolate", v8_log];
+    args.extend_from_slice(rest);
+    args
+}
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.js")
 }
@@ -76,17 +84,17 @@ fn node_functions_are_named_from_the_perf_map() {
         daemon,
     } = profile_whole_life(
         &node,
-        &[
-            "--perf-basic-prof",
-            "--no-logfile-per-isolate",
+        &node_args(
             &v8_log,
-            "--no-turbo-inlining",
-            "--cpu-prof",
-            "--cpu-prof-dir",
-            tmp.path().join("own").to_str().expect("UTF-8 path"),
-            script.to_str().expect("UTF-8 path"),
-            "4",
-        ],
+            &[
+                "--no-turbo-inlining",
+                "--cpu-prof",
+                "--cpu-prof-dir",
+                tmp.path().join("own").to_str().expect("UTF-8 path"),
+                script.to_str().expect("UTF-8 path"),
+                "4",
+            ],
+        ),
         &out,
         199,
         &["--profiles", "cpu"],
@@ -175,13 +183,7 @@ fn event_loop_run(config: Option<&str>) -> EventLoopRun {
         daemon,
     } = profile_whole_life(
         Path::new("/usr/bin/node"),
-        &[
-            "--perf-basic-prof",
-            "--no-logfile-per-isolate",
-            &v8_log,
-            script.to_str().expect("UTF-8 path"),
-            "5",
-        ],
+        &node_args(&v8_log, &[script.to_str().expect("UTF-8 path"), "5"]),
         &out,
         199,
         &extra,
