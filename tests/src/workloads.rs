@@ -287,17 +287,14 @@ impl Workload {
     }
 
     /// `go build` of this Go workload by `go`: a single file outside any
-    /// module, offline, with a private cache.
+    /// module, offline, with the tests' own cache (see [`go_cache`]).
     fn go_build(self, dir: &Path, go: &Path) -> Command {
         let mut c = Command::new(go);
         c.arg("build")
             .env("GO111MODULE", "off")
             .env("GOFLAGS", "")
             .env("GOTOOLCHAIN", "local")
-            .env(
-                "GOCACHE",
-                dir.join(format!("gocache{}", go.to_string_lossy().replace('/', "_"))),
-            )
+            .env("GOCACHE", go_cache(go))
             .env("GOPATH", dir.join("gopath"));
         if self.is_stripped() {
             c.arg("-ldflags=-s -w");
@@ -385,6 +382,22 @@ impl Workload {
         cmd.current_dir(dir);
         compile_linking(cmd, &src, &out, libs)
     }
+}
+
+/// The Go build cache of the workloads that `go` builds: one per
+/// toolchain under the target directory, shared by every test and kept
+/// between runs, not one per test's temporary directory, where each Go
+/// build compiled the standard library afresh. Go's cache is keyed by
+/// every input of a build and safe for builds at once, so the binaries are
+/// the same as from an empty cache.
+fn go_cache(go: &Path) -> PathBuf {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives in the workspace")
+        .join("target");
+    target
+        .join("tmp/gocache")
+        .join(go.to_string_lossy().replace('/', "_"))
 }
 
 /// Runs the compiler command `cmd` (gcc or rustc with its flags) on `src`,

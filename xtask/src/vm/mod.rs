@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
 
 use console::Markers;
@@ -116,10 +116,12 @@ pub fn run(root: &Path, args: VmArgs) -> Result<()> {
     }
     prepare()?;
     let fetched = kernel.fetch(root)?;
+    let workloads = initramfs::build_workloads(root)?;
     let outcome = boot(
         root,
         &kernel,
         &fetched,
+        &workloads,
         &Payload {
             command: &console::shell_command(&args.command),
             ..Payload::default()
@@ -207,6 +209,7 @@ fn tests_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
         args,
         "tests",
         &payload,
+        Together::Yes,
         |kernel, outcome, log| {
             let results = suite::parse(&outcome.finished.output);
             let section = format!(
@@ -242,6 +245,9 @@ fn costs_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
         args,
         "costs",
         &payload,
+        // Timings: each VM has the machine to itself, as the figures of
+        // docs/BENCHMARKS.md were taken.
+        Together::No,
         |kernel, outcome, log| {
             let measured = costs::parse(&outcome.finished.output);
             let section = format!(
@@ -262,23 +268,45 @@ fn costs_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
     .context("setups without figures")
 }
 
+/// Whether the VMs of one task boot at once or one after the other.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Together {
+    /// At once, a thread each: each VM has one TCG vCPU, so two VMs keep
+    /// two host cores busy and the task takes as long as its slowest
+    /// kernel instead of the sum.
+    Yes,
+    /// One after the other (benchmarks, whose figures assume a VM alone).
+    No,
+}
+
 /// Boots each kernel with `payload`, keeps its output in
 /// `target/vm/WHAT-KERNEL.log` and asks `judge` for the report's section of
-/// it and what failed; prints the sections, writes them all to
-/// `target/vm/WHAT.md`, and fails after the last kernel if anything failed.
+/// it and what failed; prints the sections in the kernels' order, writes
+/// them all to `target/vm/WHAT.md`, and fails after the last kernel if
+/// anything failed.
 fn on_each_kernel(
     root: &Path,
     kernels: &[Kernel],
     args: &VmArgs,
     what: &str,
     payload: &Payload,
+    together: Together,
     judge: impl Fn(&Kernel, &qemu::Outcome, &Path) -> (String, Vec<String>),
 ) -> Result<()> {
+    let vms = fetch_all(root, kernels)?;
+    let workloads = initramfs::build_workloads(root)?;
+    let outcomes = boot_all(root, &vms, &workloads, payload, args, together);
     let mut failing = Vec::new();
     let mut report = String::new();
-    for kernel in kernels {
-        let fetched = kernel.fetch(root)?;
-        let outcome = boot(root, kernel, &fetched, payload, args, false)?;
+    let mut errors = Vec::new();
+    for ((kernel, _), outcome) in vms.iter().zip(outcomes) {
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
         let log = root.join(format!("target/vm/{what}-{}.log", kernel.name));
         fs::write(&log, &outcome.finished.output)
             .with_context(|| format!("writing {}", log.display()))?;
@@ -289,6 +317,9 @@ fn on_each_kernel(
             failing.push(format!("{}: {}", kernel.name, failed.join(", ")));
         }
     }
+    // A VM that did not finish leaves no report, as when the boots ran one
+    // after the other and the first such one ended the task.
+    joined(errors)?;
     let path = root.join(format!("target/vm/{what}.md"));
     fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("tables in {}", path.display());
@@ -298,30 +329,119 @@ fn on_each_kernel(
     Ok(())
 }
 
+/// Each kernel fetched, one after the other: a first fetch runs apt-get,
+/// whose lock two at once would contend for.
+fn fetch_all(root: &Path, kernels: &[Kernel]) -> Result<Vec<(Kernel, kernel::Fetched)>> {
+    kernels
+        .iter()
+        .map(|kernel| Ok((*kernel, kernel.fetch(root)?)))
+        .collect()
+}
+
+/// Boots each of `vms` with `payload` (at once, a thread each, or one
+/// after the other) and returns their outcomes in the same order. Each
+/// boot has its own scratch directory, initramfs and console markers, and
+/// QEMU is given no disk, network, socket or shared directory, so that
+/// two boots share nothing but the read-only kernel images and workloads.
+fn boot_all(
+    root: &Path,
+    vms: &[(Kernel, kernel::Fetched)],
+    workloads: &[PathBuf],
+    payload: &Payload,
+    args: &VmArgs,
+    together: Together,
+) -> Vec<Result<qemu::Outcome>> {
+    each(vms, together, |(kernel, fetched)| {
+        // Its errors name the kernel (`Linux 6.1: ...`).
+        boot(root, kernel, fetched, workloads, payload, args, false)
+    })
+}
+
+/// `f` of each item, at once (a thread each) or one after the other, the
+/// results in the items' order.
+fn each<T: Sync, R: Send>(
+    items: &[T],
+    together: Together,
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
+    if together == Together::No || items.len() < 2 {
+        return items.iter().map(&f).collect();
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = items
+            .iter()
+            .map(|item| scope.spawn(move || f(item)))
+            .collect();
+        threads
+            .into_iter()
+            .enumerate()
+            .map(|(i, thread)| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow!("the thread of item {i} panicked")))
+            })
+            .collect()
+    })
+}
+
+/// Ok when `errors` is empty; else the one error, or every error's
+/// message on one line.
+fn joined(errors: Vec<anyhow::Error>) -> Result<()> {
+    let mut errors = errors.into_iter();
+    let Some(first) = errors.next() else {
+        return Ok(());
+    };
+    let rest: Vec<String> = errors.map(|e| format!("{e:#}")).collect();
+    if rest.is_empty() {
+        return Err(first);
+    }
+    bail!("{first:#}; {}", rest.join("; "))
+}
+
 /// The smoke on each target, a table each (also written to
 /// `target/vm/matrix.md`); fails after the last if any profile type did not
-/// write samples on any of them.
+/// write samples on any of them. The VMs boot at once; the host's smoke
+/// runs after them, so that its system-wide profilerd neither probes the
+/// QEMU processes nor takes their cores.
 fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
     prepare()?;
     let script = smoke::script(args.seconds);
-    let mut failing = Vec::new();
-    let mut report = String::new();
+    let scripts = [("/smoke.sh".to_string(), script.clone())];
+    let payload = Payload {
+        command: "sh /smoke.sh",
+        scripts: &scripts,
+        files: &[],
+    };
+    let kernels: Vec<Kernel> = targets
+        .iter()
+        .filter_map(|t| match t {
+            Target::Vm(kernel) => Some(*kernel),
+            Target::Host => None,
+        })
+        .collect();
+    let vms = fetch_all(root, &kernels)?;
+    let workloads = initramfs::build_workloads(root)?;
+    let mut booted = boot_all(root, &vms, &workloads, &payload, args, Together::Yes)
+        .into_iter()
+        .zip(&vms);
+    // What each target left, in the targets' order: (name, output, exit
+    // status, heading).
+    let mut ran = Vec::new();
+    let mut errors = Vec::new();
     for target in targets {
-        let (name, output, status, heading) = match target {
+        match target {
             Target::Vm(kernel) => {
-                let fetched = kernel.fetch(root)?;
-                let outcome = boot(
-                    root,
-                    kernel,
-                    &fetched,
-                    &Payload {
-                        command: "sh /smoke.sh",
-                        scripts: &[("/smoke.sh".to_string(), script.clone())],
-                        files: &[],
-                    },
-                    args,
-                    false,
-                )?;
+                let (outcome, (_, fetched)) = booted
+                    .next()
+                    .context("a boot for every kernel of the targets")?;
+                let outcome = match outcome {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
+                };
                 let heading = format!(
                     "Linux {} ({} {}): booted in {:.1} s, smoke {:.1} s in all\n{}",
                     kernel.name,
@@ -329,10 +449,10 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
                     kernel.version,
                     outcome.boot.as_secs_f64(),
                     outcome.total.as_secs_f64(),
-                    config_summary(&fetched)?
+                    config_summary(fetched)?
                 );
                 let finished = outcome.finished;
-                (kernel.name, finished.output, finished.status, heading)
+                ran.push((kernel.name, finished.output, finished.status, heading));
             }
             Target::Host => {
                 let started = Instant::now();
@@ -343,9 +463,13 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
                     release.trim(),
                     started.elapsed().as_secs_f64()
                 );
-                (HOST, output, status, heading)
+                ran.push((HOST, output, status, heading));
             }
-        };
+        }
+    }
+    let mut failing = Vec::new();
+    let mut report = String::new();
+    for (name, output, status, heading) in ran {
         let log = root.join(format!("target/vm/smoke-{name}.log"));
         fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
         let results = smoke::parse(&output);
@@ -373,6 +497,9 @@ fn smoke_all(root: &Path, targets: &[Target], args: &VmArgs) -> Result<()> {
             failing.push(format!("{name}: {}", wrong.join(", ")));
         }
     }
+    // A VM that did not finish leaves no report, as when the boots ran one
+    // after the other and the first such one ended the task.
+    joined(errors)?;
     let path = root.join("target/vm/matrix.md");
     fs::write(&path, &report).with_context(|| format!("writing {}", path.display()))?;
     eprintln!("tables in {}", path.display());
@@ -455,12 +582,14 @@ struct Payload<'a> {
     files: &'a [(PathBuf, PathBuf)],
 }
 
-/// Boots `kernel` with `payload` in the initramfs; the temporary files are
-/// gone when it returns.
+/// Boots `kernel` with `payload` and the static `workloads` (built
+/// beforehand, once for every boot) in the initramfs; the temporary files
+/// are gone when it returns.
 fn boot(
     root: &Path,
     kernel: &Kernel,
     fetched: &kernel::Fetched,
+    workloads: &[PathBuf],
     payload: &Payload,
     args: &VmArgs,
     echo_output: bool,
@@ -470,7 +599,6 @@ fn boot(
         scripts,
         files,
     } = *payload;
-    let workloads = initramfs::build_workloads(root)?;
     let vm_dir = root.join("target/vm");
     fs::create_dir_all(&vm_dir)?;
     let scratch = tempfile::Builder::new()
@@ -483,7 +611,7 @@ fn boot(
     let size = initramfs::build(
         &initramfs::Contents {
             profilerd: &profilerd,
-            workloads: &workloads,
+            workloads,
             scripts,
             files,
             command,
@@ -526,4 +654,47 @@ fn config_summary(fetched: &kernel::Fetched) -> Result<String> {
         .map(|(name, value)| format!("{}={value}", name.trim_start_matches("CONFIG_")))
         .collect::<Vec<_>>()
         .join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    #[test]
+    fn together_runs_at_once_and_keeps_the_order() {
+        // The first waits for the second: only at once can both finish.
+        let (tx, rx) = mpsc::channel();
+        let rx = std::sync::Mutex::new(rx);
+        let got = each(&[0, 1], Together::Yes, |&i| {
+            if i == 0 {
+                let rx = rx.lock().map_err(|_| anyhow!("poisoned"))?;
+                rx.recv_timeout(Duration::from_secs(30))?;
+            } else {
+                tx.send(())?;
+            }
+            Ok(i * 10)
+        });
+        let got: Vec<i32> = got.into_iter().map(|r| r.unwrap()).collect();
+        assert_eq!(got, [0, 10]);
+    }
+
+    #[test]
+    fn one_after_the_other_keeps_the_order_and_each_error() {
+        let got = each(&[1, 2, 3], Together::No, |&i| {
+            if i == 2 { bail!("two failed") } else { Ok(i) }
+        });
+        assert_eq!(got[0].as_ref().unwrap(), &1);
+        assert_eq!(got[1].as_ref().unwrap_err().to_string(), "two failed");
+        assert_eq!(got[2].as_ref().unwrap(), &3);
+    }
+
+    #[test]
+    fn errors_are_joined_in_order() {
+        assert!(joined(Vec::new()).is_ok());
+        let one = joined(vec![anyhow!("a").context("Linux 6.1")]).unwrap_err();
+        assert_eq!(format!("{one:#}"), "Linux 6.1: a");
+        let two = joined(vec![anyhow!("a"), anyhow!("b").context("Linux 6.12")]).unwrap_err();
+        assert_eq!(two.to_string(), "a; Linux 6.12: b");
+    }
 }

@@ -125,7 +125,9 @@ pub fn run(boot: &Boot, markers: &Markers) -> Result<Outcome> {
         match lines.recv_timeout(left) {
             Ok(line) => {
                 if boot.echo_console {
-                    eprintln!("{}", clean(&line));
+                    // Labelled: the consoles of VMs booted at once
+                    // interleave.
+                    eprintln!("[{}] {}", boot.label, clean(&line));
                 }
                 if markers.is_begin(&line) {
                     boot_time.get_or_insert_with(|| started.elapsed());
