@@ -87,7 +87,7 @@ pub enum Workload {
     /// exit status 3 if the pid is taken; frame pointers.
     PidReuse,
     /// `chan_block.go`: goroutines blocked on a channel receive, built with
-    /// `go build` (GOPATH mode, offline, a private cache).
+    /// `go build` (GOPATH mode, offline, the tests' own cache).
     ChanBlockGo,
     /// `go_handlers.go`: handlers main.checkout and main.search, 3:1 in
     /// measured CPU time under pprof.Do labels, through a frameless leaf
