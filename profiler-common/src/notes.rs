@@ -34,6 +34,7 @@ pub mod why {
     pub const HINT_TORN: u32 = 26;
     pub const BRIEF_SENT: u32 = 27;
     pub const BRIEF_PARKED: u32 = 28;
+    pub const OFFCPU_DEEP_FULL: u32 = 29;
     /// Number of kinds.
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 30;
 }

@@ -146,6 +146,10 @@ impl fmt::Display for Note {
             why::OFFCPU_PARKED_FULL => {
                 write!(f, "blocked thread not tracked: off-CPU parked map full")
             }
+            why::OFFCPU_DEEP_FULL => write!(
+                f,
+                "deep thread's switch-out parked with the usual copy: off-CPU deep stack map full"
+            ),
             why::OFFCPU_LOST => write!(
                 f,
                 "off-CPU interval of {a} ns dropped: wait event ring full"

@@ -33,7 +33,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
 use crate::model::profile_kind::ProfileKind;
-use crate::output::pprof_http::{self, CAPTURE_CONNECTION_TIMEOUT, PprofServer};
+use crate::output::pprof_http::{self, CAPTURE_CONNECTION_TIMEOUT, PprofServer, reply};
 use crate::output::push::PushStats;
 
 /// Scrapes served at once; more connections are closed at accept.
@@ -592,16 +592,6 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, pprof: Option
 }
 
 fn respond<B>(metrics: &Metrics, req: &Request<B>) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        if let Ok(value) = content_type.parse() {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, value);
-        }
-        response
-    };
     if req.uri().path() != "/metrics" {
         return reply(
             StatusCode::NOT_FOUND,

@@ -62,7 +62,8 @@ pub struct PprofServer {
 
 type Reply = Response<Full<Bytes>>;
 
-fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Reply {
+/// A response with `status`, `content_type` and `body` (`/metrics`'s too).
+pub(crate) fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Reply {
     let mut response = Response::new(Full::new(body.into()));
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {

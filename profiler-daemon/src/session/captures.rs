@@ -41,7 +41,7 @@ impl Captures {
         &mut self,
         capture: Capture,
         settings: &Settings,
-        targets: Option<&dyn Fn(u32) -> bool>,
+        targets: Option<&[u32]>,
         cpu: &mut CpuWindow,
     ) {
         let refusal = if !settings.profiles.contains(&ProfileKind::Cpu) {
@@ -53,7 +53,7 @@ impl Captures {
         } else if let Some(pid) = capture
             .pids
             .iter()
-            .find(|&&pid| targets.is_some_and(|profiled| !profiled(pid)))
+            .find(|pid| targets.is_some_and(|targets| !targets.contains(pid)))
         {
             Some(Refusal::NotProfiled(format!(
                 "process {pid} is not one this daemon profiles (--pid or its command)"

@@ -572,13 +572,12 @@ impl Session {
     fn start_capture(&mut self, capture: Capture) {
         let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
         let targets = (!system_wide).then(|| self.probes.target_pids());
-        let profiled = |pid: u32| targets.as_ref().is_some_and(|t| t.contains(&pid));
-        let profiled: Option<&dyn Fn(u32) -> bool> = match system_wide {
-            true => None,
-            false => Some(&profiled),
-        };
-        self.captures
-            .start(capture, &self.settings, profiled, &mut self.window.cpu);
+        self.captures.start(
+            capture,
+            &self.settings,
+            targets.as_deref(),
+            &mut self.window.cpu,
+        );
     }
 
     /// Ends the captures that are due, with every sample taken until now.

@@ -116,24 +116,14 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
     // The thread's slot stays in the map from one switch to the next (it
     // goes at the thread's exit), and is written in place: a new ~10 KiB
     // map element per switch would cost an allocation and a copy each.
-    let record = match OFFCPU_PARKED.get_ptr_mut(task) {
-        Some(slot) => slot,
-        None => {
-            let Some(blank) = OFFCPU_SCRATCH.get_ptr(0) else {
-                return;
-            };
-            // SAFETY: the per-CPU scratch value, read-only here.
-            #[allow(clippy::needless_borrows_for_generic_args)]
-            if OFFCPU_PARKED.insert(task, unsafe { &*blank }, 0).is_err() {
-                count(counter::OFFCPU_PARKED_FULL);
-                klog!(why::OFFCPU_PARKED_FULL, tgid, tid);
-                return;
-            }
-            match OFFCPU_PARKED.get_ptr_mut(task) {
-                Some(slot) => slot,
-                None => return,
-            }
-        }
+    let Some(record) = thread_slot(
+        &OFFCPU_PARKED,
+        task,
+        OFFCPU_SCRATCH.get_ptr(0),
+        (counter::OFFCPU_PARKED_FULL, why::OFFCPU_PARKED_FULL),
+        (tgid, tid),
+    ) else {
+        return;
     };
     let regs = task_user_regs();
     let (ip, sp, bp) = regs.map_or((0, 0, 0), |r| (r.ip, r.sp, r.bp));
@@ -211,21 +201,37 @@ fn deep_slot(task: u64, tgid: u32, tid: u32, sp: u64) -> Option<*mut DeepStack> 
     if !use_dwarf(tgid) || !needs_long_copy(tid, sp, OFFCPU_STACK_BYTES) {
         return None;
     }
-    if let Some(slot) = OFFCPU_DEEP_STACKS.get_ptr_mut(task) {
+    thread_slot(
+        &OFFCPU_DEEP_STACKS,
+        task,
+        OFFCPU_DEEP_BLANK.get_ptr(0),
+        (counter::OFFCPU_DEEP_FULL, why::OFFCPU_DEEP_FULL),
+        (tgid, tid),
+    )
+}
+
+/// Thread `task`'s slot in `map`, made from `blank` (a map value, only
+/// read) when it has none yet; None when the map is full (counted in
+/// `full.0`, logged as `full.1`).
+#[inline(always)]
+fn thread_slot<V>(
+    map: &HashMap<u64, V>,
+    task: u64,
+    blank: Option<*const V>,
+    full: (u32, u32),
+    (tgid, tid): (u32, u32),
+) -> Option<*mut V> {
+    if let Some(slot) = map.get_ptr_mut(task) {
         return Some(slot);
     }
-    let blank = OFFCPU_DEEP_BLANK.get_ptr(0)?;
     // SAFETY: a map value, read-only here.
     #[allow(clippy::needless_borrows_for_generic_args)]
-    if OFFCPU_DEEP_STACKS
-        .insert(task, unsafe { &*blank }, 0)
-        .is_err()
-    {
-        count(counter::OFFCPU_DEEP_FULL);
-        klog!(why::OFFCPU_PARKED_FULL, tgid, tid);
+    if map.insert(task, unsafe { &*blank? }, 0).is_err() {
+        count(full.0);
+        klog!(full.1, tgid, tid);
         return None;
     }
-    OFFCPU_DEEP_STACKS.get_ptr_mut(task)
+    map.get_ptr_mut(task)
 }
 
 /// A walk hint matched at a switch-out, its frames written to the parked
