@@ -7,6 +7,9 @@
 
 pub(crate) mod model;
 
+/// The daemon's allocator, set up by `main`.
+pub use model::own_heap;
+
 pub mod config;
 
 pub mod bpf;

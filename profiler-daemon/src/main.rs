@@ -8,6 +8,7 @@ use profilerd::config::{ConfigError, Settings};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    profilerd::own_heap::configure();
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     // `profilerd top|flamegraph ...` read profiles; anything else runs the daemon.
     if let Some(code) = profilerd::report::dispatch(&args) {

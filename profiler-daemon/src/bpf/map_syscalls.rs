@@ -39,8 +39,11 @@ pub fn lookup_and_delete_all<K: Pod, V: Pod>(
     let mut token: u64 = 0;
     let mut first = true;
     loop {
-        let mut keys = vec![0u8; chunk * size_of::<K>()];
-        let mut values = vec![0u8; chunk * value_stride];
+        // Not zeroed: the kernel writes the entries it returns, and only
+        // those are read. A chunk of stacks is over a MiB, which zeroing
+        // would touch whole at every drain.
+        let mut keys: Vec<u8> = Vec::with_capacity(chunk * size_of::<K>());
+        let mut values: Vec<u8> = Vec::with_capacity(chunk * value_stride);
         let mut out_token: u64 = 0;
         // SAFETY: bpf_attr is plain data; all-zero is its documented default.
         let mut attr: bpf_attr = unsafe { zeroed() };
@@ -68,6 +71,12 @@ pub fn lookup_and_delete_all<K: Pod, V: Pod>(
         let err = (ret < 0).then(io::Error::last_os_error);
         // SAFETY: the kernel wrote back how many entries it returned.
         let n = (unsafe { attr.batch.count } as usize).min(chunk);
+        // SAFETY: the kernel wrote n keys and n value strides at the start
+        // of the buffers, whose capacities hold `chunk` of each.
+        unsafe {
+            keys.set_len(n * size_of::<K>());
+            values.set_len(n * value_stride);
+        }
         for i in 0..n {
             // SAFETY: the kernel filled n keys and n value strides; Pod
             // types accept any bytes, and read_unaligned copes with

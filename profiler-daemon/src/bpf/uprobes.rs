@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMaps, Process};
 use std::ffi::CStr;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -43,6 +43,50 @@ const MAX_FILES: usize = 4096;
 const MAX_LINKS: usize = 8192;
 /// Distinct causes of attach failures logged, each once.
 const MAX_CAUSES_LOGGED: usize = 16;
+
+/// The files a process maps executable, read once from /proc/PID/maps for
+/// every set of links (allocators, Go's heap and park points, condition
+/// variables): each set looks at the same mappings.
+#[derive(Debug, Default)]
+pub struct ExecMappings {
+    pid: u32,
+    files: Vec<ExecFile>,
+}
+
+#[derive(Debug)]
+struct ExecFile {
+    id: FileId,
+    start: u64,
+    end: u64,
+    path: PathBuf,
+}
+
+impl ExecMappings {
+    /// Process `pid`'s executable file mappings; None when it has gone (or
+    /// cannot be read).
+    pub fn read(pid: u32) -> Option<Self> {
+        let maps = Process::new(i32::try_from(pid).ok()?).ok()?.maps().ok()?;
+        Some(Self::of(pid, &maps))
+    }
+
+    /// The executable file mappings among process `pid`'s `maps`.
+    pub fn of(pid: u32, maps: &MemoryMaps) -> Self {
+        let files = maps
+            .iter()
+            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
+            .filter_map(|map| match &map.pathname {
+                MMapPath::Path(path) => Some(ExecFile {
+                    id: (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode),
+                    start: map.address.0,
+                    end: map.address.1,
+                    path: path.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        Self { pid, files }
+    }
+}
 
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
 /// bindings of aya-obj 0.3).
@@ -353,38 +397,27 @@ impl UprobeLinks {
         }
     }
 
-    /// Attaches to every allocator file that process `pid` maps and that is
-    /// not attached yet (for this process, or for everyone). A process that
-    /// has gone is no error.
-    pub fn attach_process(&mut self, pid: u32) {
-        let Ok(process) = Process::new(pid as i32) else {
-            return;
-        };
-        let Ok(maps) = process.maps() else {
-            return;
-        };
-        for map in maps {
-            let MMapPath::Path(path) = &map.pathname else {
-                continue;
-            };
-            if !map.perms.contains(MMPermissions::EXECUTE) {
-                continue;
-            }
-            let id = (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode);
+    /// Attaches to every allocator file of `mappings` (one process's) that
+    /// is not attached yet (for this process, or for everyone).
+    pub fn attach_mappings(&mut self, mappings: &ExecMappings) {
+        let pid = mappings.pid;
+        for map in &mappings.files {
             let owner = if self.per_process { pid } else { 0 };
-            if self.links.contains_key(&(id, owner)) || self.suspended.contains_key(&(id, owner)) {
+            if self.links.contains_key(&(map.id, owner))
+                || self.suspended.contains_key(&(map.id, owner))
+            {
                 continue;
             }
             // The mapping's own file, whichever mount namespace or deleted
             // state it is in.
             let via = PathBuf::from(format!(
                 "/proc/{pid}/map_files/{:x}-{:x}",
-                map.address.0, map.address.1
+                map.start, map.end
             ));
-            let Some(probes) = self.probes_of(id, &via, path) else {
+            let Some(probes) = self.probes_of(map.id, &via, &map.path) else {
                 continue;
             };
-            self.attach(id, owner, &via, &probes);
+            self.attach(map.id, owner, &via, &probes);
         }
     }
 

@@ -18,6 +18,7 @@
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
 //! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
 //! python_caches = true   # a thread's state remembered by the kernel, code objects by the daemon
+//! executable_cache = true  # a new process's executable known by file identity, not read again to tell if it is Go
 //! kernel_log = false     # kernel diagnostics in the log (also PROFILERD_LOG=debug)
 //! ```
 //!
@@ -67,6 +68,10 @@ pub struct StackSwitches {
     /// rather than searching the thread list at every sample, and the
     /// daemon each code object it read rather than reading it again.
     pub python_caches: bool,
+    /// A new process's executable is looked up by file identity (device,
+    /// inode, size, modification time) among those read before, rather
+    /// than read again to tell whether it is Go. Not a stack optimization.
+    pub executable_cache: bool,
 }
 
 impl Default for StackSwitches {
@@ -83,6 +88,7 @@ impl Default for StackSwitches {
             go_labels: true,
             python_frames: true,
             python_caches: true,
+            executable_cache: true,
         }
     }
 }
@@ -102,6 +108,7 @@ pub struct DebugTable {
     go_labels: Option<bool>,
     python_frames: Option<bool>,
     python_caches: Option<bool>,
+    executable_cache: Option<bool>,
     kernel_log: Option<bool>,
 }
 
@@ -121,6 +128,7 @@ impl DebugTable {
             go_labels: self.go_labels.unwrap_or(d.go_labels),
             python_frames: self.python_frames.unwrap_or(d.python_frames),
             python_caches: self.python_caches.unwrap_or(d.python_caches),
+            executable_cache: self.executable_cache.unwrap_or(d.executable_cache),
         }
     }
 

@@ -21,7 +21,11 @@ const G_M: u16 = 48;
 /// it is not a Go executable; labels not read (`NONE`) for a release whose
 /// layout is not known.
 pub fn go_executable(tgid: u32) -> Option<GoRuntime> {
-    let (is_go, minor) = read_executable(tgid)?;
+    read_executable(tgid).and_then(layout_of)
+}
+
+/// The runtime layout of an executable that [`read_executable`] read.
+fn layout_of((is_go, minor): (bool, Option<u32>)) -> Option<GoRuntime> {
     is_go.then(|| minor.map_or_else(GoRuntime::default, runtime_layout))
 }
 
@@ -39,6 +43,73 @@ fn read_executable(tgid: u32) -> Option<(bool, Option<u32>)> {
     let cache = object::ReadCache::new(exe);
     let file = object::File::parse(&cache).ok()?;
     Some((go_buildinfo::is_go(&file), go_buildinfo::go_release(&file)))
+}
+
+/// Executables already read by [`go_executable`], by file identity: a busy
+/// node starts the same few executables over and over (and every fork
+/// without exec runs its parent's), and reading one's headers, section
+/// names and build information costs as much as the rest of a new
+/// process's handling. A file is known by device, inode, size and
+/// modification time, so one rewritten in place is read again. Bounded:
+/// emptied when full. `[debug] executable_cache = false` reads every time.
+#[derive(Debug)]
+pub struct GoExecutables {
+    known: foldhash::HashMap<ExecutableId, Option<GoRuntime>>,
+    cached: bool,
+    pub stats: GoExecutableStats,
+}
+
+/// (device, inode, size, modification time in ns)
+type ExecutableId = (u64, u64, u64, i128);
+
+/// Executables kept in [`GoExecutables`].
+const EXECUTABLES_KEPT: usize = 1024;
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct GoExecutableStats {
+    /// Executables read (headers, sections, build information).
+    pub reads: u64,
+    /// Answers taken from what an earlier read found.
+    pub hits: u64,
+}
+
+impl GoExecutables {
+    pub fn new(cached: bool) -> Self {
+        Self {
+            known: Default::default(),
+            cached,
+            stats: GoExecutableStats::default(),
+        }
+    }
+
+    /// [`go_executable`] of process `tgid`, from an earlier read of the
+    /// same file when there is one.
+    pub fn get(&mut self, tgid: u32) -> Option<GoRuntime> {
+        if !self.cached {
+            self.stats.reads += 1;
+            return go_executable(tgid);
+        }
+        let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
+        let id = (
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
+        );
+        if let Some(&known) = self.known.get(&id) {
+            self.stats.hits += 1;
+            return known;
+        }
+        self.stats.reads += 1;
+        // Not kept when unreadable (the process went): another process may
+        // read it.
+        let found = layout_of(read_executable(tgid)?);
+        if self.known.len() >= EXECUTABLES_KEPT {
+            self.known.clear();
+        }
+        self.known.insert(id, found);
+        found
+    }
 }
 
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and
@@ -167,6 +238,52 @@ fn executable_code_range(tgid: u32) -> Option<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The cache gives every process the answer a read of its executable
+    /// gives, and reads each distinct executable once. A Go process is
+    /// among them when the tools' Go is there (gofmt, waiting on stdin).
+    #[test]
+    fn known_executables_answer_as_a_read_does() {
+        let lib =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/go-current/lib");
+        let gofmt = std::fs::read_dir(lib)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|python| python.path().join("site-packages/go/bin/gofmt"))
+            .find(|path| path.exists());
+        let mut go_child = gofmt.and_then(|gofmt| {
+            std::process::Command::new(gofmt)
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .ok()
+        });
+        let mut pids: Vec<u32> = procfs::process::all_processes()
+            .unwrap()
+            .filter_map(|p| p.ok().map(|p| p.pid as u32))
+            .collect();
+        pids.push(std::process::id());
+        // Kernel threads have no executable.
+        pids.retain(|pid| std::fs::metadata(format!("/proc/{pid}/exe")).is_ok());
+        let mut cached = GoExecutables::new(true);
+        let mut uncached = GoExecutables::new(false);
+        for round in 0..2 {
+            for &pid in &pids {
+                let direct = go_executable(pid);
+                assert_eq!(cached.get(pid), direct, "pid {pid}, round {round}");
+                assert_eq!(uncached.get(pid), direct, "pid {pid}, round {round}");
+            }
+        }
+        assert!(cached.stats.hits >= pids.len() as u64, "{:?}", cached.stats);
+        assert!(cached.stats.reads < pids.len() as u64, "{:?}", cached.stats);
+        assert_eq!(uncached.stats.hits, 0);
+        if let Some(child) = go_child.as_mut() {
+            assert!(cached.get(child.id()).is_some(), "gofmt read as Go");
+            assert!(go_executable(child.id()).is_some(), "gofmt read as Go");
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
 
     #[test]
     fn layouts_change_with_the_release() {

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 pub const PAGE_SIZE: u64 = 4096;
 
 use procfs::ProcError;
-use procfs::process::{MMPermissions, MMapPath, MemoryMap, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMap, MemoryMaps, Process};
 use tracing::{debug, warn};
 
 use crate::model::frames::Mapping;
@@ -184,6 +184,9 @@ fn keeps_every_mapping(old: &[MappedObject], new: &[MappedObject]) -> bool {
 #[derive(Debug)]
 pub struct ProcessTable {
     pub(super) max_processes: usize,
+    /// A process's maps read already for its next snapshot
+    /// ([`Self::offer_maps`]).
+    offered_maps: Option<(u32, MemoryMaps)>,
     pub(super) procs: HashMap<u32, ProcessInfo>,
     pub(super) objects: OpenFiles,
     pub(super) vdso: Vdso,
@@ -240,6 +243,7 @@ impl ProcessTable {
     pub fn with_handle_limit(max_processes: usize, max_handles: usize) -> Self {
         Self {
             max_processes: max_processes.max(1),
+            offered_maps: None,
             procs: HashMap::new(),
             objects: OpenFiles {
                 by_inode: HashMap::new(),
@@ -273,7 +277,16 @@ impl ProcessTable {
     /// Returns false if the process is gone (or cannot be read).
     pub fn snapshot(&mut self, tgid: u32) -> bool {
         self.settle();
-        self.take_snapshot(tgid, 0, None)
+        let taken = self.take_snapshot(tgid, 0, None);
+        self.offered_maps = None;
+        taken
+    }
+
+    /// Hands the next snapshot of `tgid` its maps, read already (by the
+    /// uprobe links, which look at the same file a moment before): one
+    /// read of /proc/PID/maps where there were two.
+    pub fn offer_maps(&mut self, tgid: u32, maps: MemoryMaps) {
+        self.offered_maps = Some((tgid, maps));
     }
 
     /// [`Self::snapshot`] at a process's first sight (its NEW event).
@@ -292,7 +305,9 @@ impl ProcessTable {
             self.stats.forks_unconfirmed += 1;
         }
         self.settle();
-        self.take_snapshot(tgid, 0, confirmed)
+        let taken = self.take_snapshot(tgid, 0, confirmed);
+        self.offered_maps = None;
+        taken
     }
 
     /// [`Self::ensure`] for a record (a wait, an off-CPU interval) that
@@ -738,7 +753,10 @@ impl ProcessTable {
             .map_err(|e| proc_error(tgid, ProcError::Io(e, None)))?;
         // The kernel ends the file with one newline of its own.
         let comm = crate::model::text::display_name(comm.strip_suffix(b"\n").unwrap_or(&comm));
-        let maps = proc.maps().map_err(|e| proc_error(tgid, e))?;
+        let maps = match self.offered_maps.take_if(|(pid, _)| *pid == tgid) {
+            Some((_, maps)) => maps,
+            None => proc.maps().map_err(|e| proc_error(tgid, e))?,
+        };
         if maps.len() == 0 {
             // Only kernel threads have no mappings; a user process without
             // any is exiting (its memory is already released).
@@ -881,6 +899,11 @@ pub(crate) fn is_process(id: u32) -> bool {
         .ok()
         .and_then(|status| status_tgid(&status))
         .is_some_and(|tgid| tgid == id)
+}
+
+/// Process `tgid`'s /proc/PID/maps, parsed; None when it has gone.
+pub(crate) fn read_maps(tgid: u32) -> Option<MemoryMaps> {
+    Process::new(i32::try_from(tgid).ok()?).ok()?.maps().ok()
 }
 
 /// The `Tgid:` of a /proc/ID/status text: the process the task belongs to.

@@ -5,9 +5,10 @@ use profiler_common::{ImageAnchors, ProcEvent, proc_event};
 
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
+use crate::bpf::uprobes::ExecMappings;
 use crate::config::UnwindMode;
-use crate::procs::go_runtime;
-use crate::procs::process::{ProcessTable, is_process};
+use crate::procs::go_runtime::{GoExecutables, fp_process};
+use crate::procs::process::{ProcessTable, is_process, read_maps};
 use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;
 use crate::session::MAX_PROCESSES;
@@ -25,6 +26,7 @@ pub(crate) fn take_proc_events(
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
+    go_exes: &mut GoExecutables,
 ) {
     let mut new_images: Vec<NewImage> = Vec::new();
     let mut anchors: Vec<ImageAnchors> = Vec::new();
@@ -56,14 +58,14 @@ pub(crate) fn take_proc_events(
                     }
                     continue;
                 }
-                new_image(event, procs, probes, exec_rescan, unwind);
+                new_image(event, procs, probes, exec_rescan, unwind, go_exes);
             }
             proc_event::FORK => {
                 // The child maps what its parent maps now: a new image of
                 // the parent waiting in this batch comes first.
                 if new_images.iter().any(|i| i.event.tgid == event.parent) {
                     let images = std::mem::take(&mut new_images);
-                    apply_new_images(images, procs, probes, heap, exec_rescan, unwind);
+                    apply_new_images(images, procs, probes, heap, exec_rescan, unwind, go_exes);
                 }
                 procs.note_fork(event.tgid, event.parent);
             }
@@ -87,7 +89,15 @@ pub(crate) fn take_proc_events(
             _ => {}
         }
     }
-    apply_new_images(new_images, procs, probes, heap, exec_rescan, unwind);
+    apply_new_images(
+        new_images,
+        procs,
+        probes,
+        heap,
+        exec_rescan,
+        unwind,
+        go_exes,
+    );
     // After the images they name are known.
     for record in &anchors {
         procs.anchor_image(record);
@@ -112,6 +122,7 @@ pub(crate) fn apply_new_images(
     heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
+    go_exes: &mut GoExecutables,
 ) {
     for NewImage { event, exited } in images {
         let gone = heap.forget_process(event.tgid);
@@ -119,7 +130,7 @@ pub(crate) fn apply_new_images(
         probes.forget_park_gate(event.tgid);
         procs.retire(event.tgid, event.time_ns);
         if !exited {
-            new_image(event, procs, probes, exec_rescan, unwind);
+            new_image(event, procs, probes, exec_rescan, unwind, go_exes);
         }
     }
 }
@@ -131,6 +142,7 @@ pub(crate) fn new_image(
     probes: &mut Probes,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
+    go_exes: &mut GoExecutables,
 ) {
     // A process gone by now (or whose id went to a thread since, which
     // shares its own process's probes) has nothing to probe; it is still
@@ -138,8 +150,13 @@ pub(crate) fn new_image(
     if probes.uprobe_links().next().is_some()
         && (event.kind != proc_event::NEW || is_process(event.tgid))
     {
-        for links in probes.uprobe_links() {
-            links.attach_process(event.tgid);
+        // Read once, for every set of links and then the snapshot.
+        if let Some(maps) = read_maps(event.tgid) {
+            let mappings = ExecMappings::of(event.tgid, &maps);
+            for links in probes.uprobe_links() {
+                links.attach_mappings(&mappings);
+            }
+            procs.offer_maps(event.tgid, maps);
         }
         if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {
             exec_rescan.push(event.tgid);
@@ -156,8 +173,8 @@ pub(crate) fn new_image(
     // Go keeps frame pointers and has no .eh_frame: in auto mode the
     // kernel walks its stacks.
     if unwind == UnwindMode::Auto
-        && let Some(go) = go_runtime::go_executable(event.tgid)
+        && let Some(go) = go_exes.get(event.tgid)
     {
-        probes.mark_frame_pointer_process(event.tgid, go_runtime::fp_process(event.tgid, go));
+        probes.mark_frame_pointer_process(event.tgid, fp_process(event.tgid, go));
     }
 }

@@ -23,6 +23,7 @@ use crate::bpf::features::KernelFeatures;
 use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
+use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::Capture;
@@ -31,7 +32,7 @@ use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
-use crate::procs::go_runtime;
+use crate::procs::go_runtime::{self, GoExecutables};
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
@@ -237,6 +238,8 @@ struct Session {
     /// Processes that exec'd: their mappings are complete only once the
     /// dynamic loader has run, so they are looked at again a tick later.
     exec_rescan: Vec<u32>,
+    /// Executables read to tell whether they are Go, by file identity.
+    go_exes: GoExecutables,
     /// Stack samples read before the event of the image they ran.
     waiting: WaitingSamples,
     /// Each target with its start time: a new process that reuses the pid
@@ -298,11 +301,16 @@ impl Session {
             true => all_pids(),
             false => Vec::new(),
         };
-        for links in probes.uprobe_links() {
-            // System-wide: every file to probe that is mapped now; later ones
-            // as processes exec.
+        // System-wide: every file to probe that is mapped now; later ones
+        // as processes exec.
+        if probes.uprobe_links().next().is_some() {
             for &pid in every_pid.iter().chain(&settings.pids) {
-                links.attach_process(pid);
+                let Some(mappings) = ExecMappings::read(pid) else {
+                    continue;
+                };
+                for links in probes.uprobe_links() {
+                    links.attach_mappings(&mappings);
+                }
             }
         }
         let events = watch_ring(probes.take_proc_events(), "process events")?;
@@ -332,6 +340,7 @@ impl Session {
             wait_events,
             kernel_log,
         };
+        let go_exes = GoExecutables::new(settings.stack_switches.executable_cache);
         let session = Session {
             settings,
             probes,
@@ -345,6 +354,7 @@ impl Session {
             publisher,
             retention,
             exec_rescan: Vec::new(),
+            go_exes,
             waiting: WaitingSamples::default(),
             live_targets,
             goroutines: GoroutineReader::default(),
@@ -384,7 +394,6 @@ impl Session {
     /// After READY, so that start-up does not wait for it; each distinct
     /// executable is read once.
     fn mark_running_go_processes(&mut self) {
-        use std::os::unix::fs::MetadataExt;
         if self.settings.unwind != UnwindMode::Auto || !self.settings.command.is_empty() {
             return;
         }
@@ -392,16 +401,8 @@ impl Session {
             true => all_pids(),
             false => self.settings.pids.clone(),
         };
-        let mut seen: std::collections::HashMap<(u64, u64), Option<profiler_common::GoRuntime>> =
-            Default::default();
         for pid in pids {
-            let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else {
-                continue;
-            };
-            let go = *seen
-                .entry((meta.dev(), meta.ino()))
-                .or_insert_with(|| go_runtime::go_executable(pid));
-            if let Some(go) = go {
+            if let Some(go) = self.go_exes.get(pid) {
                 self.probes
                     .mark_frame_pointer_process(pid, go_runtime::fp_process(pid, go));
             }
@@ -450,6 +451,7 @@ impl Session {
             &mut self.heap,
             &mut self.exec_rescan,
             self.settings.unwind,
+            &mut self.go_exes,
         );
     }
 
@@ -526,8 +528,11 @@ impl Session {
             .update_stack_tops(&self.unwinder.take_stack_tops());
         self.captures.drop_abandoned(&mut self.window.cpu);
         for pid in self.exec_rescan.drain(..) {
+            let Some(mappings) = ExecMappings::read(pid) else {
+                continue;
+            };
             for links in self.probes.uprobe_links() {
-                links.attach_process(pid);
+                links.attach_mappings(&mappings);
             }
         }
         self.procs.settle();
@@ -683,6 +688,7 @@ impl Session {
             &self.window.cpu.go_labels,
             self.goroutines.stats,
             self.heap.go_rates_assumed,
+            self.go_exes.stats,
         );
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);

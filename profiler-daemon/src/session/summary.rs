@@ -11,6 +11,7 @@ use crate::bpf::ring::WRAPPED_RECORDS;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
+use crate::procs::go_runtime::GoExecutableStats;
 use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{
@@ -112,12 +113,14 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 /// The Go line of the exit summary: park probes put on a duty cycle
 /// (`bpf::park_budget`), labels, allocations the Go runtime sampled,
 /// goroutine parks the block profile left out, and goroutines read for
-/// the goroutine profile.
+/// the goroutine profile; and new processes' executables read to tell
+/// whether they are Go.
 pub(crate) fn log_go_summary(
     probes: &Probes,
     go_labels: &GoLabelSets,
     goroutines: GoroutineStats,
     go_rates_assumed: u64,
+    executables: GoExecutableStats,
 ) {
     let c = probes.counters();
     let parks = probes.park_budget_stats();
@@ -144,6 +147,8 @@ pub(crate) fn log_go_summary(
         goroutines_not_read = goroutines.not_read,
         goroutine_releases_unknown = goroutines.unknown_release,
         goroutine_lists_not_found = goroutines.no_goroutine_list,
+        executables_read = executables.reads,
+        executables_known_already = executables.hits,
         "go label summary"
     );
 }

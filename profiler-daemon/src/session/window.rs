@@ -123,16 +123,5 @@ pub(crate) fn write_window(
     procs.prune();
     symbolizer.release_unused();
     symbolizer.release_file_pages();
-    release_free_memory();
-}
-
-/// Returns the allocator's free memory to the kernel. A window frees what
-/// it built (stacks, symbols, the encoded profile) in many small blocks
-/// that glibc keeps in its arenas; without this, resident memory creeps up
-/// window after window under churn.
-pub(crate) fn release_free_memory() {
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    crate::model::own_heap::release_free_memory();
 }

@@ -213,15 +213,7 @@ impl MemoryBudget {
     }
 }
 
-/// Bytes the allocator has handed out now and not taken back: glibc's
-/// `mallinfo2`, in use in its arenas plus its mapped chunks. Walks the
-/// allocator's free lists: for one-off measurements (a file parsed), not
-/// for every lookup.
-pub fn heap_in_use() -> usize {
-    // SAFETY: mallinfo2 only reads the allocator's own statistics.
-    let info = unsafe { libc::mallinfo2() };
-    info.uordblks.saturating_add(info.hblkhd)
-}
+pub use crate::model::own_heap::heap_in_use;
 
 /// A map that counts its entries' bytes and drops the least recently used
 /// first. Each entry is charged the heap bytes its maker estimates plus
