@@ -11,6 +11,10 @@
 //! (VmHWM, ring mappings included) and the part of it in BPF ring
 //! mappings, and the memory the kernel charges for the daemon's BPF maps
 //! (memlock from fdinfo, each map once).
+//!
+//! With `--baseline BIN`, each profile set is also run (without its
+//! switched-off variants) by that build, right after this one's run, on
+//! the same load.
 
 use std::collections::HashSet;
 use std::fs;
@@ -31,6 +35,8 @@ const SETS: [(&str, Option<&str>); 3] = [
 ];
 /// One run's figures.
 struct Figures {
+    /// "this build" or "baseline".
+    build: &'static str,
     load: &'static str,
     profiles: &'static str,
     switched_off: Option<&'static str>,
@@ -46,7 +52,7 @@ struct Figures {
     bpf_bytes: u64,
 }
 
-pub fn measure(bin: &Path, work: &Path, seconds: u64) -> Result<String> {
+pub fn measure(bin: &Path, baseline: Option<&Path>, work: &Path, seconds: u64) -> Result<String> {
     let burner = super::cpu::build_burner(work)?;
     let mut runs = Vec::new();
     for load in ["quiet", "busy"] {
@@ -65,7 +71,23 @@ pub fn measure(bin: &Path, work: &Path, seconds: u64) -> Result<String> {
         }
         for (profiles, off) in SETS {
             eprintln!("footprint: {load} node, --profiles {profiles}, off: {off:?}");
-            runs.push(run_once(bin, work, load, (profiles, off), seconds)?);
+            runs.push(run_once(
+                ("this build", bin),
+                work,
+                load,
+                (profiles, off),
+                seconds,
+            )?);
+            if let Some(base) = baseline.filter(|_| off.is_none()) {
+                eprintln!("footprint: the same with the baseline {}", base.display());
+                runs.push(run_once(
+                    ("baseline", base),
+                    work,
+                    load,
+                    (profiles, off),
+                    seconds,
+                )?);
+            }
         }
         drop(busy);
         drop(burners);
@@ -74,7 +96,7 @@ pub fn measure(bin: &Path, work: &Path, seconds: u64) -> Result<String> {
 }
 
 fn run_once(
-    bin: &Path,
+    (build, bin): (&'static str, &Path),
     work: &Path,
     load: &'static str,
     (profiles, switched_off): (&'static str, Option<&'static str>),
@@ -145,6 +167,7 @@ fn run_once(
         None => (0, 0.0),
     };
     Ok(Figures {
+        build,
         load,
         profiles,
         switched_off,
@@ -246,14 +269,15 @@ fn report(runs: &[Figures], seconds: u64) -> String {
         "# Footprint\n\nCommand: `cargo xtask bench --footprint` ({seconds} s per run). \
          System-wide, default settings (99 Hz), 10 s windows, two CPUs kept busy; \
          the busy node also runs `tests/workloads/busy_node.sh`.\n\n\
-         | node | --profiles | start → ready | CPU to ready | threads at ready | CPU after the first window | perf record -F 99 -a -g | profilerd / perf | peak RSS (VmHWM) | of which ring mappings | BPF maps (memlock) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n"
+         | build | node | --profiles | start → ready | CPU to ready | threads at ready | CPU after the first window | perf record -F 99 -a -g | profilerd / perf | peak RSS (VmHWM) | of which ring mappings | BPF maps (memlock) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in runs {
         let share = r.after_first_ns as f64 / (r.after_first_secs.max(1e-9) * 1e9) * 100.0;
         let perf_share = r.perf_ns as f64 / (r.window_secs * 1e9) * 100.0;
         out += &format!(
-            "| {} | {} | {:.0} ms | {:.1} ms | {} | {:.3}% of a core | {:.3}% | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} MiB |\n",
+            "| {} | {} | {} | {:.0} ms | {:.1} ms | {} | {:.3}% of a core | {:.3}% | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} MiB |\n",
+            r.build,
             r.load,
             match r.switched_off {
                 Some(switch) => format!("{} (`{switch} = false`)", r.profiles),

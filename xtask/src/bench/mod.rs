@@ -78,9 +78,10 @@ pub struct BenchArgs {
     /// channels, goroutines).
     #[arg(long, value_name = "TABLES", requires = "go", value_delimiter = ',')]
     go_tables: Vec<String>,
-    /// With --waits: also run every profilerd setup with this daemon binary
-    /// (an earlier build), in the same rounds, and compare the two.
-    #[arg(long, value_name = "BIN", requires = "waits")]
+    /// With --waits or --footprint: also run every profilerd setup with
+    /// this daemon binary (an earlier build), in the same rounds, and
+    /// compare the two.
+    #[arg(long, value_name = "BIN")]
     baseline: Option<std::path::PathBuf>,
     /// The profilerd binary to measure, when not this checkout's release
     /// build (an earlier build, to compare runs of the CPU and heap
@@ -113,7 +114,7 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
         )
     } else if args.footprint {
         (
-            footprint::measure(&bin, &work, args.seconds),
+            footprint::measure(&bin, baseline.as_deref(), &work, args.seconds),
             root.join("target/bench-footprint.md"),
         )
     } else if args.go {
