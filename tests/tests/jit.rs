@@ -399,8 +399,13 @@ fn python_functions_are_named_from_the_perf_map() {
         })
     };
     let (heavy, light) = (leaf_time("spin_heavy"), leaf_time("spin_light"));
+    // Among the samples whose Python frames were read: those taken before
+    // the daemon marked the process (at its first re-read, 20 ms after
+    // its exec) have none, and keep their trampolines, as perf shows them;
+    // the 0.95 below bounds them.
     let trampolines = cpu_where(&samples, |s| {
-        s.frames.iter().any(|f| f.function.starts_with("py::"))
+        s.frames.iter().any(|f| f.file.ends_with(".py"))
+            && s.frames.iter().any(|f| f.function.starts_with("py::"))
     });
     let in_python = cpu_where(&samples, |s| {
         s.frames.iter().any(|f| f.file.ends_with(".py"))
@@ -427,7 +432,7 @@ fn python_functions_are_named_from_the_perf_map() {
     );
     assert!(
         in_python as f64 >= 0.95 * total as f64 && trampolines == 0 && folded > 0,
-        "{in_python} of {total} ns in Python frames (expected ≥ 0.95), {trampolines} ns with a `py::` trampoline left (expected none), {folded} folded{diag}"
+        "{in_python} of {total} ns in Python frames (expected ≥ 0.95), {trampolines} ns with Python frames and a `py::` trampoline left (expected none), {folded} folded{diag}"
     );
     assert!(
         (share - timed_share).abs() <= SHARE_TOLERANCE,

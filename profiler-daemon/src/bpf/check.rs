@@ -78,7 +78,11 @@ fn trial_probes(
     // An empty target set: the programs run and return at once.
     config.filter_targets = true;
     config.follow_forks = false;
-    Probes::load(&config).map_err(|e| reason(&format!("{:#}", anyhow::Error::from(e))))
+    let why = |e| reason(&format!("{:#}", anyhow::Error::from(e)));
+    let mut probes = Probes::load(&config).map_err(why)?;
+    // Go's uprobe programs wait for the first Go executable: load them now.
+    probes.load_deferred().map_err(why)?;
+    Ok(probes)
 }
 
 /// The CPU samples of Go and Python processes, taken by programs of their

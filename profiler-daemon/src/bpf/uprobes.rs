@@ -124,6 +124,10 @@ pub enum SessionError {
         source: io::Error,
         log: String,
     },
+    /// A deferred program the kernel refused when it was first needed
+    /// (that refusal was logged then).
+    #[error("the kernel refused the program when it was first needed")]
+    Refused,
 }
 
 /// How a program's probes are attached.
@@ -179,11 +183,24 @@ pub struct ProbePoints {
 /// Finds the probe points of an ELF file.
 pub type Finder = fn(&Path) -> Result<Option<ProbePoints>, String>;
 
-impl UprobeProgram {
-    /// Loads program `name` of `object` (the same bytes `ebpf` was loaded
-    /// from), with its map references pointing at `ebpf`'s maps. Call it
-    /// before any map is taken out of `ebpf`.
-    pub fn load(
+/// A uprobe program relocated against the daemon's maps but not loaded
+/// yet: the kernel's verifier walks it only when its first file is found
+/// ([`UprobeLinks::deferred`]), so that a node without such files never
+/// pays for it.
+pub struct PreparedProgram {
+    name: &'static str,
+    instructions: Vec<bpf_insn>,
+    license: CString,
+    attach_type: u32,
+    mode: AttachMode,
+    wants_return: fn(u64) -> bool,
+}
+
+impl PreparedProgram {
+    /// Relocates program `name` of `object` (the same bytes `ebpf` was
+    /// loaded from) so that its map references point at `ebpf`'s maps.
+    /// Call it before any map is taken out of `ebpf`.
+    pub fn prepare(
         object: &[u8],
         ebpf: &Ebpf,
         name: &'static str,
@@ -219,23 +236,59 @@ impl UprobeProgram {
             .functions
             .get(&program.function_key())
             .ok_or(SessionError::MissingProgram(name))?;
-        let fd = load_program(name, &function.instructions, &obj.license, attach_type).map_err(
-            |(source, log)| SessionError::Load {
-                name,
-                mode: match mode {
-                    AttachMode::Session => "a uprobe session (Linux 6.13)",
-                    AttachMode::Multi => "a uprobe_multi program (Linux 6.6)",
-                    AttachMode::PerfEvent(_) => "a perf-event uprobe",
-                },
-                source,
-                log,
-            },
-        )?;
+        Ok(PreparedProgram {
+            name,
+            instructions: function.instructions.clone(),
+            license: obj.license.clone(),
+            attach_type,
+            mode,
+            wants_return,
+        })
+    }
+
+    /// Has the kernel verify and load it.
+    pub fn load(self) -> Result<UprobeProgram, SessionError> {
+        let PreparedProgram {
+            name,
+            instructions,
+            license,
+            attach_type,
+            mode,
+            wants_return,
+        } = self;
+        let fd =
+            load_program(name, &instructions, &license, attach_type).map_err(|(source, log)| {
+                SessionError::Load {
+                    name,
+                    mode: match mode {
+                        AttachMode::Session => "a uprobe session (Linux 6.13)",
+                        AttachMode::Multi => "a uprobe_multi program (Linux 6.6)",
+                        AttachMode::PerfEvent(_) => "a perf-event uprobe",
+                    },
+                    source,
+                    log,
+                }
+            })?;
         Ok(UprobeProgram {
             fd,
             mode,
             wants_return,
         })
+    }
+}
+
+impl UprobeProgram {
+    /// Loads program `name` of `object` now ([`PreparedProgram::prepare`],
+    /// then [`PreparedProgram::load`]). Call it before any map is taken
+    /// out of `ebpf`.
+    pub fn load(
+        object: &[u8],
+        ebpf: &Ebpf,
+        name: &'static str,
+        mode: AttachMode,
+        wants_return: fn(u64) -> bool,
+    ) -> Result<Self, SessionError> {
+        PreparedProgram::prepare(object, ebpf, name, mode, wants_return)?.load()
     }
 
     pub fn fd(&self) -> RawFd {
@@ -341,7 +394,7 @@ pub struct AttachStats {
 /// file for every process (system-wide), or one per file and target
 /// process, so that other processes pay nothing.
 pub struct UprobeLinks {
-    program: Arc<UprobeProgram>,
+    program: ProgramState,
     /// What the probes are for, in logs ("allocator", "Go runtime").
     what: &'static str,
     /// Finds the probe points of a file (None: nothing to probe there).
@@ -362,6 +415,14 @@ pub struct UprobeLinks {
     causes_logged: HashSet<String>,
 }
 
+/// A set of links' program: loaded, waiting for its first file, or
+/// refused by the kernel when that came (logged once).
+enum ProgramState {
+    Loaded(Arc<UprobeProgram>),
+    Deferred(Box<PreparedProgram>),
+    Refused(AttachMode),
+}
+
 impl UprobeLinks {
     pub fn new(
         program: UprobeProgram,
@@ -371,8 +432,42 @@ impl UprobeLinks {
         per_process: bool,
         closer: Arc<LinkCloser>,
     ) -> Self {
+        Self::with_state(
+            ProgramState::Loaded(Arc::new(program)),
+            (what, find, names),
+            per_process,
+            closer,
+        )
+    }
+
+    /// [`Self::new`] with a program loaded only when the first file to
+    /// probe is found: Go's heap and park points, which a node without Go
+    /// programs never needs (their verification is most of the start's
+    /// CPU with those profiles on; design 020).
+    pub fn deferred(
+        program: PreparedProgram,
+        what: &'static str,
+        find: Finder,
+        names: &'static [&'static str],
+        per_process: bool,
+        closer: Arc<LinkCloser>,
+    ) -> Self {
+        Self::with_state(
+            ProgramState::Deferred(Box::new(program)),
+            (what, find, names),
+            per_process,
+            closer,
+        )
+    }
+
+    fn with_state(
+        program: ProgramState,
+        (what, find, names): (&'static str, Finder, &'static [&'static str]),
+        per_process: bool,
+        closer: Arc<LinkCloser>,
+    ) -> Self {
         UprobeLinks {
-            program: Arc::new(program),
+            program,
             what,
             find,
             names,
@@ -386,8 +481,48 @@ impl UprobeLinks {
         }
     }
 
-    pub fn program(&self) -> Arc<UprobeProgram> {
-        Arc::clone(&self.program)
+    /// The program, once loaded.
+    pub fn program(&self) -> Option<Arc<UprobeProgram>> {
+        match &self.program {
+            ProgramState::Loaded(program) => Some(Arc::clone(program)),
+            _ => None,
+        }
+    }
+
+    fn mode(&self) -> AttachMode {
+        match &self.program {
+            ProgramState::Loaded(program) => program.mode(),
+            ProgramState::Deferred(prepared) => prepared.mode,
+            ProgramState::Refused(mode) => *mode,
+        }
+    }
+
+    /// Loads a deferred program now; the program, or why not.
+    pub fn load_now(&mut self) -> Result<Arc<UprobeProgram>, SessionError> {
+        let mode = self.mode();
+        match std::mem::replace(&mut self.program, ProgramState::Refused(mode)) {
+            ProgramState::Loaded(program) => {
+                self.program = ProgramState::Loaded(Arc::clone(&program));
+                Ok(program)
+            }
+            ProgramState::Deferred(prepared) => {
+                let name = prepared.name;
+                match prepared.load() {
+                    Ok(program) => {
+                        tracing::debug!("{name} loaded at its first file");
+                        let program = Arc::new(program);
+                        self.program = ProgramState::Loaded(Arc::clone(&program));
+                        Ok(program)
+                    }
+                    Err(e) => {
+                        // Once: the state stays refused.
+                        tracing::warn!("{} probes unavailable: {e:#}", self.what);
+                        Err(e)
+                    }
+                }
+            }
+            ProgramState::Refused(_) => Err(SessionError::Refused),
+        }
     }
 
     pub fn stats(&self) -> AttachStats {
@@ -456,7 +591,7 @@ impl UprobeLinks {
                 self.what,
                 shown.display(),
                 p.offsets.len(),
-                self.program.mode().describe(),
+                self.mode().describe(),
                 if p.single_stepped.is_empty() {
                     String::new()
                 } else {
@@ -484,7 +619,12 @@ impl UprobeLinks {
         let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
             return;
         };
-        match self.program.attach(&c_path, probes, pid) {
+        let Ok(program) = self.load_now() else {
+            // Logged once, where the kernel refused it.
+            self.stats.failures += 1;
+            return;
+        };
+        match program.attach(&c_path, probes, pid) {
             Ok(link) => {
                 if let Some(old) = self.links.insert((id, pid), link) {
                     self.closer.close_all(old);

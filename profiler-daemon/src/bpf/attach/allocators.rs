@@ -185,7 +185,10 @@ impl PreExecLinks {
                 Some((path, c_path, probes))
             })
             .collect();
-        let program = links.program();
+        // The allocators' program is loaded at the start, never deferred.
+        let program = links
+            .program()
+            .ok_or_else(|| std::io::Error::other("the allocator program is not loaded"))?;
         for (path, _, probes) in &files {
             tracing::info!(
                 "probes: allocator in {} ({} entry points, {}; made by the command before its exec)",

@@ -110,7 +110,7 @@ impl Probes {
             ("go_park_probe", &self.go_parks),
             ("cond_wait_probe", &self.cond_parks),
         ] {
-            if let Some((runs, time)) = links.as_ref().and_then(|a| a.program().run_stats()) {
+            if let Some((runs, time)) = links.as_ref().and_then(|a| a.program()?.run_stats()) {
                 stats.push((name.to_string(), runs, time));
             }
         }

@@ -26,7 +26,7 @@ use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::{AttachMode, UprobeLinks, UprobeProgram};
+use crate::bpf::uprobes::{AttachMode, PreparedProgram, UprobeLinks, UprobeProgram};
 
 mod drain;
 mod error;
@@ -328,21 +328,39 @@ impl Probes {
             )),
             None => None,
         };
-        let entry_only = |program, what, find, names| -> Result<_, ProbeError> {
-            Ok(UprobeLinks::new(
-                UprobeProgram::load(
-                    EBPF_OBJECT,
-                    &ebpf,
-                    program,
-                    uprobe_mode(config.uprobe_multi, AttachMode::Multi)?,
-                    |_| false,
-                )?,
-                what,
-                find,
-                names,
-                config.filter_targets,
-                Arc::clone(&closer),
-            ))
+        // System-wide, Go's programs are verified at the first Go
+        // executable found, not at the start (design 020): a node without
+        // Go never pays for them. Under --pid or a command, whose
+        // processes are probed from their exec, at once, as the condition
+        // variables' always are.
+        let defer_go = !config.filter_targets;
+        let entry_only = |program, what, find, names, deferred: bool| -> Result<_, ProbeError> {
+            let prepared = PreparedProgram::prepare(
+                EBPF_OBJECT,
+                &ebpf,
+                program,
+                uprobe_mode(config.uprobe_multi, AttachMode::Multi)?,
+                |_| false,
+            )?;
+            let closer = Arc::clone(&closer);
+            Ok(match deferred {
+                true => UprobeLinks::deferred(
+                    prepared,
+                    what,
+                    find,
+                    names,
+                    config.filter_targets,
+                    closer,
+                ),
+                false => UprobeLinks::new(
+                    prepared.load()?,
+                    what,
+                    find,
+                    names,
+                    config.filter_targets,
+                    closer,
+                ),
+            })
         };
         let go_heap = match config.heap_sample_bytes {
             Some(_) => Some(entry_only(
@@ -353,6 +371,7 @@ impl Probes {
                     false => crate::bpf::attach::go_heap::find_without_kinds,
                 },
                 &profiler_common::go_heap_fn::NAMES,
+                defer_go,
             )?),
             None => None,
         };
@@ -362,6 +381,7 @@ impl Probes {
                 "Go runtime",
                 crate::bpf::attach::go_park::find,
                 &profiler_common::go_fn::NAMES,
+                defer_go,
             )?),
             false => None,
         };
@@ -371,6 +391,7 @@ impl Probes {
                 "condition variable",
                 crate::bpf::attach::cond_park::find,
                 &profiler_common::cond_fn::NAMES,
+                false,
             )?),
             false => None,
         };
@@ -755,6 +776,15 @@ impl Probes {
     /// Every set of uprobe links (heap allocators, Go's heap points, Go and condition
     /// variable park points) that is on: each looks at new processes and
     /// files.
+    /// Loads the uprobe programs that wait for their first file (Go's),
+    /// as that file would (for `--check`): the first refusal.
+    pub fn load_deferred(&mut self) -> Result<(), ProbeError> {
+        for links in self.uprobe_links() {
+            links.load_now()?;
+        }
+        Ok(())
+    }
+
     pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
         self.allocators
             .iter_mut()
