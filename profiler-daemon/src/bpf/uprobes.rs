@@ -185,7 +185,7 @@ pub type Finder = fn(&Path) -> Result<Option<ProbePoints>, String>;
 
 /// A uprobe program relocated against the daemon's maps but not loaded
 /// yet: the kernel's verifier walks it only when its first file is found
-/// ([`UprobeLinks::deferred`]), so that a node without such files never
+/// ([`LinkProgram::AtFirstFile`]), so that a node without such files never
 /// pays for it.
 pub struct PreparedProgram {
     name: &'static str,
@@ -415,6 +415,14 @@ pub struct UprobeLinks {
     causes_logged: HashSet<String>,
 }
 
+/// A set of links' program as it is handed over: loaded, or loaded only
+/// when the first file to probe is found (Go's heap and park points,
+/// which a node without Go programs never needs; design 020).
+pub enum LinkProgram {
+    Loaded(UprobeProgram),
+    AtFirstFile(PreparedProgram),
+}
+
 /// A set of links' program: loaded, waiting for its first file, or
 /// refused by the kernel when that came (logged once).
 enum ProgramState {
@@ -425,47 +433,15 @@ enum ProgramState {
 
 impl UprobeLinks {
     pub fn new(
-        program: UprobeProgram,
-        what: &'static str,
-        find: Finder,
-        names: &'static [&'static str],
-        per_process: bool,
-        closer: Arc<LinkCloser>,
-    ) -> Self {
-        Self::with_state(
-            ProgramState::Loaded(Arc::new(program)),
-            (what, find, names),
-            per_process,
-            closer,
-        )
-    }
-
-    /// [`Self::new`] with a program loaded only when the first file to
-    /// probe is found: Go's heap and park points, which a node without Go
-    /// programs never needs (their verification is most of the start's
-    /// CPU with those profiles on; design 020).
-    pub fn deferred(
-        program: PreparedProgram,
-        what: &'static str,
-        find: Finder,
-        names: &'static [&'static str],
-        per_process: bool,
-        closer: Arc<LinkCloser>,
-    ) -> Self {
-        Self::with_state(
-            ProgramState::Deferred(Box::new(program)),
-            (what, find, names),
-            per_process,
-            closer,
-        )
-    }
-
-    fn with_state(
-        program: ProgramState,
+        program: LinkProgram,
         (what, find, names): (&'static str, Finder, &'static [&'static str]),
         per_process: bool,
         closer: Arc<LinkCloser>,
     ) -> Self {
+        let program = match program {
+            LinkProgram::Loaded(program) => ProgramState::Loaded(Arc::new(program)),
+            LinkProgram::AtFirstFile(prepared) => ProgramState::Deferred(Box::new(prepared)),
+        };
         UprobeLinks {
             program,
             what,

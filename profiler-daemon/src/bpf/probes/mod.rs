@@ -26,7 +26,7 @@ use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::{AttachMode, PreparedProgram, UprobeLinks, UprobeProgram};
+use crate::bpf::uprobes::{AttachMode, LinkProgram, PreparedProgram, UprobeLinks, UprobeProgram};
 
 mod drain;
 mod error;
@@ -313,16 +313,18 @@ impl Probes {
         let closer = LinkCloser::new();
         let allocators = match config.heap_sample_bytes {
             Some(_) => Some(UprobeLinks::new(
-                UprobeProgram::load(
+                LinkProgram::Loaded(UprobeProgram::load(
                     EBPF_OBJECT,
                     &ebpf,
                     "heap_probe",
                     uprobe_mode(config.uprobe_session, AttachMode::Session)?,
                     |function| function != profiler_common::alloc_fn::FREE,
-                )?,
-                "allocator",
-                crate::bpf::attach::allocators::find,
-                &profiler_common::alloc_fn::NAMES,
+                )?),
+                (
+                    "allocator",
+                    crate::bpf::attach::allocators::find,
+                    &profiler_common::alloc_fn::NAMES,
+                ),
                 config.filter_targets,
                 Arc::clone(&closer),
             )),
@@ -342,25 +344,16 @@ impl Probes {
                 uprobe_mode(config.uprobe_multi, AttachMode::Multi)?,
                 |_| false,
             )?;
-            let closer = Arc::clone(&closer);
-            Ok(match deferred {
-                true => UprobeLinks::deferred(
-                    prepared,
-                    what,
-                    find,
-                    names,
-                    config.filter_targets,
-                    closer,
-                ),
-                false => UprobeLinks::new(
-                    prepared.load()?,
-                    what,
-                    find,
-                    names,
-                    config.filter_targets,
-                    closer,
-                ),
-            })
+            let program = match deferred {
+                true => LinkProgram::AtFirstFile(prepared),
+                false => LinkProgram::Loaded(prepared.load()?),
+            };
+            Ok(UprobeLinks::new(
+                program,
+                (what, find, names),
+                config.filter_targets,
+                Arc::clone(&closer),
+            ))
         };
         let go_heap = match config.heap_sample_bytes {
             Some(_) => Some(entry_only(
