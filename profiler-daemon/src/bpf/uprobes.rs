@@ -278,19 +278,6 @@ impl PreparedProgram {
 }
 
 impl UprobeProgram {
-    /// Loads program `name` of `object` now ([`PreparedProgram::prepare`],
-    /// then [`PreparedProgram::load`]). Call it before any map is taken
-    /// out of `ebpf`.
-    pub fn load(
-        object: &[u8],
-        ebpf: &Ebpf,
-        name: &'static str,
-        mode: AttachMode,
-        wants_return: fn(u64) -> bool,
-    ) -> Result<Self, SessionError> {
-        PreparedProgram::prepare(object, ebpf, name, mode, wants_return)?.load()
-    }
-
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }

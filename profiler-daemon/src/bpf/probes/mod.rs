@@ -26,7 +26,7 @@ use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::{AttachMode, LinkProgram, PreparedProgram, UprobeLinks, UprobeProgram};
+use crate::bpf::uprobes::{AttachMode, LinkProgram, PreparedProgram, UprobeLinks};
 
 mod drain;
 mod error;
@@ -313,13 +313,16 @@ impl Probes {
         let closer = LinkCloser::new();
         let allocators = match config.heap_sample_bytes {
             Some(_) => Some(UprobeLinks::new(
-                LinkProgram::Loaded(UprobeProgram::load(
-                    EBPF_OBJECT,
-                    &ebpf,
-                    "heap_probe",
-                    uprobe_mode(config.uprobe_session, AttachMode::Session)?,
-                    |function| function != profiler_common::alloc_fn::FREE,
-                )?),
+                LinkProgram::Loaded(
+                    PreparedProgram::prepare(
+                        EBPF_OBJECT,
+                        &ebpf,
+                        "heap_probe",
+                        uprobe_mode(config.uprobe_session, AttachMode::Session)?,
+                        |function| function != profiler_common::alloc_fn::FREE,
+                    )?
+                    .load()?,
+                ),
                 (
                     "allocator",
                     crate::bpf::attach::allocators::find,
