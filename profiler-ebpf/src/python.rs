@@ -5,6 +5,9 @@
 //! 3.9 and 3.10 a `PyFrameObject`), and each frame's code object and
 //! instruction (pointer, or `f_lasti`) down the chain of callers. Offsets
 //! come from the daemon per process (`PyRuntime`), by CPython release.
+//! The frame walk and the thread-list search run under `bpf_loop`, so
+//! that the verifier checks one step of each rather than every step
+//! (design 021).
 
 use aya_ebpf::{
     bindings::bpf_pidns_info,
@@ -107,21 +110,66 @@ fn thread_state(py: &PyRuntime, tid: u32, ns_tid: u32) -> Option<u64> {
         return Some(known);
     }
     let interpreter: u64 = read(py.runtime.wrapping_add(u64::from(py.interpreters_head)))?;
-    let mut thread: u64 = read(interpreter.wrapping_add(u64::from(py.threads_head)))?;
-    for _ in 0..PY_THREADS_SEARCHED {
-        if thread == 0 {
-            return None;
-        }
-        if thread_id(py, thread) == Some(ns_tid) {
-            // A full map drops its least recently used thread.
-            if cached {
-                let _ = PY_THREADS.insert(tid, thread, 0);
-            }
-            return Some(thread);
-        }
-        thread = read(thread.wrapping_add(u64::from(py.thread_next)))?;
+    let mut search = Search {
+        py,
+        thread: read(interpreter.wrapping_add(u64::from(py.threads_head)))?,
+        ns_tid: u64::from(ns_tid),
+        found: 0,
+    };
+    // SAFETY: as in `walk`.
+    unsafe {
+        generated::bpf_loop(
+            PY_THREADS_SEARCHED as u32,
+            search_step as *const () as *mut core::ffi::c_void,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    if search.found == 0 {
+        return None;
     }
-    None
+    // A full map drops its least recently used thread.
+    if cached {
+        let _ = PY_THREADS.insert(tid, search.found, 0);
+    }
+    Some(search.found)
+}
+
+/// The thread list's search between steps, on the caller's BPF stack.
+#[repr(C)]
+struct Search {
+    py: *const PyRuntime,
+    /// The thread state to look at next (0: the list's end).
+    thread: u64,
+    ns_tid: u64,
+    /// The thread state found, or 0.
+    found: u64,
+}
+
+/// One thread state of the search in [`thread_state`]: 0 to go on, 1 to
+/// stop.
+#[inline(never)]
+extern "C" fn search_step(_index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the `Search` the caller passed to bpf_loop; `py`
+    // is a map value, valid meanwhile.
+    let search = unsafe { &mut *ctx.cast::<Search>() };
+    let thread = search.thread;
+    if thread == 0 {
+        return 1;
+    }
+    // SAFETY: as above.
+    let py = unsafe { &*search.py };
+    if thread_id(py, thread).map(u64::from) == Some(search.ns_tid) {
+        search.found = thread;
+        return 1;
+    }
+    match read::<u64>(thread.wrapping_add(u64::from(py.thread_next))) {
+        Some(next) => {
+            search.thread = next;
+            0
+        }
+        None => 1,
+    }
 }
 
 /// The kernel id of the thread whose state is `thread`: its native id,
@@ -157,54 +205,107 @@ fn byte_at(bytes: &[u8; PY_FRAME_OBJECT_BYTES], at: u16) -> u8 {
 /// read of its first bytes each). A frame the evaluator keeps on the C stack (3.12+)
 /// is recorded as a boundary (code 0); the first frame of an evaluator
 /// call in 3.11 (`is_entry`) has bit 0 of its code set.
+///
+/// The steps run under `bpf_loop` (Linux 5.17+), whose body the verifier
+/// checks once rather than once per frame: an unrolled walk of 32 frames
+/// was most of what the kernel verified of each program that reads Python
+/// frames (design 021).
 #[inline(always)]
-fn walk<const N: usize>(py: &PyRuntime, mut frame: u64, out: &mut PyFrames<N>) {
+fn walk<const N: usize>(py: &PyRuntime, frame: u64, out: &mut PyFrames<N>) {
+    const { assert!(N.is_power_of_two()) };
     let Some(scratch) = PY_FRAME_SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    // SAFETY: this CPU's scratch slot; nothing else uses it meanwhile.
-    let bytes = unsafe { &mut *scratch };
-    // Two constant sizes, not the daemon's number: the verifier checks
-    // each read's size against the slot.
-    let size = if usize::from(py.frame_bytes) > PY_FRAME_BYTES {
-        PY_FRAME_OBJECT_BYTES
-    } else {
-        PY_FRAME_BYTES
+    let mut state = Walk::<N> {
+        py,
+        out,
+        bytes: scratch,
+        frame,
+        len: 0,
+        object: u64::from(usize::from(py.frame_bytes) > PY_FRAME_BYTES),
     };
-    let mut len = 0u32;
-    for slot in 0..N {
-        if frame < 4096 {
-            break;
-        }
-        // SAFETY: a checked read of user memory into the scratch slot,
-        // which has at least the size passed.
-        let read = unsafe {
-            generated::bpf_probe_read_user(
-                bytes.as_mut_ptr().cast(),
-                size as u32,
-                frame as *const _,
-            )
-        };
-        if read != 0 {
-            break;
-        }
-        let owner = byte_at(bytes, py.frame_owner);
-        let mut code = word_at(bytes, py.frame_code);
-        let mut instr = word_at(bytes, py.frame_instr);
-        if owner == PY_FRAME_OWNED_BY_CSTACK {
-            (code, instr) = (0, 0);
-        } else if py.frame_is_entry != PY_NO_FIELD && byte_at(bytes, py.frame_is_entry) != 0 {
-            code |= 1;
-        }
-        if let Some(out) = out.frames.get_mut(slot) {
-            *out = PyFrame { code, instr };
-        }
-        len += 1;
-        frame = word_at(bytes, py.frame_previous);
-    }
+    // SAFETY: the callback is a BPF function of the expected signature;
+    // `state` outlives the call.
+    unsafe {
+        generated::bpf_loop(
+            N as u32,
+            walk_step::<N> as *const () as *mut core::ffi::c_void,
+            (&raw mut state).cast(),
+            0,
+        )
+    };
+    let len = state.len.min(N as u64) as u32;
     out.len = len;
     // Counted by the daemon.
-    if len as usize == N && frame >= 4096 {
+    if len as usize == N && state.frame >= 4096 {
         out.truncated = 1;
     }
+}
+
+/// The walk's state between steps, on the caller's BPF stack.
+#[repr(C)]
+struct Walk<const N: usize> {
+    py: *const PyRuntime,
+    out: *mut PyFrames<N>,
+    /// This CPU's scratch for one frame's first bytes.
+    bytes: *mut [u8; PY_FRAME_OBJECT_BYTES],
+    /// The frame to read next.
+    frame: u64,
+    /// Frames recorded.
+    len: u64,
+    /// 1 when frames are read as objects (`PY_FRAME_OBJECT_BYTES`).
+    object: u64,
+}
+
+/// One frame of [`walk`]: 0 to go on, 1 to stop. `index` is the frame's
+/// slot; the verifier knows nothing of it but its type, so the slot is
+/// masked, and the recorded count comes from it.
+#[inline(never)]
+extern "C" fn walk_step<const N: usize>(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the `Walk<N>` the caller passed to bpf_loop; its
+    // pointers are a map value and this CPU's scratch, valid meanwhile.
+    let state = unsafe { &mut *ctx.cast::<Walk<N>>() };
+    let frame = state.frame;
+    if frame < 4096 {
+        return 1;
+    }
+    // SAFETY: as above.
+    let (py, bytes, out) = unsafe { (&*state.py, &mut *state.bytes, &mut *state.out) };
+    // Two constant sizes, not the daemon's number: the verifier checks
+    // each read's size against the slot.
+    // SAFETY: checked reads of user memory into the scratch slot, which
+    // has at least the size passed.
+    let read = unsafe {
+        if state.object != 0 {
+            generated::bpf_probe_read_user(
+                bytes.as_mut_ptr().cast(),
+                PY_FRAME_OBJECT_BYTES as u32,
+                frame as *const _,
+            )
+        } else {
+            generated::bpf_probe_read_user(
+                bytes.as_mut_ptr().cast(),
+                PY_FRAME_BYTES as u32,
+                frame as *const _,
+            )
+        }
+    };
+    if read != 0 {
+        return 1;
+    }
+    let owner = byte_at(bytes, py.frame_owner);
+    let mut code = word_at(bytes, py.frame_code);
+    let mut instr = word_at(bytes, py.frame_instr);
+    if owner == PY_FRAME_OWNED_BY_CSTACK {
+        (code, instr) = (0, 0);
+    } else if py.frame_is_entry != PY_NO_FIELD && byte_at(bytes, py.frame_is_entry) != 0 {
+        code |= 1;
+    }
+    let slot = (index as usize) & (N - 1);
+    if let Some(out) = out.frames.get_mut(slot) {
+        *out = PyFrame { code, instr };
+    }
+    state.len = index + 1;
+    state.frame = word_at(bytes, py.frame_previous);
+    0
 }

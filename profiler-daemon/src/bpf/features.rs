@@ -14,7 +14,7 @@ use std::fmt;
 use std::path::Path;
 
 use crate::bpf::perf_uprobe::UprobePmu;
-use crate::bpf::uprobes::{BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION, kernel_supports};
+use crate::bpf::raw_programs::{BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION, kernel_supports};
 use crate::model::profile_kind::ProfileKind;
 
 /// Environment variable naming features to treat as missing (for tests of

@@ -3,7 +3,8 @@
 //! and the refusals that follow from it (`check`), typed ring and map
 //! reads (`drain`, `map_syscalls`, and Go label sets: `go_labels`),
 //! user-space probes and their links
-//! (`uprobes`, `perf_uprobe`) and link closing, Go park probes on a duty
+//! (`uprobes`, `perf_uprobe`; the raw loads and links aya lacks:
+//! `raw_programs`) and link closing, Go park probes on a duty
 //! cycle (`park_budget`), the
 //! kernel programs' own log (`log`), and where user-space probes go
 //! (`attach/`: allocators, Go and pthread park points, probe placement).
@@ -19,6 +20,7 @@ pub(crate) mod map_syscalls;
 pub(crate) mod park_budget;
 pub(crate) mod perf_uprobe;
 pub(crate) mod probes;
+pub(crate) mod raw_programs;
 pub(crate) mod ring;
 pub(crate) mod tracefs;
 pub(crate) mod uprobes;

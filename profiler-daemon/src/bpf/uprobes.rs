@@ -30,11 +30,13 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use aya::Ebpf;
 use aya::maps::Map;
-use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info, bpf_prog_type};
+use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_info};
 use thiserror::Error;
 
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::perf_uprobe::UprobePmu;
+pub use crate::bpf::raw_programs::{BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION};
+use crate::bpf::raw_programs::{ProgramBtf, create_link, load_btf, load_program, sys_bpf};
 use profiler_common::probe_cookie;
 
 /// Files whose probe points are remembered (found or not).
@@ -87,12 +89,6 @@ impl ExecMappings {
         Self { pid, files }
     }
 }
-
-/// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
-/// bindings of aya-obj 0.3).
-pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
-/// `BPF_TRACE_UPROBE_MULTI`: entry probes only.
-pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 
 #[derive(Debug, Error)]
 pub enum SessionError {
@@ -194,6 +190,10 @@ pub struct PreparedProgram {
     attach_type: u32,
     mode: AttachMode,
     wants_return: fn(u64) -> bool,
+    /// The object's BTF and the program's records of it; None when this
+    /// kernel takes no BTF or the object's did not load (a program that
+    /// calls through a function pointer is then refused, and says why).
+    btf: Option<ProgramBtf>,
 }
 
 impl PreparedProgram {
@@ -214,6 +214,17 @@ impl PreparedProgram {
             AttachMode::PerfEvent(_) => 0,
         };
         let mut obj = aya_obj::Object::parse(object).map_err(SessionError::Parse)?;
+        // As aya loads its own programs: the object's BTF, made fit for
+        // this kernel.
+        let btf_fd = aya::features()
+            .btf()
+            .and_then(|features| obj.fixup_and_sanitize_btf(features).ok().flatten())
+            .map(|btf| load_btf(&btf.to_bytes()))
+            .transpose()
+            .unwrap_or_else(|e| {
+                tracing::debug!(program = name, error = %e, "the eBPF object's BTF did not load");
+                None
+            });
         let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
         let mut maps = Vec::with_capacity(objects.len());
         for (map_name, map_obj) in &objects {
@@ -236,6 +247,15 @@ impl PreparedProgram {
             .functions
             .get(&program.function_key())
             .ok_or(SessionError::MissingProgram(name))?;
+        let btf = btf_fd.map(|fd| ProgramBtf {
+            fd,
+            func_info: function.func_info.func_info_bytes(),
+            func_info_cnt: function.func_info.len() as u32,
+            func_info_rec_size: function.func_info_rec_size as u32,
+            line_info: function.line_info.line_info_bytes(),
+            line_info_cnt: function.line_info.len() as u32,
+            line_info_rec_size: function.line_info_rec_size as u32,
+        });
         Ok(PreparedProgram {
             name,
             instructions: function.instructions.clone(),
@@ -243,6 +263,7 @@ impl PreparedProgram {
             attach_type,
             mode,
             wants_return,
+            btf,
         })
     }
 
@@ -255,20 +276,20 @@ impl PreparedProgram {
             attach_type,
             mode,
             wants_return,
+            btf,
         } = self;
-        let fd =
-            load_program(name, &instructions, &license, attach_type).map_err(|(source, log)| {
-                SessionError::Load {
-                    name,
-                    mode: match mode {
-                        AttachMode::Session => "a uprobe session (Linux 6.13)",
-                        AttachMode::Multi => "a uprobe_multi program (Linux 6.6)",
-                        AttachMode::PerfEvent(_) => "a perf-event uprobe",
-                    },
-                    source,
-                    log,
-                }
-            })?;
+        let fd = load_program(name, &instructions, &license, attach_type, btf.as_ref()).map_err(
+            |(source, log)| SessionError::Load {
+                name,
+                mode: match mode {
+                    AttachMode::Session => "a uprobe session (Linux 6.13)",
+                    AttachMode::Multi => "a uprobe_multi program (Linux 6.6)",
+                    AttachMode::PerfEvent(_) => "a perf-event uprobe",
+                },
+                source,
+                log,
+            },
+        )?;
         Ok(UprobeProgram {
             fd,
             mode,
@@ -705,120 +726,4 @@ fn map_fd(map: &Map) -> Option<RawFd> {
         _ => return None,
     };
     Some(data.fd().as_fd().as_raw_fd())
-}
-
-fn load_program(
-    name: &str,
-    insns: &[bpf_insn],
-    license: &CStr,
-    attach_type: u32,
-) -> Result<OwnedFd, (io::Error, String)> {
-    let mut log = vec![0u8; 1 << 20];
-    let mut attempt = |with_log: bool| {
-        // SAFETY: bpf_attr is plain data; all-zero is its documented default.
-        let mut attr: bpf_attr = unsafe { zeroed() };
-        // SAFETY: writing plain fields of the BPF_PROG_LOAD member.
-        unsafe {
-            let load = &mut attr.__bindgen_anon_3;
-            load.prog_type = bpf_prog_type::BPF_PROG_TYPE_KPROBE as u32;
-            load.insn_cnt = insns.len() as u32;
-            load.insns = insns.as_ptr() as u64;
-            load.license = license.as_ptr() as u64;
-            load.expected_attach_type = attach_type;
-            for (dst, src) in load.prog_name.iter_mut().zip(name.bytes().take(15)) {
-                *dst = src as libc::c_char;
-            }
-            if with_log {
-                load.log_level = 1;
-                load.log_size = log.len() as u32;
-                load.log_buf = log.as_mut_ptr() as u64;
-            }
-        }
-        sys_bpf(bpf_cmd::BPF_PROG_LOAD as libc::c_long, &mut attr)
-    };
-    match attempt(false) {
-        // SAFETY: a new descriptor that nothing else owns.
-        Ok(fd) => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-        Err(first) => {
-            // Again with the verifier's log, to say why.
-            let _ = attempt(true);
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let text = String::from_utf8_lossy(&log[..end]);
-            let tail: Vec<&str> = text.lines().rev().take(20).collect();
-            Err((first, tail.into_iter().rev().collect::<Vec<_>>().join("\n")))
-        }
-    }
-}
-
-/// `BPF_LINK_CREATE` of a uprobe_multi link (`attach_type`: session or
-/// entry-only, as the program was loaded). Allocates nothing and
-/// calls only `syscall`, so it may run in a forked child before exec.
-pub fn create_link(
-    prog_fd: RawFd,
-    attach_type: u32,
-    path: &CStr,
-    offsets: &[u64],
-    cookies: &[u64],
-    pid: u32,
-) -> io::Result<RawFd> {
-    if offsets.len() != cookies.len() || offsets.is_empty() {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: bpf_attr is plain data; all-zero is its documented default.
-    let mut attr: bpf_attr = unsafe { zeroed() };
-    // SAFETY: writing plain fields of the BPF_LINK_CREATE member.
-    unsafe {
-        let link = &mut attr.link_create;
-        link.__bindgen_anon_1.prog_fd = prog_fd as u32;
-        link.attach_type = attach_type;
-        let multi = &mut link.__bindgen_anon_3.uprobe_multi;
-        multi.path = path.as_ptr() as u64;
-        multi.offsets = offsets.as_ptr() as u64;
-        multi.cookies = cookies.as_ptr() as u64;
-        multi.cnt = offsets.len() as u32;
-        multi.pid = pid;
-    }
-    sys_bpf(bpf_cmd::BPF_LINK_CREATE as libc::c_long, &mut attr)
-}
-
-/// Whether this kernel creates uprobe_multi links of `attach_type`: a
-/// program that does nothing is loaded with it and linked to "/", which a
-/// kernel that knows the link refuses as not a regular file (EBADF) and
-/// one that does not refuses as invalid (EINVAL, at the load or the link).
-/// Nothing is attached either way.
-pub fn kernel_supports(attach_type: u32) -> bool {
-    // r0 = 0 (BPF_ALU64 | BPF_MOV | BPF_K, r0); exit (BPF_JMP | BPF_EXIT).
-    // SAFETY: bpf_insn is plain data; all-zero is r0 and no offset.
-    let mut insns: [bpf_insn; 2] = unsafe { zeroed() };
-    insns[0].code = 0xb7;
-    insns[1].code = 0x95;
-    let Ok(prog) = load_program("feature_probe", &insns, c"GPL", attach_type) else {
-        return false;
-    };
-    match create_link(prog.as_raw_fd(), attach_type, c"/", &[0], &[0], 0) {
-        Ok(fd) => {
-            // Not expected ("/" is no file to probe), but then it works.
-            // SAFETY: a new descriptor that nothing else owns.
-            drop(unsafe { OwnedFd::from_raw_fd(fd) });
-            true
-        }
-        Err(e) => e.raw_os_error() == Some(libc::EBADF),
-    }
-}
-
-fn sys_bpf(cmd: libc::c_long, attr: &mut bpf_attr) -> io::Result<RawFd> {
-    // SAFETY: attr is a valid bpf_attr whose pointers stay alive for the
-    // call (the callers' borrows outlive it).
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut bpf_attr,
-            size_of::<bpf_attr>() as libc::c_uint,
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(ret as RawFd)
 }

@@ -240,8 +240,14 @@ pub fn py_sample(ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn try_py_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     let (tgid, tid, comm, image_since) = pending_sample()?;
-    let sent = match (user_regs(&ctx), python_process(tgid)) {
-        (Some(UserRegs { ip, sp, bp, .. }), Some(py)) => {
+    // Nested, not a tuple of options: a tuple's None carries an undefined
+    // payload that the compiler may store from an unset register, which
+    // the verifier refuses.
+    let sent = match user_regs(&ctx) {
+        Some(UserRegs { ip, sp, bp, .. }) => {
+            let Some(py) = python_process(tgid) else {
+                return finish_py_sample(&ctx, false, (tgid, tid, comm, image_since));
+            };
             // SAFETY: a map value, read in place.
             let py = unsafe { &*py };
             let (who, regs) = ((tgid, tid, image_since), (ip, sp, bp));
@@ -254,13 +260,24 @@ fn try_py_sample(ctx: PerfEventContext) -> Result<u32, u32> {
                 send_py_sample_in::<STACK_COPY_BYTES>(&ctx, who, &comm, regs, py)
             }
         }
-        _ => false,
+        None => false,
     };
+    finish_py_sample(&ctx, sent, (tgid, tid, comm, image_since))
+}
+
+/// Counts a Python process's CPU sample, sent with its stack, or (not
+/// sent) records it as a walked sample.
+#[inline(always)]
+fn finish_py_sample(
+    ctx: &PerfEventContext,
+    sent: bool,
+    (tgid, tid, comm, image_since): (u32, u32, [u8; COMM_LEN], u64),
+) -> Result<u32, u32> {
     if sent {
         count(counter::STACK_SAMPLES);
     } else {
         count(counter::STACK_SAMPLES_FULL);
-        let (active, key) = walked_sample(&ctx, tgid, tid, comm, image_since);
+        let (active, key) = walked_sample(ctx, tgid, tid, comm, image_since);
         add_count(active, &key);
     }
     Ok(0)
