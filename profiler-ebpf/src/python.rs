@@ -222,7 +222,6 @@ fn walk<const N: usize>(py: &PyRuntime, frame: u64, out: &mut PyFrames<N>) {
         bytes: scratch,
         frame,
         len: 0,
-        object: u64::from(usize::from(py.frame_bytes) > PY_FRAME_BYTES),
     };
     // SAFETY: the callback is a BPF function of the expected signature;
     // `state` outlives the call.
@@ -253,8 +252,6 @@ struct Walk<const N: usize> {
     frame: u64,
     /// Frames recorded.
     len: u64,
-    /// 1 when frames are read as objects (`PY_FRAME_OBJECT_BYTES`).
-    object: u64,
 }
 
 /// One frame of [`walk`]: 0 to go on, 1 to stop. `index` is the frame's
@@ -273,22 +270,15 @@ extern "C" fn walk_step<const N: usize>(index: u64, ctx: *mut core::ffi::c_void)
     let (py, bytes, out) = unsafe { (&*state.py, &mut *state.bytes, &mut *state.out) };
     // Two constant sizes, not the daemon's number: the verifier checks
     // each read's size against the slot.
-    // SAFETY: checked reads of user memory into the scratch slot, which
+    let size = if usize::from(py.frame_bytes) > PY_FRAME_BYTES {
+        PY_FRAME_OBJECT_BYTES
+    } else {
+        PY_FRAME_BYTES
+    };
+    // SAFETY: a checked read of user memory into the scratch slot, which
     // has at least the size passed.
     let read = unsafe {
-        if state.object != 0 {
-            generated::bpf_probe_read_user(
-                bytes.as_mut_ptr().cast(),
-                PY_FRAME_OBJECT_BYTES as u32,
-                frame as *const _,
-            )
-        } else {
-            generated::bpf_probe_read_user(
-                bytes.as_mut_ptr().cast(),
-                PY_FRAME_BYTES as u32,
-                frame as *const _,
-            )
-        }
+        generated::bpf_probe_read_user(bytes.as_mut_ptr().cast(), size as u32, frame as *const _)
     };
     if read != 0 {
         return 1;

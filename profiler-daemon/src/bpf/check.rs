@@ -17,7 +17,7 @@ use anyhow::{Result, bail};
 use profiler_common::unwind_mode;
 
 use crate::bpf::features::{Availability, KernelFeatures, refusal};
-use crate::bpf::probes::{ProbeConfig, Probes};
+use crate::bpf::probes::{ProbeConfig, ProbeError, Probes};
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 
@@ -78,10 +78,13 @@ fn trial_probes(
     // An empty target set: the programs run and return at once.
     config.filter_targets = true;
     config.follow_forks = false;
-    let why = |e| reason(&format!("{:#}", anyhow::Error::from(e)));
+    let why = |e: ProbeError| reason(&format!("{:#}", anyhow::Error::from(e)));
     let mut probes = Probes::load(&config).map_err(why)?;
-    // Go's uprobe programs wait for the first Go executable: load them now.
-    probes.load_deferred().map_err(why)?;
+    // Go's uprobe programs wait for the first Go executable: load them now,
+    // as that executable would.
+    for links in probes.uprobe_links() {
+        links.load_now().map_err(|e| why(e.into()))?;
+    }
     Ok(probes)
 }
 

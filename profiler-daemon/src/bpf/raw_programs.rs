@@ -17,23 +17,31 @@ pub const BPF_TRACE_UPROBE_SESSION: u32 = 57;
 pub const BPF_TRACE_UPROBE_MULTI: u32 = 48;
 
 /// The parts of an object's BTF that a program loaded here passes to the
-/// kernel: the object's types (loaded once per prepared object) and the
+/// kernel: the object's types (fixed up for this kernel) and the
 /// program's function and line records. The verifier needs the function
 /// records to check a call through a function pointer (`bpf_loop`'s
 /// callbacks, which walk Python frames); the line records name source
-/// lines in its log.
+/// lines in its log. The types are loaded into the kernel with the
+/// program, not before: a program deferred to its first file pays
+/// nothing for them until then.
 pub struct ProgramBtf {
-    pub fd: OwnedFd,
+    pub types: Vec<u8>,
     pub func_info: Vec<u8>,
-    pub func_info_cnt: u32,
     pub func_info_rec_size: u32,
     pub line_info: Vec<u8>,
-    pub line_info_cnt: u32,
     pub line_info_rec_size: u32,
 }
 
+/// The number of records of `rec_size` bytes in `records`.
+fn record_count(records: &[u8], rec_size: u32) -> u32 {
+    match rec_size {
+        0 => 0,
+        size => (records.len() / size as usize) as u32,
+    }
+}
+
 /// Loads an object's BTF (`BPF_BTF_LOAD`).
-pub fn load_btf(bytes: &[u8]) -> io::Result<OwnedFd> {
+fn load_btf(bytes: &[u8]) -> io::Result<OwnedFd> {
     // SAFETY: bpf_attr is plain data; all-zero is its documented default.
     let mut attr: bpf_attr = unsafe { zeroed() };
     // SAFETY: writing plain fields of the BPF_BTF_LOAD member; `bytes`
@@ -58,6 +66,14 @@ pub fn load_program(
     attach_type: u32,
     btf: Option<&ProgramBtf>,
 ) -> Result<OwnedFd, (io::Error, String)> {
+    // The kernel keeps the types as long as the program: the descriptor
+    // is needed only for the load. Without them the load goes on, and a
+    // program that needs them says why in the verifier's log.
+    let types = btf.and_then(|btf| {
+        load_btf(&btf.types)
+            .inspect_err(|e| tracing::debug!(program = name, error = %e, "BTF not loaded"))
+            .ok()
+    });
     let mut log = vec![0u8; 1 << 20];
     let mut attempt = |with_log: bool| {
         // SAFETY: bpf_attr is plain data; all-zero is its documented default.
@@ -74,16 +90,18 @@ pub fn load_program(
             for (dst, src) in load.prog_name.iter_mut().zip(name.bytes().take(15)) {
                 *dst = src as libc::c_char;
             }
-            if let Some(btf) = btf {
-                load.prog_btf_fd = btf.fd.as_raw_fd() as u32;
-                if btf.func_info_cnt > 0 {
+            if let (Some(btf), Some(types)) = (btf, &types) {
+                load.prog_btf_fd = types.as_raw_fd() as u32;
+                let funcs = record_count(&btf.func_info, btf.func_info_rec_size);
+                if funcs > 0 {
                     load.func_info = btf.func_info.as_ptr() as u64;
-                    load.func_info_cnt = btf.func_info_cnt;
+                    load.func_info_cnt = funcs;
                     load.func_info_rec_size = btf.func_info_rec_size;
                 }
-                if btf.line_info_cnt > 0 {
+                let lines = record_count(&btf.line_info, btf.line_info_rec_size);
+                if lines > 0 {
                     load.line_info = btf.line_info.as_ptr() as u64;
-                    load.line_info_cnt = btf.line_info_cnt;
+                    load.line_info_cnt = lines;
                     load.line_info_rec_size = btf.line_info_rec_size;
                 }
             }

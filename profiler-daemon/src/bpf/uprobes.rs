@@ -36,7 +36,7 @@ use thiserror::Error;
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::perf_uprobe::UprobePmu;
 pub use crate::bpf::raw_programs::{BPF_TRACE_UPROBE_MULTI, BPF_TRACE_UPROBE_SESSION};
-use crate::bpf::raw_programs::{ProgramBtf, create_link, load_btf, load_program, sys_bpf};
+use crate::bpf::raw_programs::{ProgramBtf, create_link, load_program, sys_bpf};
 use profiler_common::probe_cookie;
 
 /// Files whose probe points are remembered (found or not).
@@ -191,8 +191,8 @@ pub struct PreparedProgram {
     mode: AttachMode,
     wants_return: fn(u64) -> bool,
     /// The object's BTF and the program's records of it; None when this
-    /// kernel takes no BTF or the object's did not load (a program that
-    /// calls through a function pointer is then refused, and says why).
+    /// kernel takes no BTF or the object's is unfit (a program that calls
+    /// through a function pointer is then refused, and says why).
     btf: Option<ProgramBtf>,
 }
 
@@ -215,16 +215,15 @@ impl PreparedProgram {
         };
         let mut obj = aya_obj::Object::parse(object).map_err(SessionError::Parse)?;
         // As aya loads its own programs: the object's BTF, made fit for
-        // this kernel.
-        let btf_fd = aya::features()
-            .btf()
-            .and_then(|features| obj.fixup_and_sanitize_btf(features).ok().flatten())
-            .map(|btf| load_btf(&btf.to_bytes()))
-            .transpose()
-            .unwrap_or_else(|e| {
-                tracing::debug!(program = name, error = %e, "the eBPF object's BTF did not load");
+        // this kernel (loaded with the program).
+        let types = match aya::features().btf().map(|f| obj.fixup_and_sanitize_btf(f)) {
+            Some(Ok(Some(btf))) => Some(btf.to_bytes()),
+            Some(Err(e)) => {
+                tracing::debug!(program = name, error = %e, "the eBPF object's BTF is unfit");
                 None
-            });
+            }
+            _ => None,
+        };
         let objects: Vec<(String, aya_obj::Map)> = obj.maps.drain().collect();
         let mut maps = Vec::with_capacity(objects.len());
         for (map_name, map_obj) in &objects {
@@ -247,13 +246,11 @@ impl PreparedProgram {
             .functions
             .get(&program.function_key())
             .ok_or(SessionError::MissingProgram(name))?;
-        let btf = btf_fd.map(|fd| ProgramBtf {
-            fd,
+        let btf = types.map(|types| ProgramBtf {
+            types,
             func_info: function.func_info.func_info_bytes(),
-            func_info_cnt: function.func_info.len() as u32,
             func_info_rec_size: function.func_info_rec_size as u32,
             line_info: function.line_info.line_info_bytes(),
-            line_info_cnt: function.line_info.len() as u32,
             line_info_rec_size: function.line_info_rec_size as u32,
         });
         Ok(PreparedProgram {

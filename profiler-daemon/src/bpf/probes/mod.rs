@@ -772,15 +772,6 @@ impl Probes {
     /// Every set of uprobe links (heap allocators, Go's heap points, Go and condition
     /// variable park points) that is on: each looks at new processes and
     /// files.
-    /// Loads the uprobe programs that wait for their first file (Go's),
-    /// as that file would (for `--check`): the first refusal.
-    pub fn load_deferred(&mut self) -> Result<(), ProbeError> {
-        for links in self.uprobe_links() {
-            links.load_now()?;
-        }
-        Ok(())
-    }
-
     pub fn uprobe_links(&mut self) -> impl Iterator<Item = &mut UprobeLinks> {
         self.allocators
             .iter_mut()
