@@ -14,10 +14,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use aya::Btf;
+use aya::Ebpf;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, ProgramArray};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
-use aya::{Ebpf, EbpfLoader};
 use profiler_common::{
     FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, StackHash, WalkHint, WalkHintKey,
 };
@@ -35,8 +35,8 @@ mod runtime_marks;
 
 pub use error::ProbeError;
 use load::{
-    hash, load_perf_event, load_tail_program, per_cpu_hash, raise_memlock_limit, ring, take_map,
-    typed_map, uprobe_mode,
+    hash, load_perf_event, load_tail_program, loader_without_kernel_btf, per_cpu_hash,
+    raise_memlock_limit, ring, take_map, typed_map, uprobe_mode,
 };
 
 use crate::bpf::tracefs::{
@@ -252,11 +252,10 @@ impl Probes {
         if !waits_on {
             limits.wait_events_bytes = unused;
         }
-        let mut loader = EbpfLoader::new();
         // The programs read kernel structures at offsets from tracefs, not
-        // by CO-RE relocation, so the kernel's BTF (5 MB, about 15 ms to
-        // read and parse) is not needed to load them; the off-CPU
-        // program's tp_btf attach reads it itself.
+        // by CO-RE relocation, so the kernel's BTF is not needed to load
+        // them; the off-CPU program's tp_btf attach reads it itself.
+        let mut loader = loader_without_kernel_btf();
         loader.btf(None);
         // FUTEX_CALLS is task-local storage, which aya creates but does not
         // wrap; only the kernel reads and writes it.
