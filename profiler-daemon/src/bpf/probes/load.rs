@@ -1,11 +1,10 @@
-//! Small steps of loading the eBPF object: the loader made without the
-//! kernel's BTF, typed map handles taken from it, rings mapped, tail-called
-//! and perf-event programs loaded, the uprobe attach mode chosen, the
-//! memlock limit raised.
+//! Small steps of loading the eBPF object: typed map handles taken from
+//! it, rings mapped, tail-called and perf-event programs loaded, the
+//! uprobe attach mode chosen, the memlock limit raised.
 
 use aya::maps::{Map, MapData, ProgramArray};
 use aya::programs::PerfEvent;
-use aya::{Ebpf, EbpfLoader};
+use aya::Ebpf;
 
 use super::ProbeError;
 use crate::bpf::perf_uprobe::UprobePmu;
@@ -22,41 +21,6 @@ pub(super) fn uprobe_mode(
         false => Ok(AttachMode::PerfEvent(
             UprobePmu::read().map_err(ProbeError::UprobePmu)?,
         )),
-    }
-}
-
-/// An `EbpfLoader` that holds no kernel BTF, made without reading it.
-///
-/// aya 0.14's `EbpfLoader::new` reads and parses /sys/kernel/btf/vmlinux
-/// (about 5 MB) before `btf(None)` can say it is not wanted: a third of a
-/// `--profiles cpu` start's CPU. The programs take no CO-RE relocation
-/// (they read kernel structures at offsets from tracefs), so the loader is
-/// made on a short-lived thread that first takes its own root directory
-/// (`unshare(CLONE_FS)`, then `chroot` into /sys/kernel/btf itself), where
-/// that path does not exist and the read fails at once. The process's root
-/// is untouched. Where the thread cannot do that (no CAP_SYS_CHROOT, or no
-/// /sys/kernel/btf, where the read fails anyway), the loader is made as
-/// aya makes it; either way the caller then sets `btf(None)`, so what
-/// loads is the same.
-pub(super) fn loader_without_kernel_btf() -> EbpfLoader<'static> {
-    let made = std::thread::Builder::new()
-        .name("bpf-loader".into())
-        .spawn(|| {
-            // SAFETY: plain syscalls on this thread's own filesystem
-            // attributes, with a NUL-terminated path.
-            let rooted = unsafe {
-                libc::unshare(libc::CLONE_FS) == 0 && libc::chroot(c"/sys/kernel/btf".as_ptr()) == 0
-            };
-            rooted.then(EbpfLoader::new)
-        })
-        .ok()
-        .and_then(|thread| thread.join().ok().flatten());
-    match made {
-        Some(loader) => loader,
-        None => {
-            tracing::debug!("loading the eBPF object reads the kernel's BTF");
-            EbpfLoader::new()
-        }
     }
 }
 

@@ -6,8 +6,8 @@
 //! attached) and the handles it keeps. Beside it: the marks of processes
 //! whose samples the Go and Python programs take (`runtime_marks.rs`), the
 //! CPU buffers' drain and the kernel's counters and run-time statistics
-//! (`drain.rs`), the small steps of loading (`load.rs`) and the errors
-//! (`error.rs`).
+//! (`drain.rs`), the loader made without the kernel's BTF (`loader.rs`),
+//! the small steps of loading (`load.rs`) and the errors (`error.rs`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -31,13 +31,15 @@ use crate::bpf::uprobes::{AttachMode, LinkProgram, PreparedProgram, UprobeLinks}
 mod drain;
 mod error;
 mod load;
+mod loader;
 mod runtime_marks;
 
 pub use error::ProbeError;
 use load::{
-    hash, load_perf_event, load_tail_program, loader_without_kernel_btf, per_cpu_hash,
-    raise_memlock_limit, ring, take_map, typed_map, uprobe_mode,
+    hash, load_perf_event, load_tail_program, per_cpu_hash, raise_memlock_limit, ring, take_map,
+    typed_map, uprobe_mode,
 };
+use loader::loader_without_kernel_btf;
 
 use crate::bpf::tracefs::{
     ensure_tracefs, tracefs_root, tracepoint_field_offset, tracepoint_format_path,
