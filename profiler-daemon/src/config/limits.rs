@@ -11,7 +11,7 @@
 //! stack_samples_bytes = 8388608   # ring of user stack copies (power of two, >= 4096; default: from the rate)
 //! heap_events_bytes = 16777216    # ring of sampled allocations and frees (default: 4 MiB per CPU)
 //! wait_events_bytes = 16777216    # ring of block, mutex and off-CPU events (default: 8 MiB per CPU)
-//! heap_live_entries = 2097152     # sampled allocations tracked as live
+//! heap_live_entries = 2097152     # sampled allocations tracked as live (default: from the node's memory)
 //! counts_entries = 16384          # distinct CPU sample keys per drain (default: from the rate)
 //! stacks_entries = 16384          # distinct kernel-walked stacks per drain (default: from the rate)
 //! walk_memo_entries = 4096        # remembered stack walks per generation (0: none)
@@ -88,6 +88,8 @@ pub struct Derived {
     pub stack_samples: bool,
     pub heap_events: bool,
     pub wait_events: bool,
+    /// `heap_live_entries` ([`MapLimits::size_for_memory`]).
+    pub heap_live: bool,
 }
 
 impl Derived {
@@ -96,8 +98,14 @@ impl Derived {
         stack_samples: true,
         heap_events: true,
         wait_events: true,
+        heap_live: true,
     };
 }
+
+/// Bounds of the derived `heap_live_entries`: the smallest (a small node,
+/// or a coarse sampling rate) and the largest (the fixed default before;
+/// more is for `[limits]`).
+const DERIVED_HEAP_LIVE_ENTRIES: (u32, u32) = (1 << 16, HEAP_LIVE_ENTRIES);
 
 /// Derived ring sizes, per online CPU (heap and wait events) and their
 /// bounds. Each ring wakes the daemon when a quarter full and is read
@@ -184,6 +192,30 @@ impl MapLimits {
         }
     }
 
+    /// Sizes `heap_live_entries`, if it was not set, for allocations sampled
+    /// every `sample_bytes` on average on a node of `memory_bytes`.
+    ///
+    /// A live allocation of s bytes is sampled with probability 1 -
+    /// exp(-s / sample_bytes), which is at most s / sample_bytes, so the
+    /// sampled allocations live at once number at most live bytes /
+    /// sample_bytes in expectation, whatever the allocation sizes; twice
+    /// the node's memory leaves room for the noise and for allocations
+    /// larger than what is resident. The map's bucket table is allocated
+    /// (and zeroed) when it is created, 16 bytes an entry: at the fixed
+    /// 2 Mi entries that was 32 MiB of kernel memory and 30 ms of the
+    /// start on any node (docs/BENCHMARKS.md, "Start-up: the loader").
+    /// What does not fit is counted (`heap_live_full`).
+    pub fn size_for_memory(&mut self, sample_bytes: u64, memory_bytes: u64) {
+        if !self.derived.heap_live {
+            return;
+        }
+        let (low, high) = DERIVED_HEAP_LIVE_ENTRIES;
+        let live = memory_bytes.saturating_mul(2) / sample_bytes.max(1);
+        self.heap_live_entries = u32::try_from(live.next_power_of_two())
+            .unwrap_or(high)
+            .clamp(low, high);
+    }
+
     /// (map name in the eBPF object, size) for every map these limits size.
     pub fn map_sizes(&self) -> [(&'static str, u32); 8] {
         [
@@ -244,6 +276,7 @@ impl LimitsTable {
                 stack_samples: self.stack_samples_bytes.is_none(),
                 heap_events: self.heap_events_bytes.is_none(),
                 wait_events: self.wait_events_bytes.is_none(),
+                heap_live: self.heap_live_entries.is_none(),
             },
             walk_memo_entries: match self.walk_memo_entries {
                 Some(0) => 0,
@@ -422,5 +455,23 @@ mod tests {
         assert_eq!(set.counts_entries, 8);
         assert_eq!(set.stack_samples_bytes, 4096);
         assert_eq!(set.heap_events_bytes, 8 << 20, "unset keys still follow");
+    }
+
+    #[test]
+    fn live_heap_entries_follow_the_nodes_memory_unless_set() {
+        let mut limits = MapLimits::default();
+        // 24 GiB at 512 KiB: 98,304 expected at most, twice over.
+        limits.size_for_memory(512 << 10, 24 << 30);
+        assert_eq!(limits.heap_live_entries, 131_072);
+        limits.size_for_memory(512 << 10, 1 << 30);
+        assert_eq!(limits.heap_live_entries, 65_536, "the floor");
+        limits.size_for_memory(1, 24 << 30);
+        assert_eq!(limits.heap_live_entries, HEAP_LIVE_ENTRIES, "the ceiling");
+        limits.size_for_memory(0, 0);
+        assert_eq!(limits.heap_live_entries, 65_536);
+        let table: LimitsTable = toml::from_str("heap_live_entries = 8").unwrap();
+        let mut set = table.validate().unwrap();
+        set.size_for_memory(512 << 10, 24 << 30);
+        assert_eq!(set.heap_live_entries, 8);
     }
 }

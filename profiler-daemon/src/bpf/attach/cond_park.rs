@@ -35,8 +35,11 @@ pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
         if symbol.is_undefined() || symbol.kind() != SymbolKind::Text {
             continue;
         }
-        let Ok(name) = symbol.name() else { continue };
-        let Some(cookie) = cond_fn::NAMES.iter().position(|n| *n == name) else {
+        // As bytes, as allocators::find_in does.
+        let Ok(name) = symbol.name_bytes() else {
+            continue;
+        };
+        let Some(cookie) = cond_fn::NAMES.iter().position(|n| n.as_bytes() == name) else {
             continue;
         };
         if !found

@@ -2,9 +2,9 @@
 //! it, rings mapped, tail-called and perf-event programs loaded, the
 //! uprobe attach mode chosen, the memlock limit raised.
 
+use aya::Ebpf;
 use aya::maps::{Map, MapData, ProgramArray};
 use aya::programs::PerfEvent;
-use aya::Ebpf;
 
 use super::ProbeError;
 use crate::bpf::perf_uprobe::UprobePmu;

@@ -241,6 +241,12 @@ impl Probes {
         if let Ok(cpus) = aya::util::online_cpus() {
             limits.size_for_rate(config.cpu_frequency, cpus.len());
         }
+        if let (Some(rate), Ok(memory)) = (
+            config.heap_sample_bytes,
+            <procfs::Meminfo as procfs::Current>::current(),
+        ) {
+            limits.size_for_memory(rate, memory.mem_total);
+        }
         let unused = unused_ring_bytes();
         if !config.cpu {
             limits.stack_samples_bytes = unused;
