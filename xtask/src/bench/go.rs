@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::harness::{Daemon, median, parse_bpf_line_of, spread};
+use super::harness::{Daemon, median, parse_bpf_line_of, spread, task_cpu_ns};
 
 const ROUNDS: usize = 5;
 const HZ: &str = "499";
@@ -79,6 +79,12 @@ struct RunFigures {
     /// Work done per second of the run (`Mode::work_field`; 0 where the
     /// workload reports none).
     rate: f64,
+    /// CPU per unit of that work, in ns: the workload's threads and the
+    /// daemon's from the start of the work to the workload's report (the
+    /// uprobes' traps and programs run on the workload's threads). Less
+    /// noisy than the rate on a VM whose CPUs are shared: it leaves out
+    /// time the workload was not running.
+    cpu_per_unit_ns: f64,
     /// The program's ns per run (profiled runs).
     bpf_ns: f64,
     /// The program's runs (profiled runs).
@@ -274,8 +280,9 @@ fn measure_channels(
          (`[limits] go_park_runs_per_second`), and under the same without a budget (0), \
          alternately, {ROUNDS} rounds; BPF time per `go_park_probe` run and runs per second \
          of the run.\n\n\
-         | Go | round trips/s bare | profiled, default budget | slowdown | go_park_probe ns/run | runs per second | profiled, no budget | slowdown | ns/run | runs per second |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n"
+         CPU per round trip as in the heap table.\n\n\
+         | Go | round trips/s bare | profiled, default budget | slowdown | CPU per round trip bare | profiled | more CPU | go_park_probe ns/run | runs per second | profiled, no budget | slowdown | CPU bare | profiled | more CPU | ns/run | runs per second |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (version, go) in gos {
         let exe = build(go, root, work, "go_pingpong.go")?;
@@ -314,8 +321,11 @@ fn measure_heap(
          measured beside it: an empty uprobe on every `runtime.mallocgc` (at its `JBE`, \
          which the kernel emulates), the least that sampling Go's allocator with \
          profilerd's own byte sampler would cost.\n\n\
-         | Go | rounds/s bare | rounds/s profiled | slowdown | go_heap_probe ns/run | runs per second | rounds/s, empty uprobe on mallocgc | its slowdown |\n\
-         |---|---|---|---|---|---|---|---|\n"
+         CPU per round is the workload's and the daemon's from the start of the work to \
+         the workload's report (schedstat), in ns: it leaves out the time the workload \
+         waited for a CPU.\n\n\
+         | Go | rounds/s bare | rounds/s profiled | slowdown | CPU per round bare | profiled | more CPU | go_heap_probe ns/run | runs per second | rounds/s, empty uprobe on mallocgc | its slowdown |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (version, go) in gos {
         let exe = build(go, root, work, "go_heap.go")?;
@@ -387,19 +397,32 @@ fn slowdown(bare: &[RunFigures], runs: &[RunFigures]) -> f64 {
     (1.0 - median(&rates(runs)) / median(&rates(bare))) * 100.0
 }
 
+/// How much more CPU `runs` spent per unit of work than `bare` (percent
+/// of the medians).
+fn cpu_increase(bare: &[RunFigures], runs: &[RunFigures]) -> f64 {
+    let per_unit =
+        |r: &[RunFigures]| median(&r.iter().map(|f| f.cpu_per_unit_ns).collect::<Vec<_>>());
+    (per_unit(runs) / per_unit(bare) - 1.0) * 100.0
+}
+
 /// The columns of a probe's cost: work per second bare and profiled, the
-/// slowdown, the probe's BPF time per run and its runs per second.
+/// slowdown, the CPU per unit of work bare and profiled and its increase,
+/// the probe's BPF time per run and its runs per second.
 fn profiled_columns(bare: &[RunFigures], profiled: &[RunFigures], seconds: u64) -> String {
     let ns: Vec<f64> = profiled.iter().map(|r| r.bpf_ns).collect();
     let per_second: Vec<f64> = profiled
         .iter()
         .map(|r| r.bpf_runs as f64 / seconds as f64)
         .collect();
+    let cpu = |r: &[RunFigures]| r.iter().map(|f| f.cpu_per_unit_ns).collect::<Vec<_>>();
     format!(
-        "{} | {} | {:.2}% | {} | {}",
+        "{} | {} | {:.2}% | {} | {} | {:.2}% | {} | {}",
         spread(&rates(bare)),
         spread(&rates(profiled)),
         slowdown(bare, profiled),
+        spread(&cpu(bare)),
+        spread(&cpu(profiled)),
+        cpu_increase(bare, profiled),
         spread(&ns),
         spread(&per_second),
     )
@@ -483,6 +506,14 @@ fn run(
         )?),
         None => None,
     };
+    let cpu_now = |daemon: &Option<Daemon>| -> Result<u64> {
+        let daemon_ns = match daemon {
+            Some(d) => task_cpu_ns(d.pid())?,
+            None => 0,
+        };
+        Ok(task_cpu_ns(pid)? + daemon_ns)
+    };
+    let cpu_at_start = cpu_now(&daemon)?;
     // Go.
     child
         .0
@@ -492,6 +523,8 @@ fn run(
         .write_all(b"g")?;
     let mut report = String::new();
     stdout.read_line(&mut report)?;
+    // The workload holds what it kept for a while after its report, idle.
+    let cpu_ns = cpu_now(&daemon)?.saturating_sub(cpu_at_start);
     let status = child.0.wait()?;
     if !status.success() {
         bail!("{} exited with {status}", exe.display());
@@ -503,8 +536,14 @@ fn run(
             .and_then(|v| v.parse().ok())
             .unwrap_or(0.0)
     };
+    let done = field(mode.work_field);
     let mut figures = RunFigures {
-        rate: field(mode.work_field) / seconds as f64,
+        rate: done / seconds as f64,
+        cpu_per_unit_ns: if done > 0.0 {
+            cpu_ns as f64 / done
+        } else {
+            0.0
+        },
         bpf_ns: 0.0,
         bpf_runs: 0,
         labeled: 0,
