@@ -23,12 +23,25 @@ pub fn closed_port() -> u16 {
 /// GET `path` from `addr` with a one-shot HTTP/1.1 request: the status, the
 /// headers (names lowercased) and the body.
 pub fn get(addr: SocketAddr, path: &str) -> (u16, BTreeMap<String, String>, String) {
+    get_with(addr, path, &[])
+}
+
+/// [`get`] with request `headers` (name, value) added.
+pub fn get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, BTreeMap<String, String>, String) {
     let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\n{extra}connection: close\r\n\r\n"
     )
     .unwrap();
     let mut raw = Vec::new();

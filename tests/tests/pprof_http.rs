@@ -3,7 +3,9 @@
 //! the whole node. `go tool pprof` fetches them by URL; they hold only the
 //! processes asked for, in the split the workload measured; the scheduled
 //! files are written as before; bad parameters, unknown processes, too
-//! many captures at once and clients that go away get their answers.
+//! many captures at once and clients that go away get their answers. With
+//! a token file, nothing is served without the token; `format=svg` draws
+//! the capture as `profilerd flamegraph` draws a file.
 
 use std::io::Write as _;
 use std::net::{SocketAddr, TcpStream};
@@ -11,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
-use profiler_tests::http::get;
+use profiler_tests::http::{get, get_with};
 use profiler_tests::pprof_tool::{check_readable, go_binary};
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, of_pid, read_profiles};
 use profiler_tests::temp_dir;
@@ -144,7 +146,10 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
             .is_some_and(|t| t.starts_with("text/html")),
         "{headers:?}"
     );
-    assert!(body.contains("href=\"profile?seconds="), "{body}");
+    assert!(
+        body.contains("href=\"/debug/pprof/profile?seconds="),
+        "{body}"
+    );
 
     // Clients that go away free their captures: four left mid-capture,
     // then four more fit, and a fifth beyond them is told to wait.
@@ -189,4 +194,273 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         "the scheduled file holds {scheduled_ns} ns of the target's 6 s\n{}",
         daemon.describe()
     );
+}
+
+/// The widths (percent) of the flame graph's frames named `function`, and
+/// its title, from an SVG as `profilerd flamegraph` draws it.
+fn flame_widths(svg: &str, function: &str) -> (f64, String) {
+    let options = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        ..Default::default()
+    };
+    let doc = roxmltree::Document::parse_with_options(svg, options)
+        .unwrap_or_else(|e| panic!("not well-formed XML: {e}\n{svg}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let title = doc
+        .descendants()
+        .find(|n| n.attribute("id") == Some("title"))
+        .and_then(|n| n.text())
+        .unwrap_or_default()
+        .to_owned();
+    let width = doc
+        .descendants()
+        .filter(|g| g.has_tag_name("g"))
+        .filter(|g| {
+            g.children()
+                .find(|c| c.has_tag_name("title"))
+                .and_then(|t| t.text())
+                .is_some_and(|t| t.starts_with(&format!("{function} (")))
+        })
+        .filter_map(|g| g.children().find(|c| c.has_tag_name("rect")))
+        .filter_map(|r| r.attribute("width"))
+        .filter_map(|w| w.trim_end_matches('%').parse::<f64>().ok())
+        .sum();
+    (width, title)
+}
+
+#[test]
+fn a_token_guards_every_path_and_svg_draws_the_capture() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::CpuRatioC.build(tmp.path(), "pprof_svg_burner");
+    let token_file = tmp.path().join("token");
+    std::fs::write(&token_file, "t0ken-for-tests\n").expect("writing the token");
+    let out = tmp.path().join("out");
+    let out_arg = out.to_str().expect("UTF-8 path");
+    let token_arg = token_file.to_str().expect("UTF-8 path");
+
+    // A token file without --http-addr, or an empty one: one line, exit 2.
+    let empty = tmp.path().join("empty");
+    std::fs::write(&empty, "\n").expect("writing an empty token");
+    for args in [
+        vec!["--output-dir", out_arg, "--http-token-file", token_arg],
+        vec![
+            "--output-dir",
+            out_arg,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--http-token-file",
+            empty.to_str().expect("UTF-8 path"),
+        ],
+        vec![
+            "--output-dir",
+            out_arg,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--http-metrics-without-token",
+        ],
+    ] {
+        let output = Command::new(profiler_tests::daemon::profilerd_bin())
+            .args(&args)
+            .output()
+            .expect("running profilerd");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("http-"), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("t0ken"),
+            "{args:?}: the token shown: {stderr}"
+        );
+    }
+
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out_arg,
+        "--cpu-frequency",
+        "99",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--http-token-file",
+        token_arg,
+    ]);
+    daemon.wait_ready();
+    let addr = pprof_addr(&daemon);
+    let bearer = [("authorization", "Bearer t0ken-for-tests")];
+    for path in [
+        "/debug/pprof/",
+        "/debug/pprof/profile?seconds=1",
+        "/metrics",
+    ] {
+        for headers in [
+            &[][..],
+            &[("authorization", "Bearer t0ken-for-test")][..],
+            &[("authorization", "Basic t0ken-for-tests")][..],
+        ] {
+            let (status, got, body) = get_with(addr, path, headers);
+            assert_eq!(status, 401, "{path} {headers:?}: {body}");
+            assert_eq!(body.trim_end().lines().count(), 1, "{path}: {body:?}");
+            assert!(got.contains_key("www-authenticate"), "{got:?}");
+        }
+    }
+    let (status, _, body) = get_with(addr, "/metrics", &bearer);
+    assert_eq!(status, 200, "{body}");
+    let (status, _, index) = get_with(addr, "/debug/pprof/", &bearer);
+    assert_eq!(status, 200, "{index}");
+    assert!(index.contains("format=svg"), "{index}");
+
+    // The flame graph of a capture: burn_a and burn_b in the split the
+    // workload measured.
+    let mut target = Running::start(&exe, &["7", "--wait-stdin"]);
+    let pid = target.pid();
+    target.release();
+    let path = format!("/debug/pprof/profile?seconds=5&pid={pid}&format=svg");
+    let (status, headers, svg) = get_with(addr, &path, &bearer);
+    assert_eq!(status, 200, "{svg}\n{}", daemon.describe());
+    assert_eq!(
+        headers.get("content-type").map(String::as_str),
+        Some("image/svg+xml")
+    );
+    let report = parse_report(&target.finish(Duration::from_secs(20)), "pid");
+    let (wa, title) = flame_widths(&svg, "burn_a");
+    let (wb, _) = flame_widths(&svg, "burn_b");
+    let (measured_a, measured_b) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
+    let measured = measured_a / (measured_a + measured_b);
+    let share = wa / (wa + wb).max(f64::MIN_POSITIVE);
+    println!(
+        "svg on demand: burn_a {wa:.2}%, burn_b {wb:.2}% wide: share {share:.3}, measured {measured:.3}"
+    );
+    assert_eq!(title, "cpu profile: cpu (nanoseconds)");
+    assert!(wa > 0.0 && wb > 0.0, "no burn_a or burn_b frames:\n{svg}");
+    assert!(
+        (share - measured).abs() <= SHARE_TOLERANCE,
+        "burn_a's share of the width {share:.3}, measured {measured:.3}"
+    );
+
+    // A process that does not run: a picture that says so.
+    let mut idle = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let path = format!(
+        "/debug/pprof/profile?seconds=1&pid={}&format=svg",
+        idle.id()
+    );
+    let (status, _, svg) = get_with(addr, &path, &bearer);
+    let _ = idle.kill();
+    let _ = idle.wait();
+    assert_eq!(status, 200, "{svg}");
+    assert!(svg.contains("no samples"), "{svg}");
+    roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("not XML: {e}\n{svg}"));
+
+    daemon.signal(libc::SIGINT);
+    daemon.wait_success(Duration::from_secs(20));
+}
+
+/// Headless Chromium's DOM of `url` once loaded (`--dump-dom`), with the
+/// flags that keep it off the network it does not have.
+fn chromium_dom(url: &str, profile_dir: &std::path::Path) -> String {
+    let chromium = std::path::Path::new("/usr/bin/chromium");
+    assert!(
+        chromium.exists(),
+        "/usr/bin/chromium is missing (cargo xtask test installs Debian's chromium)"
+    );
+    let output = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--timeout=30000",
+        ])
+        .arg(format!("--user-data-dir={}", profile_dir.display()))
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .expect("running chromium");
+    assert!(
+        output.status.success(),
+        "chromium {url}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
+    require_root();
+    let tmp = temp_dir();
+    // Its command name (15 bytes at most) is what the page shows.
+    let exe = Workload::CpuRatioC.build(tmp.path(), "pprofidxburner");
+    let out = tmp.path().join("out");
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--cpu-frequency",
+        "99",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    daemon.wait_ready();
+    let addr = pprof_addr(&daemon);
+    let mut target = Running::start(&exe, &["14", "--wait-stdin"]);
+    let pid = target.pid();
+    target.release();
+
+    let dom = chromium_dom(
+        &format!("http://{addr}/debug/pprof/"),
+        &tmp.path().join("chromium"),
+    );
+    // The page as the browser built it: the endpoints, and a row for the
+    // burner with its two links.
+    let row = dom
+        .split("<tr>")
+        .find(|row| row.contains(&format!("<td>{pid}</td>")))
+        .unwrap_or_else(|| panic!("no row for pid {pid} in\n{dom}"));
+    assert!(row.contains("<td>pprofidxburner</td>"), "{row}");
+    assert!(dom.contains("href=\"/metrics\""), "{dom}");
+    let links: Vec<&str> = row
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(links.len(), 2, "{row}");
+    let svg_link = links
+        .iter()
+        .find(|l| l.contains("format=svg"))
+        .unwrap_or_else(|| panic!("no flame graph link in {row}"))
+        .replace("&amp;", "&");
+    assert!(svg_link.contains(&format!("pid={pid}")), "{svg_link}");
+
+    // Followed in the browser: the flame graph of the burner.
+    let svg = chromium_dom(
+        &format!("http://{addr}{svg_link}"),
+        &tmp.path().join("chromium"),
+    );
+    let report = parse_report(&target.finish(Duration::from_secs(30)), "pid");
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(
+        svg.contains("burn_a") && svg.contains("burn_b"),
+        "no burn_a or burn_b frames in the flame graph:\n{svg}"
+    );
+    println!(
+        "index page: {} rows; flame graph of pid {pid} followed ({} bytes); the program \
+         burned {} ns in burn_a",
+        dom.matches("<tr>").count(),
+        svg.len(),
+        field(&report, "a_ns")
+    );
+    // The other link is the pprof itself.
+    let proto_link = links
+        .iter()
+        .find(|l| !l.contains("format=svg"))
+        .expect("a profile link")
+        .replace("&amp;", "&");
+    assert!(
+        proto_link.starts_with(&format!("/debug/pprof/profile?seconds=10&pid={pid}")),
+        "{proto_link}"
+    );
+    daemon.signal(libc::SIGINT);
+    daemon.wait_success(Duration::from_secs(20));
 }

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 
 /// The daemon's folders in data-flow order.
 pub const DAEMON_LAYERS: &[&str] = &[
-    "model", "config", "bpf", "procs", "stacks", "profiles", "output", "session", "report",
+    "model", "config", "bpf", "procs", "stacks", "profiles", "report", "output", "session",
 ];
 
 /// The crates whose modules must not form cycles, by source folder.

@@ -250,6 +250,10 @@ fn setup_system(for_tests: bool) -> Result<()> {
         if !have("bpftrace") {
             packages.push("bpftrace");
         }
+        // tests/pprof_http.rs opens /debug/pprof/ in headless Chromium.
+        if !have("chromium") {
+            packages.push("chromium");
+        }
         if !have("setpriv") {
             packages.push("util-linux");
         }

@@ -111,6 +111,16 @@ pub(super) struct Cli {
     #[arg(long, value_name = "ADDR:PORT")]
     pub(super) http_addr: Option<String>,
 
+    /// With --http-addr: require `Authorization: Bearer TOKEN`, TOKEN the
+    /// file's text, on every path (/metrics too, unless
+    /// --http-metrics-without-token)
+    #[arg(long, value_name = "PATH")]
+    pub(super) http_token_file: Option<std::path::PathBuf>,
+
+    /// With --http-token-file: serve /metrics without the token
+    #[arg(long)]
+    pub(super) http_metrics_without_token: bool,
+
     /// Command to start once every probe is attached; profiled with its
     /// descendants until it exits
     #[arg(last = true, value_name = "COMMAND")]

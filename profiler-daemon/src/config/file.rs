@@ -28,6 +28,8 @@ pub(super) struct FileConfig {
     pub(super) otlp_endpoint: Option<String>,
     pub(super) metrics_addr: Option<String>,
     pub(super) http_addr: Option<String>,
+    pub(super) http_token_file: Option<std::path::PathBuf>,
+    pub(super) http_metrics_without_token: Option<bool>,
     pub(super) push: Option<PushTable>,
     pub(super) otlp: Option<OtlpTable>,
     pub(super) limits: Option<LimitsTable>,

@@ -228,6 +228,43 @@ pub(super) fn merge(
         (m, Some(h)) => (m.or(Some(h)), Some(h)),
         (m, None) => (m, None),
     };
+    let http_token = match pick(
+        cli.http_token_file,
+        fc.http_token_file,
+        "http-token-file",
+        "http_token_file",
+        path,
+    ) {
+        None => None,
+        Some((file, opt)) if http_addr.is_none() => {
+            return Err(invalid(
+                &opt,
+                file.display(),
+                "only with --http-addr, whose requests it guards",
+            ));
+        }
+        Some((file, opt)) => Some(
+            crate::config::push::read_secret(&file)
+                .map_err(|why| invalid(&opt, file.display(), why))?,
+        ),
+    };
+    let http_metrics_without_token =
+        cli.http_metrics_without_token || fc.http_metrics_without_token.unwrap_or(false);
+    if http_metrics_without_token && http_token.is_none() {
+        return Err(invalid(
+            &origin(
+                "http-metrics-without-token",
+                "http_metrics_without_token",
+                if cli.http_metrics_without_token {
+                    None
+                } else {
+                    path
+                },
+            ),
+            true,
+            "only with --http-token-file (without a token, nothing asks for one)",
+        ));
+    }
 
     let limits = match &fc.limits {
         Some(table) => table.validate().map_err(|e| {
@@ -266,6 +303,8 @@ pub(super) fn merge(
         otlp,
         metrics_addr,
         http_addr,
+        http_token,
+        http_metrics_without_token,
         limits,
         stack_switches,
         kernel_log,

@@ -180,6 +180,11 @@ pub struct Settings {
     /// Where `/debug/pprof/` is served (and `/metrics`, at the same
     /// address): `--http-addr`.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// The token every request to `--http-addr` must carry as `Bearer`
+    /// (`--http-token-file`; none: no token asked).
+    pub http_token: Option<push::Secret>,
+    /// `/metrics` is served without the token (`--http-metrics-without-token`).
+    pub http_metrics_without_token: bool,
     /// Sizes of the kernel maps (`[limits]` in the config file).
     pub limits: MapLimits,
     /// Which stack optimizations are on (`[debug]` in the config file).
@@ -410,6 +415,8 @@ mod tests {
                 otlp: None,
                 metrics_addr: None,
                 http_addr: None,
+                http_token: None,
+                http_metrics_without_token: false,
                 limits: MapLimits::default(),
                 stack_switches: StackSwitches::default(),
                 kernel_log: false,

@@ -78,6 +78,11 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    #[cfg(test)]
+    pub(crate) fn for_tests(value: &str) -> Secret {
+        Secret(value.to_owned())
+    }
 }
 
 impl fmt::Debug for Secret {

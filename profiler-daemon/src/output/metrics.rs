@@ -571,8 +571,12 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, pprof: Option
             let service = hyper::service::service_fn(move |req| {
                 let (metrics, pprof) = (metrics.clone(), pprof.clone());
                 async move {
-                    let response = match &pprof {
-                        Some(server) if req.uri().path().starts_with("/debug/pprof") => {
+                    let denied = pprof
+                        .as_ref()
+                        .and_then(|server| pprof_http::check_token(server, &req));
+                    let response = match (&pprof, denied) {
+                        (_, Some(denied)) => denied,
+                        (Some(server), None) if req.uri().path().starts_with("/debug/pprof") => {
                             pprof_http::respond(server, &req).await
                         }
                         _ => respond(&metrics, &req),

@@ -15,14 +15,19 @@
 //!
 //! Served only under `--http-addr` (`--metrics-addr` serves `/metrics`
 //! alone, as it always did: an address already open for metrics does not
-//! start showing stacks).
+//! start showing stacks). With `--http-token-file`, every request there
+//! carries `Authorization: Bearer TOKEN` or gets a 401 (`/metrics` too,
+//! unless `--http-metrics-without-token`). `format=svg` answers with the
+//! flame graph `profilerd flamegraph` draws of the same profile.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Longest capture a request may ask for.
 pub const MAX_CAPTURE_SECONDS: u64 = 300;
@@ -30,6 +35,14 @@ pub const MAX_CAPTURE_SECONDS: u64 = 300;
 pub const DEFAULT_CAPTURE_SECONDS: u64 = 30;
 /// Captures at once; more are refused with a 429.
 pub const MAX_CAPTURES: usize = 4;
+/// Processes the index page lists at most (by pid); the rest are counted.
+pub const MAX_INDEX_PROCESSES: usize = 4096;
+/// The length of the captures the index page links to.
+const INDEX_CAPTURE_SECONDS: u64 = 10;
+
+/// The processes the daemon profiles, as the session last said: `None`
+/// when it profiles every process on the node.
+pub type Targets = Option<Arc<[u32]>>;
 
 /// A request for a CPU profile of `pids` (none: every process the daemon
 /// profiles) over the next `seconds`.
@@ -58,6 +71,12 @@ pub struct PprofServer {
     pub captures: mpsc::Sender<Capture>,
     /// CPU samples per second the daemon takes (`--cpu-frequency`).
     pub cpu_frequency: u64,
+    /// The bearer token requests must carry (`--http-token-file`).
+    pub token: Option<crate::config::push::Secret>,
+    /// `/metrics` is served without it.
+    pub metrics_without_token: bool,
+    /// What the index page lists (session/mod.rs keeps it).
+    pub targets: watch::Receiver<Targets>,
 }
 
 type Reply = Response<Full<Bytes>>;
@@ -79,6 +98,44 @@ fn refuse(status: StatusCode, why: &str) -> Reply {
     reply(status, "text/plain; charset=utf-8", format!("{why}\n"))
 }
 
+/// With a token: `None` when `req` carries it (or asks for `/metrics`,
+/// left open), else the 401 to answer with.
+pub fn check_token<B>(server: &PprofServer, req: &Request<B>) -> Option<Reply> {
+    let token = server.token.as_ref()?;
+    if server.metrics_without_token && req.uri().path() == "/metrics" {
+        return None;
+    }
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .map(|v| v.as_bytes())
+        .filter(|v| v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer "))
+        .map(|v| &v[7..]);
+    if given.is_some_and(|given| same_secret(given, token.expose().as_bytes())) {
+        return None;
+    }
+    let mut response = refuse(
+        StatusCode::UNAUTHORIZED,
+        "this server asks for Authorization: Bearer <token> (--http-token-file)",
+    );
+    if let Ok(value) = "Bearer realm=\"profilerd\"".parse() {
+        response
+            .headers_mut()
+            .insert(hyper::header::WWW_AUTHENTICATE, value);
+    }
+    Some(response)
+}
+
+/// Whether `given` is `token`, in a time that depends on the token's
+/// length only: every byte is compared, whichever differs first.
+fn same_secret(given: &[u8], token: &[u8]) -> bool {
+    let mut differ = u8::from(given.len() != token.len());
+    for (i, &byte) in token.iter().enumerate() {
+        differ |= byte ^ given.get(i).copied().unwrap_or(!byte);
+    }
+    std::hint::black_box(differ) == 0
+}
+
 /// Answers a request under `/debug/pprof`.
 pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
     if req.method() != Method::GET {
@@ -86,7 +143,16 @@ pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
     }
     match req.uri().path() {
         "/debug/pprof" | "/debug/pprof/" => {
-            reply(StatusCode::OK, "text/html; charset=utf-8", index(server))
+            let targets = server.targets.borrow().clone();
+            // /proc is read off the session's thread.
+            let listed = tokio::task::spawn_blocking(move || list_processes(targets.as_deref()))
+                .await
+                .unwrap_or_default();
+            reply(
+                StatusCode::OK,
+                "text/html; charset=utf-8",
+                index(server, &listed),
+            )
         }
         "/debug/pprof/profile" => profile(server, req.uri().query().unwrap_or("")).await,
         "/debug/pprof/heap"
@@ -109,6 +175,16 @@ pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
 struct ProfileQuery {
     seconds: u64,
     pids: Vec<u32>,
+    format: Format,
+}
+
+/// What a profile is answered as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// Gzipped pprof (`format=proto`, the default).
+    Proto,
+    /// The flame graph (`format=svg`).
+    Svg,
 }
 
 /// Reads `seconds`, `pid` (repeatable or comma-separated) and `hz` (only
@@ -116,6 +192,7 @@ struct ProfileQuery {
 fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> {
     let mut seconds = None;
     let mut pids = Vec::new();
+    let mut format = Format::Proto;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match &*key {
             "seconds" => {
@@ -153,9 +230,16 @@ fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> 
                     ));
                 }
             }
+            "format" => {
+                format = match &*value {
+                    "proto" => Format::Proto,
+                    "svg" => Format::Svg,
+                    _ => return Err(format!("format: expected proto or svg, got {value:?}")),
+                };
+            }
             other => {
                 return Err(format!(
-                    "unknown parameter {other:?} (seconds, pid and hz are taken)"
+                    "unknown parameter {other:?} (seconds, pid, hz and format are taken)"
                 ));
             }
         }
@@ -163,6 +247,7 @@ fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> 
     Ok(ProfileQuery {
         seconds: seconds.unwrap_or(DEFAULT_CAPTURE_SECONDS),
         pids,
+        format,
     })
 }
 
@@ -179,6 +264,8 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
         return refuse(StatusCode::NOT_FOUND, &format!("no process {pid}"));
     }
     let (tx, rx) = oneshot::channel();
+    let what = describe(&query);
+    let format = query.format;
     let capture = Capture {
         pids: query.pids,
         seconds: query.seconds,
@@ -188,6 +275,7 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
         return busy(1);
     }
     match rx.await {
+        Ok(Ok(bytes)) if format == Format::Svg => flame_graph(&bytes, &what),
         Ok(Ok(bytes)) => {
             let mut response = reply(StatusCode::OK, "application/octet-stream", bytes);
             if let Ok(value) = "attachment; filename=\"profile.pb.gz\"".parse() {
@@ -208,6 +296,59 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
     }
 }
 
+/// The capture as a flame graph's subtitle names it.
+fn describe(query: &ProfileQuery) -> String {
+    let pids: Vec<String> = query.pids.iter().map(u32::to_string).collect();
+    match pids.is_empty() {
+        true => format!("every process, {} s", query.seconds),
+        false => format!("pid {}, {} s", pids.join(","), query.seconds),
+    }
+}
+
+/// The flame graph of profile `bytes` (gzipped pprof), drawn as
+/// `profilerd flamegraph` draws a file; a capture without samples gets a
+/// picture that says so.
+fn flame_graph(bytes: &[u8], what: &str) -> Reply {
+    use crate::report::{ReportError, flamegraph, stacks};
+    let name = PathBuf::from(what);
+    let drawn = stacks::load_with(std::slice::from_ref(&name), None, |_| Ok(bytes.to_vec()))
+        .and_then(|stacks| flamegraph::render(&stacks));
+    match drawn {
+        Ok(svg) => reply(StatusCode::OK, "image/svg+xml", svg),
+        Err(ReportError::NoSamples { .. }) => reply(
+            StatusCode::OK,
+            "image/svg+xml",
+            format!(
+                "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+                 <svg version=\"1.1\" width=\"600\" height=\"40\" \
+                 xmlns=\"http://www.w3.org/2000/svg\"><text x=\"10\" y=\"25\">\
+                 no samples ({})</text></svg>\n",
+                escape_html(what)
+            ),
+        ),
+        Err(e) => refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot draw the flame graph: {e}"),
+        ),
+    }
+}
+
+/// `text` safe inside an HTML or SVG element or attribute.
+fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 fn busy(retry_after: u64) -> Reply {
     let mut response = refuse(
         StatusCode::TOO_MANY_REQUESTS,
@@ -221,8 +362,65 @@ fn busy(retry_after: u64) -> Reply {
     response
 }
 
-/// The index page: what is served, with links.
-fn index(server: &PprofServer) -> String {
+/// The processes the daemon profiles (`targets`, or every process under
+/// /proc but the daemon itself) with their command names, by pid: at most
+/// [`MAX_INDEX_PROCESSES`], and how many more there were. A process gone
+/// meanwhile is left out.
+fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
+    let mut pids: Vec<u32> = match targets {
+        Some(targets) => targets.to_vec(),
+        None => std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+            .collect(),
+    };
+    let own = std::process::id();
+    pids.retain(|&pid| pid != own);
+    pids.sort_unstable();
+    pids.dedup();
+    let more = pids.len().saturating_sub(MAX_INDEX_PROCESSES);
+    pids.truncate(MAX_INDEX_PROCESSES);
+    let listed = pids
+        .into_iter()
+        .filter_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            Some((pid, comm.trim_end().to_owned()))
+        })
+        .collect();
+    (listed, more)
+}
+
+/// The index page: what is served, and the processes, with links.
+fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> String {
+    let mut rows = String::new();
+    for (pid, comm) in listed {
+        rows += &format!(
+            "<tr><td>{pid}</td><td>{comm}</td>\
+             <td><a href=\"/debug/pprof/profile?seconds={s}&amp;pid={pid}\">profile</a></td>\
+             <td><a href=\"/debug/pprof/profile?seconds={s}&amp;pid={pid}&amp;format=svg\">flame graph</a></td></tr>\n",
+            comm = escape_html(comm),
+            s = INDEX_CAPTURE_SECONDS,
+        );
+    }
+    let more_line = match more {
+        0 => String::new(),
+        n => format!("<p>and {n} more, not listed.</p>\n"),
+    };
+    let header = header(server);
+    format!(
+        "{header}<h2>Processes ({count})</h2>\n\
+         <p>Each link captures {s} s of that process.</p>\n\
+         <table id=\"processes\">\n<tr><th>pid</th><th>command</th><th></th><th></th></tr>\n\
+         {rows}</table>\n{more_line}</body></html>\n",
+        count = listed.len() + more,
+        s = INDEX_CAPTURE_SECONDS,
+    )
+}
+
+/// The index page's head and its table of endpoints.
+fn header(server: &PprofServer) -> String {
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>profilerd: /debug/pprof/</title></head>\n<body>\n\
          <h1>profilerd: /debug/pprof/</h1>\n\
@@ -230,11 +428,12 @@ fn index(server: &PprofServer) -> String {
          Open one with <code>go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=10&amp;pid=PID</code>.</p>\n\
          <table>\n\
          <tr><th>endpoint</th><th>what</th></tr>\n\
-         <tr><td><a href=\"profile?seconds=5\">profile</a></td><td>CPU profile over <code>seconds</code> \
+         <tr><td><a href=\"/debug/pprof/profile?seconds=5\">profile</a></td><td>CPU profile over <code>seconds</code> \
          (default {default}, at most {max}) of the processes <code>pid</code> (repeatable or comma-separated; \
-         all when absent)</td></tr>\n\
+         all when absent); <code>format=svg</code>: its flame graph \
+         (<a href=\"/debug/pprof/profile?seconds=5&amp;format=svg\">5 s of every process</a>)</td></tr>\n\
          <tr><td><a href=\"/metrics\">/metrics</a></td><td>the daemon's metrics</td></tr>\n\
-         </table>\n</body></html>\n",
+         </table>\n",
         hz = server.cpu_frequency,
         default = DEFAULT_CAPTURE_SECONDS,
         max = MAX_CAPTURE_SECONDS,
@@ -256,14 +455,16 @@ mod tests {
             q(""),
             Ok(ProfileQuery {
                 seconds: DEFAULT_CAPTURE_SECONDS,
-                pids: vec![]
+                pids: vec![],
+                format: Format::Proto,
             })
         );
         assert_eq!(
-            q("seconds=10&pid=12,13&pid=12&hz=99"),
+            q("seconds=10&pid=12,13&pid=12&hz=99&format=svg"),
             Ok(ProfileQuery {
                 seconds: 10,
-                pids: vec![12, 13]
+                pids: vec![12, 13],
+                format: Format::Svg,
             })
         );
         for (bad, why) in [
@@ -276,10 +477,72 @@ mod tests {
             ("hz=499", "samples at 99 Hz"),
             ("hz=x", "hz: expected"),
             ("debug=1", "unknown parameter"),
+            ("format=png", "format: expected proto or svg"),
         ] {
             let err = q(bad).expect_err(bad);
             assert!(err.contains(why), "{bad}: {err}");
             assert!(!err.contains('\n'), "{bad}: one line: {err}");
+        }
+    }
+
+    #[test]
+    fn the_token_is_asked_for_on_every_path_but_an_open_metrics() {
+        let (tx, _rx) = mpsc::channel(1);
+        let (_targets_tx, targets) = watch::channel(None);
+        let mut server = PprofServer {
+            captures: tx,
+            cpu_frequency: 99,
+            token: None,
+            metrics_without_token: false,
+            targets,
+        };
+        let request = |path: &str, auth: Option<&str>| {
+            let mut builder = Request::get(path);
+            if let Some(auth) = auth {
+                builder = builder.header(hyper::header::AUTHORIZATION, auth);
+            }
+            builder.body(()).expect("request")
+        };
+        assert!(check_token(&server, &request("/debug/pprof/", None)).is_none());
+        server.token = Some(crate::config::push::Secret::for_tests("s3cret"));
+        for path in [
+            "/debug/pprof/",
+            "/debug/pprof/profile",
+            "/metrics",
+            "/other",
+        ] {
+            for auth in [
+                None,
+                Some("Bearer s3cre"),
+                Some("Bearer s3cret!"),
+                Some("Basic s3cret"),
+                Some("s3cret"),
+            ] {
+                let denied = check_token(&server, &request(path, auth)).expect("refused");
+                assert_eq!(denied.status(), StatusCode::UNAUTHORIZED, "{path} {auth:?}");
+                assert!(
+                    denied
+                        .headers()
+                        .contains_key(hyper::header::WWW_AUTHENTICATE)
+                );
+            }
+            for auth in ["Bearer s3cret", "bearer s3cret"] {
+                assert!(
+                    check_token(&server, &request(path, Some(auth))).is_none(),
+                    "{path} {auth}"
+                );
+            }
+        }
+        server.metrics_without_token = true;
+        assert!(check_token(&server, &request("/metrics", None)).is_none());
+        assert!(check_token(&server, &request("/debug/pprof/", None)).is_some());
+    }
+
+    #[test]
+    fn secrets_compare_by_every_byte() {
+        assert!(same_secret(b"abc", b"abc"));
+        for other in [&b""[..], b"ab", b"abd", b"abcd", b"xbc"] {
+            assert!(!same_secret(other, b"abc"), "{other:?}");
         }
     }
 }

@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use anyhow::Result;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::Metrics;
-use crate::output::pprof_http::{Capture, MAX_CAPTURES, PprofServer};
+use crate::output::pprof_http::{Capture, MAX_CAPTURES, PprofServer, Targets};
 use crate::output::push::Pusher;
 use crate::output::writer::{ProfileWriter, WriteError};
 
@@ -120,23 +120,38 @@ impl Publisher {
     }
 }
 
+/// The session's ends of `/debug/pprof/`: the captures asked for, and
+/// what the index page lists.
+pub(crate) struct PprofChannels {
+    pub(crate) captures: mpsc::Receiver<Capture>,
+    pub(crate) targets: watch::Sender<Targets>,
+}
+
 /// The metrics, the `/metrics` server, the push and the OTLP export, as
 /// configured.
 /// The server binds here, so that a port in use stops the start.
-/// With `--http-addr`, also the receiver of `/debug/pprof/` captures.
+/// With `--http-addr`, also the session's ends of `/debug/pprof/`.
 pub(crate) async fn start_outputs(
     settings: &Settings,
     writer: ProfileWriter,
-) -> Result<(Publisher, Option<mpsc::Receiver<Capture>>)> {
+) -> Result<(Publisher, Option<PprofChannels>)> {
     let metrics = Arc::new(Metrics::new()?);
-    let (pprof, captures) = match settings.http_addr {
+    let (pprof, channels) = match settings.http_addr {
         Some(_) => {
             let (tx, rx) = mpsc::channel(MAX_CAPTURES);
+            let (targets_tx, targets_rx) = watch::channel(None);
             let server = PprofServer {
+                targets: targets_rx,
                 captures: tx,
                 cpu_frequency: settings.cpu_frequency,
+                token: settings.http_token.clone(),
+                metrics_without_token: settings.http_metrics_without_token,
             };
-            (Some(server), Some(rx))
+            let channels = PprofChannels {
+                captures: rx,
+                targets: targets_tx,
+            };
+            (Some(server), Some(channels))
         }
         None => (None, None),
     };
@@ -166,5 +181,5 @@ pub(crate) async fn start_outputs(
         );
         sinks.push(exporter);
     }
-    Ok((Publisher::new(writer, metrics, sinks), captures))
+    Ok((Publisher::new(writer, metrics, sinks), channels))
 }

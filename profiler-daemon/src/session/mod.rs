@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
@@ -26,7 +26,7 @@ use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
-use crate::output::pprof_http::Capture;
+use crate::output::pprof_http::{Capture, Targets};
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
@@ -251,6 +251,9 @@ struct Session {
     /// `/debug/pprof/` captures asked for (with `--http-addr`), and those
     /// under way.
     capture_requests: Option<mpsc::Receiver<Capture>>,
+    /// What `/debug/pprof/` lists: the processes profiled, unless every
+    /// one is (kept at each tick).
+    index_targets: Option<watch::Sender<Targets>>,
     captures: Captures,
 }
 
@@ -270,7 +273,11 @@ impl Session {
             .retention
             .map(|age| Retention::new(writer.dir(), age));
         retention.as_mut().map(Retention::run);
-        let (publisher, capture_requests) = start_outputs(&settings, writer).await?;
+        let (publisher, pprof) = start_outputs(&settings, writer).await?;
+        let (capture_requests, index_targets) = match pprof {
+            Some(channels) => (Some(channels.captures), Some(channels.targets)),
+            None => (None, None),
+        };
         for (kind, _) in &skipped {
             publisher.metrics().profile_unavailable(*kind);
         }
@@ -360,6 +367,7 @@ impl Session {
             goroutines: GoroutineReader::default(),
             reported: Losses::default(),
             capture_requests,
+            index_targets,
             captures: Captures::default(),
         };
         Ok((session, rings))
@@ -527,6 +535,7 @@ impl Session {
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
         self.captures.drop_abandoned(&mut self.window.cpu);
+        self.publish_targets();
         for pid in self.exec_rescan.drain(..) {
             let Some(mappings) = ExecMappings::read(pid) else {
                 continue;
@@ -570,6 +579,23 @@ impl Session {
         self.unwinder.release_unused();
         self.settle_budget();
         self.reported.report(&self.probes);
+    }
+
+    /// Tells `/debug/pprof/` the processes profiled, when it is served and
+    /// they are not every process.
+    fn publish_targets(&mut self) {
+        let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
+        let Some(targets) = self.index_targets.as_ref().filter(|_| !system_wide) else {
+            return;
+        };
+        let pids = self.probes.target_pids();
+        targets.send_if_modified(|known| {
+            let same = known.as_deref() == Some(&pids[..]);
+            if !same {
+                *known = Some(pids.into());
+            }
+            !same
+        });
     }
 
     /// Starts a `/debug/pprof/profile` capture, or refuses it (see
