@@ -14,6 +14,7 @@
 //! - [`pprof_tool`]: checking every file with `go tool pprof -raw`;
 //! - [`cgroups`]: cgroups a test creates and removes, workloads put in them.
 //! - [`http`]: `/metrics` scrapes.
+//! - [`flame_graph`]: flame graph SVGs read back.
 //! - [`pyroscope`]: a stand-in Pyroscope server that decodes pushes with
 //!   Pyroscope's published API and checks them by the server's rules.
 //! - [`otlp`]: a stand-in OTLP profiles receiver that decodes exports with
@@ -29,6 +30,7 @@
 
 pub mod cgroups;
 pub mod daemon;
+pub mod flame_graph;
 pub mod http;
 pub mod otlp;
 pub mod perf;

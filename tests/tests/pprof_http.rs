@@ -13,6 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::flame_graph::FlameGraph;
 use profiler_tests::http::{get, get_with};
 use profiler_tests::pprof_tool::{check_readable, go_binary};
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, of_pid, read_profiles};
@@ -40,6 +41,24 @@ fn pprof_addr(daemon: &Daemon) -> SocketAddr {
         .unwrap_or_else(|| panic!("no /debug/pprof address\n{}", daemon.describe()))
 }
 
+/// A daemon profiling the node at 99 Hz into `out`, serving /debug/pprof
+/// on a port of its own (`extra` arguments added), ready; and its address.
+fn http_daemon(out: &std::path::Path, extra: &[&str]) -> (Daemon, SocketAddr) {
+    let mut args = vec![
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--cpu-frequency",
+        "99",
+        "--http-addr",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let mut daemon = Daemon::start(&args);
+    daemon.wait_ready();
+    let addr = pprof_addr(&daemon);
+    (daemon, addr)
+}
+
 #[test]
 fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     require_root();
@@ -47,16 +66,7 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     let exe = Workload::CpuRatioC.build(tmp.path(), "pprof_burner");
     let noise_exe = Workload::CpuRatioC.build(tmp.path(), "pprof_noise");
     let out = tmp.path().join("out");
-    let mut daemon = Daemon::start(&[
-        "--output-dir",
-        out.to_str().expect("UTF-8 path"),
-        "--cpu-frequency",
-        "99",
-        "--http-addr",
-        "127.0.0.1:0",
-    ]);
-    daemon.wait_ready();
-    let addr = pprof_addr(&daemon);
+    let (mut daemon, addr) = http_daemon(&out, &[]);
     assert_eq!(daemon.metrics_addr(), addr, "one server for both");
 
     let mut target = Running::start(&exe, &["6", "--wait-stdin"]);
@@ -196,38 +206,6 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     );
 }
 
-/// The widths (percent) of the flame graph's frames named `function`, and
-/// its title, from an SVG as `profilerd flamegraph` draws it.
-fn flame_widths(svg: &str, function: &str) -> (f64, String) {
-    let options = roxmltree::ParsingOptions {
-        allow_dtd: true,
-        ..Default::default()
-    };
-    let doc = roxmltree::Document::parse_with_options(svg, options)
-        .unwrap_or_else(|e| panic!("not well-formed XML: {e}\n{svg}"));
-    assert_eq!(doc.root_element().tag_name().name(), "svg");
-    let title = doc
-        .descendants()
-        .find(|n| n.attribute("id") == Some("title"))
-        .and_then(|n| n.text())
-        .unwrap_or_default()
-        .to_owned();
-    let width = doc
-        .descendants()
-        .filter(|g| g.has_tag_name("g"))
-        .filter(|g| {
-            g.children()
-                .find(|c| c.has_tag_name("title"))
-                .and_then(|t| t.text())
-                .is_some_and(|t| t.starts_with(&format!("{function} (")))
-        })
-        .filter_map(|g| g.children().find(|c| c.has_tag_name("rect")))
-        .filter_map(|r| r.attribute("width"))
-        .filter_map(|w| w.trim_end_matches('%').parse::<f64>().ok())
-        .sum();
-    (width, title)
-}
-
 #[test]
 fn a_token_guards_every_path_and_svg_draws_the_capture() {
     require_root();
@@ -274,18 +252,7 @@ fn a_token_guards_every_path_and_svg_draws_the_capture() {
         );
     }
 
-    let mut daemon = Daemon::start(&[
-        "--output-dir",
-        out_arg,
-        "--cpu-frequency",
-        "99",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--http-token-file",
-        token_arg,
-    ]);
-    daemon.wait_ready();
-    let addr = pprof_addr(&daemon);
+    let (mut daemon, addr) = http_daemon(&out, &["--http-token-file", token_arg]);
     let bearer = [("authorization", "Bearer t0ken-for-tests")];
     for path in [
         "/debug/pprof/",
@@ -322,15 +289,15 @@ fn a_token_guards_every_path_and_svg_draws_the_capture() {
         Some("image/svg+xml")
     );
     let report = parse_report(&target.finish(Duration::from_secs(20)), "pid");
-    let (wa, title) = flame_widths(&svg, "burn_a");
-    let (wb, _) = flame_widths(&svg, "burn_b");
+    let graph = FlameGraph::parse(&svg);
+    let (wa, wb) = (graph.width_of("burn_a"), graph.width_of("burn_b"));
     let (measured_a, measured_b) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let measured = measured_a / (measured_a + measured_b);
     let share = wa / (wa + wb).max(f64::MIN_POSITIVE);
     println!(
         "svg on demand: burn_a {wa:.2}%, burn_b {wb:.2}% wide: share {share:.3}, measured {measured:.3}"
     );
-    assert_eq!(title, "cpu profile: cpu (nanoseconds)");
+    assert_eq!(graph.title(), "cpu profile: cpu (nanoseconds)");
     assert!(wa > 0.0 && wb > 0.0, "no burn_a or burn_b frames:\n{svg}");
     assert!(
         (share - measured).abs() <= SHARE_TOLERANCE,
@@ -394,16 +361,7 @@ fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
     // Its command name (15 bytes at most) is what the page shows.
     let exe = Workload::CpuRatioC.build(tmp.path(), "pprofidxburner");
     let out = tmp.path().join("out");
-    let mut daemon = Daemon::start(&[
-        "--output-dir",
-        out.to_str().expect("UTF-8 path"),
-        "--cpu-frequency",
-        "99",
-        "--http-addr",
-        "127.0.0.1:0",
-    ]);
-    daemon.wait_ready();
-    let addr = pprof_addr(&daemon);
+    let (mut daemon, addr) = http_daemon(&out, &[]);
     let mut target = Running::start(&exe, &["14", "--wait-stdin"]);
     let pid = target.pid();
     target.release();

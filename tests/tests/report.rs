@@ -201,34 +201,9 @@ fn top_and_flamegraph_of_a_real_cpu_profile() {
     let svg_arg = svg_path.to_str().unwrap();
     success(&[&["flamegraph", "-o", svg_arg], &names[..]].concat());
     let svg = std::fs::read_to_string(&svg_path).unwrap();
-    let options = roxmltree::ParsingOptions {
-        allow_dtd: true,
-        ..Default::default()
-    };
-    let doc = roxmltree::Document::parse_with_options(&svg, options)
-        .unwrap_or_else(|e| panic!("{} is not well-formed XML: {e}", svg_path.display()));
-    assert_eq!(doc.root_element().tag_name().name(), "svg");
-    let title = doc
-        .descendants()
-        .find(|n| n.attribute("id") == Some("title"))
-        .and_then(|n| n.text())
-        .unwrap_or_default();
-    assert_eq!(title, "cpu profile: cpu (nanoseconds)");
-    let width_of = |function: &str| -> f64 {
-        doc.descendants()
-            .filter(|g| g.has_tag_name("g"))
-            .filter(|g| {
-                g.children()
-                    .find(|c| c.has_tag_name("title"))
-                    .and_then(|t| t.text())
-                    .is_some_and(|t| t.starts_with(&format!("{function} (")))
-            })
-            .filter_map(|g| g.children().find(|c| c.has_tag_name("rect")))
-            .filter_map(|r| r.attribute("width"))
-            .map(|w| w.trim_end_matches('%').parse::<f64>().unwrap())
-            .sum()
-    };
-    let (wa, wb) = (width_of("burn_a"), width_of("burn_b"));
+    let graph = profiler_tests::flame_graph::FlameGraph::parse(&svg);
+    assert_eq!(graph.title(), "cpu profile: cpu (nanoseconds)");
+    let (wa, wb) = (graph.width_of("burn_a"), graph.width_of("burn_b"));
     let svg_share = wa / (wa + wb);
     let (ca, cb) = (cum_of(&table, "burn_a"), cum_of(&table, "burn_b"));
     let top_cum_share = ca / (ca + cb);
@@ -327,18 +302,9 @@ fn top_and_flamegraph_of_a_real_heap_profile() {
         .concat(),
     );
     let svg = std::fs::read_to_string(&svg_path).unwrap();
-    let options = roxmltree::ParsingOptions {
-        allow_dtd: true,
-        ..Default::default()
-    };
-    let doc = roxmltree::Document::parse_with_options(&svg, options)
-        .unwrap_or_else(|e| panic!("{} is not well-formed XML: {e}", svg_path.display()));
-    assert!(
-        doc.descendants()
-            .any(|n| n.text() == Some("heap profile: alloc_space (bytes)")),
-        "title"
-    );
-    assert!(svg.contains("<title>site_leak ("), "no site_leak frame");
+    let graph = profiler_tests::flame_graph::FlameGraph::parse(&svg);
+    assert_eq!(graph.title(), "heap profile: alloc_space (bytes)");
+    assert!(graph.width_of("site_leak") > 0.0, "no site_leak frame");
 }
 
 fn cum_of(table: &[Row], name: &str) -> f64 {
