@@ -115,7 +115,14 @@ const DERIVED_HEAP_LIVE_ENTRIES: (u32, u32) = (1 << 16, HEAP_LIVE_ENTRIES);
 /// wait up to 8 KiB.
 const HEAP_EVENTS_PER_CPU: u64 = 4 << 20;
 const WAIT_EVENTS_PER_CPU: u64 = 8 << 20;
-const DERIVED_RING_BYTES: (u64, u64) = (1 << 20, 64 << 20);
+const DERIVED_RING_BYTES: (u32, u32) = (1 << 20, 64 << 20);
+
+/// The power of two at or above `value`, within `low..=high`: how every
+/// derived size is rounded.
+fn power_of_two_within(value: u64, (low, high): (u32, u32)) -> u32 {
+    let rounded = value.checked_next_power_of_two().unwrap_or(u64::MAX);
+    u32::try_from(rounded).unwrap_or(high).clamp(low, high)
+}
 
 /// Go park-probe runs a second per process before its probes go on a
 /// duty cycle: some 1.5 µs each on the development VM (a uprobe's trap
@@ -166,17 +173,11 @@ impl MapLimits {
         let cpus = cpus.max(1) as u64;
         if self.derived.sample_maps {
             let per_drain = frequency.saturating_mul(cpus).saturating_mul(2);
-            let (low, high) = DERIVED_SAMPLE_MAP_ENTRIES;
-            let entries = u32::try_from(per_drain.next_power_of_two())
-                .unwrap_or(high)
-                .clamp(low, high);
+            let entries = power_of_two_within(per_drain, DERIVED_SAMPLE_MAP_ENTRIES);
             self.counts_entries = entries;
             self.stacks_entries = entries;
         }
-        let ring = |bytes: u64| {
-            let (low, high) = DERIVED_RING_BYTES;
-            bytes.next_power_of_two().clamp(low, high) as u32
-        };
+        let ring = |bytes: u64| power_of_two_within(bytes, DERIVED_RING_BYTES);
         if self.derived.stack_samples {
             let half_second = frequency
                 .saturating_mul(cpus)
@@ -209,11 +210,8 @@ impl MapLimits {
         if !self.derived.heap_live {
             return;
         }
-        let (low, high) = DERIVED_HEAP_LIVE_ENTRIES;
         let live = memory_bytes.saturating_mul(2) / sample_bytes.max(1);
-        self.heap_live_entries = u32::try_from(live.next_power_of_two())
-            .unwrap_or(high)
-            .clamp(low, high);
+        self.heap_live_entries = power_of_two_within(live, DERIVED_HEAP_LIVE_ENTRIES);
     }
 
     /// (map name in the eBPF object, size) for every map these limits size.
