@@ -583,12 +583,13 @@ impl Session {
 
     /// Tells `/debug/pprof/` the processes profiled, when it is served and
     /// they are not every process.
-    fn publish_targets(&mut self) {
-        let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
-        let Some(targets) = self.index_targets.as_ref().filter(|_| !system_wide) else {
+    fn publish_targets(&self) {
+        let Some(targets) = &self.index_targets else {
             return;
         };
-        let pids = self.probes.target_pids();
+        let Some(pids) = self.targets() else {
+            return;
+        };
         targets.send_if_modified(|known| {
             let same = known.as_deref() == Some(&pids[..]);
             if !same {
@@ -601,8 +602,7 @@ impl Session {
     /// Starts a `/debug/pprof/profile` capture, or refuses it (see
     /// captures.rs).
     fn start_capture(&mut self, capture: Capture) {
-        let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
-        let targets = (!system_wide).then(|| self.probes.target_pids());
+        let targets = self.targets();
         self.captures.start(
             capture,
             &self.settings,
@@ -657,10 +657,14 @@ impl Session {
         if !self.settings.profiles.contains(&ProfileKind::Goroutine) {
             return Vec::new();
         }
-        match self.settings.pids.is_empty() && self.settings.command.is_empty() {
-            true => all_pids(),
-            false => self.probes.target_pids(),
-        }
+        self.targets().unwrap_or_else(all_pids)
+    }
+
+    /// The processes profiled: the `--pid` targets, or the command and
+    /// its children; `None` when every process is.
+    fn targets(&self) -> Option<Vec<u32>> {
+        let system_wide = self.settings.pids.is_empty() && self.settings.command.is_empty();
+        (!system_wide).then(|| self.probes.target_pids())
     }
 
     fn observe(&mut self) {
