@@ -1,15 +1,62 @@
-//! Small steps of loading the eBPF object: typed map handles taken from
-//! it, rings mapped, tail-called and perf-event programs loaded, the
-//! uprobe attach mode chosen, the memlock limit raised.
+//! Small steps of loading the eBPF object: the maps' sizes for the
+//! profile types that are on, typed map handles taken from it, rings
+//! mapped, tail-called and perf-event programs loaded, the uprobe attach
+//! mode chosen, the memlock limit raised.
 
 use aya::Ebpf;
 use aya::maps::{Map, MapData, ProgramArray};
 use aya::programs::PerfEvent;
 
-use super::ProbeError;
+use super::{ProbeConfig, ProbeError};
 use crate::bpf::perf_uprobe::UprobePmu;
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::AttachMode;
+use crate::config::limits::MapLimits;
+
+/// Entries of a preallocated map that nothing uses (a few, not none: the
+/// kernel refuses a map of 0).
+pub(super) const UNUSED_MAP_ENTRIES: u32 = 64;
+
+/// The size of a ring that nothing writes: one page, the least a ring
+/// buffer map takes.
+fn unused_ring_bytes() -> u32 {
+    // SAFETY: plain libc call.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// The maps' sizes: `config.limits`, with what was not set derived from
+/// the rate, the CPUs and the node's memory, and the rings and sample
+/// maps of profile types that are off (`waits_on`: block, mutex or
+/// off-CPU) at their least. Those get the smallest size the kernel takes,
+/// one page: nothing writes them, and each ring's pages are mapped into
+/// the daemon (twice over for its data).
+pub(super) fn map_limits(config: &ProbeConfig, waits_on: bool) -> MapLimits {
+    let mut limits = config.limits;
+    if let Ok(cpus) = aya::util::online_cpus() {
+        limits.size_for_rate(config.cpu_frequency, cpus.len());
+    }
+    if let (Some(rate), Ok(memory)) = (
+        config.heap_sample_bytes,
+        <procfs::Meminfo as procfs::Current>::current(),
+    ) {
+        limits.size_for_memory(rate, memory.mem_total);
+    }
+    let unused = unused_ring_bytes();
+    if !config.cpu {
+        limits.stack_samples_bytes = unused;
+        limits.counts_entries = UNUSED_MAP_ENTRIES;
+        limits.stacks_entries = UNUSED_MAP_ENTRIES;
+    }
+    if config.heap_sample_bytes.is_none() {
+        limits.heap_events_bytes = unused;
+        limits.heap_live_entries = UNUSED_MAP_ENTRIES;
+    }
+    if !waits_on {
+        limits.wait_events_bytes = unused;
+    }
+    limits
+}
 
 /// `preferred` where the kernel has it, else a perf-event uprobe per probe.
 pub(super) fn uprobe_mode(

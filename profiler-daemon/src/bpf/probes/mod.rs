@@ -36,8 +36,8 @@ mod runtime_marks;
 
 pub use error::ProbeError;
 use load::{
-    hash, load_perf_event, load_tail_program, per_cpu_hash, raise_memlock_limit, ring, take_map,
-    typed_map, uprobe_mode,
+    UNUSED_MAP_ENTRIES, hash, load_perf_event, load_tail_program, map_limits, per_cpu_hash,
+    raise_memlock_limit, ring, take_map, typed_map, uprobe_mode,
 };
 use loader::loader_without_kernel_btf;
 
@@ -60,18 +60,6 @@ pub enum TopUpdate {
 /// The eBPF object, built by build.rs from the `profiler-ebpf` crate.
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler-ebpf.o"));
-
-/// Entries of a preallocated map that nothing uses (a few, not none: the
-/// kernel refuses a map of 0).
-const UNUSED_MAP_ENTRIES: u32 = 64;
-
-/// The size of a ring that nothing writes: one page, the least a ring
-/// buffer map takes.
-fn unused_ring_bytes() -> u32 {
-    // SAFETY: plain libc call.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u32::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
-}
 
 /// How the kernel side should behave.
 #[derive(Clone, Debug)]
@@ -233,33 +221,8 @@ impl Probes {
             true => aya_log::Level::Trace as u8,
             false => 0,
         };
-        // The rings of profile types that are off get the smallest size the
-        // kernel takes, one page: nothing writes them, and each ring's pages
-        // are mapped into the daemon (twice over for its data).
         let waits_on = futex_on || config.offcpu;
-        let mut limits = config.limits;
-        if let Ok(cpus) = aya::util::online_cpus() {
-            limits.size_for_rate(config.cpu_frequency, cpus.len());
-        }
-        if let (Some(rate), Ok(memory)) = (
-            config.heap_sample_bytes,
-            <procfs::Meminfo as procfs::Current>::current(),
-        ) {
-            limits.size_for_memory(rate, memory.mem_total);
-        }
-        let unused = unused_ring_bytes();
-        if !config.cpu {
-            limits.stack_samples_bytes = unused;
-            limits.counts_entries = UNUSED_MAP_ENTRIES;
-            limits.stacks_entries = UNUSED_MAP_ENTRIES;
-        }
-        if config.heap_sample_bytes.is_none() {
-            limits.heap_events_bytes = unused;
-            limits.heap_live_entries = UNUSED_MAP_ENTRIES;
-        }
-        if !waits_on {
-            limits.wait_events_bytes = unused;
-        }
+        let limits = map_limits(config, waits_on);
         // The programs read kernel structures at offsets from tracefs, not
         // by CO-RE relocation, so the kernel's BTF is not needed to load
         // them; the off-CPU program's tp_btf attach reads it itself.
