@@ -369,12 +369,7 @@ fn busy(retry_after: u64) -> Reply {
 fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
     let mut pids: Vec<u32> = match targets {
         Some(targets) => targets.to_vec(),
-        None => std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
-            .collect(),
+        None => crate::procs::process::all_pids(),
     };
     let own = std::process::id();
     pids.retain(|&pid| pid != own);

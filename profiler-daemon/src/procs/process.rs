@@ -5,7 +5,8 @@
 //! closes can still be symbolized. The table is bounded; handles and build IDs
 //! are shared across processes by (device, inode). Each snapshot also keeps
 //! the process's environment labels (container, pod, service; see
-//! `environment`), resolved at first sight and at exec.
+//! `environment`), resolved at first sight and at exec. Also here: every
+//! process id in /proc (`all_pids`), for the session and the index page.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -27,6 +28,16 @@ use tracing::{debug, warn};
 use crate::model::frames::Mapping;
 use crate::procs::environment::Environment;
 use crate::procs::objects::*;
+
+/// Every process id in /proc.
+pub(crate) fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
 
 /// Minimum time between two re-reads of one process's mappings.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);

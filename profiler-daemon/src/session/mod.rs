@@ -34,7 +34,7 @@ use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::go_runtime::{self, GoExecutables};
 use crate::procs::goroutines::GoroutineReader;
-use crate::procs::process::ProcessTable;
+use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
@@ -44,8 +44,8 @@ use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
 };
 use crate::session::targets::{
-    all_pids, check_privileges, kernel_log_readable, process_start, recv_opt, sleep_opt,
-    start_command, wait_child, watch_ring,
+    check_privileges, kernel_log_readable, process_start, recv_opt, sleep_opt, start_command,
+    wait_child, watch_ring,
 };
 use crate::session::window::{Sources, Window, write_window};
 use crate::stacks::budget::MemoryBudget;

@@ -36,16 +36,6 @@ pub(crate) fn check_privileges() -> Result<()> {
     bail!("not allowed to load eBPF programs: run as root or with CAP_BPF and CAP_PERFMON")
 }
 
-/// Every process id in /proc.
-pub(crate) fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The start time (clock ticks after boot) of `pid` if it is running; a
 /// zombie has a /proc entry but will never run again.
 pub(crate) fn process_start(pid: u32) -> Option<u64> {
