@@ -400,9 +400,12 @@ fn slowdown(bare: &[RunFigures], runs: &[RunFigures]) -> f64 {
 /// How much more CPU `runs` spent per unit of work than `bare` (percent
 /// of the medians).
 fn cpu_increase(bare: &[RunFigures], runs: &[RunFigures]) -> f64 {
-    let per_unit =
-        |r: &[RunFigures]| median(&r.iter().map(|f| f.cpu_per_unit_ns).collect::<Vec<_>>());
-    (per_unit(runs) / per_unit(bare) - 1.0) * 100.0
+    (median(&cpu_per_unit(runs)) / median(&cpu_per_unit(bare)) - 1.0) * 100.0
+}
+
+/// CPU per unit of work of each run.
+fn cpu_per_unit(runs: &[RunFigures]) -> Vec<f64> {
+    runs.iter().map(|r| r.cpu_per_unit_ns).collect()
 }
 
 /// The columns of a probe's cost: work per second bare and profiled, the
@@ -414,14 +417,13 @@ fn profiled_columns(bare: &[RunFigures], profiled: &[RunFigures], seconds: u64) 
         .iter()
         .map(|r| r.bpf_runs as f64 / seconds as f64)
         .collect();
-    let cpu = |r: &[RunFigures]| r.iter().map(|f| f.cpu_per_unit_ns).collect::<Vec<_>>();
     format!(
         "{} | {} | {:.2}% | {} | {} | {:.2}% | {} | {}",
         spread(&rates(bare)),
         spread(&rates(profiled)),
         slowdown(bare, profiled),
-        spread(&cpu(bare)),
-        spread(&cpu(profiled)),
+        spread(&cpu_per_unit(bare)),
+        spread(&cpu_per_unit(profiled)),
         cpu_increase(bare, profiled),
         spread(&ns),
         spread(&per_second),
