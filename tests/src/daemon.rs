@@ -146,6 +146,18 @@ impl Daemon {
         }
     }
 
+    /// Waits at most `timeout` for a line of the daemon's log (not seen by
+    /// an earlier wait) that satisfies `pred`; panics with its stderr if
+    /// none comes.
+    pub fn wait_log(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        self.stderr.wait_for(timeout, pred).unwrap_or_else(|why| {
+            panic!(
+                "profilerd did not log the awaited line ({why})\n{}",
+                self.describe()
+            )
+        })
+    }
+
     /// Waits at most `timeout` for the daemon to exit by itself. On overrun
     /// it is killed and the test fails with its stderr.
     pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {

@@ -18,10 +18,34 @@ use profiler_tests::http::{get, get_with};
 use profiler_tests::pprof_tool::{check_readable, go_binary};
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, of_pid, read_profiles};
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{Running, Workload, field, parse_report};
+use profiler_tests::workloads::{Running, Workload, field, parse_report, parse_site_lines};
 
 /// |profiled share of burn_a - measured share| bound.
 const SHARE_TOLERANCE: f64 = 0.05;
+
+/// |on-demand estimate / what the program measured - 1| bound, per heap
+/// site (issue 20's tolerance for heap sites).
+const HEAP_TOLERANCE: f64 = 0.15;
+/// The same bound per block site, for its delay.
+const BLOCK_TOLERANCE: f64 = 0.20;
+/// heap_sites' sites whose allocations are all freed by the end, and its
+/// leak, whose objects stay live while it holds them.
+const HEAP_SITES: [&str; 11] = [
+    "site_malloc_16",
+    "site_malloc_256",
+    "site_malloc_4k",
+    "site_malloc_64k",
+    "site_malloc_512k",
+    "site_calloc",
+    "site_realloc",
+    "site_reallocarray",
+    "site_posix_memalign",
+    "site_aligned_alloc",
+    "site_memalign",
+];
+const LEAK: &str = "site_leak";
+/// block_sites' sites.
+const BLOCK_SITES: [&str; 3] = ["site_wait_1ms", "site_wait_2ms", "site_wait_3ms"];
 
 fn cpu_in(samples: &[FlatSample], f: &str) -> i64 {
     samples
@@ -206,6 +230,220 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     );
 }
 
+/// `go tool pprof -proto URL` (PPROF_TMPDIR and HOME in `tmp`): the
+/// profile as fetched, decoded.
+fn fetch_with_pprof(url: &str, tmp: &std::path::Path) -> pprof_proto::Profile {
+    let fetched = Command::new(go_binary())
+        .args(["tool", "pprof", "-proto", url])
+        .env("PPROF_TMPDIR", tmp)
+        .env("HOME", tmp)
+        .output()
+        .expect("running go tool pprof");
+    assert!(
+        fetched.status.success(),
+        "go tool pprof {url}: {}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    let file = tmp.join("fetched.pb.gz");
+    std::fs::write(&file, &fetched.stdout).expect("writing the fetched profile");
+    check_readable(&file, true);
+    pprof_proto::decode(&fetched.stdout).expect("decoding the fetched profile")
+}
+
+/// `values[index]` summed over the samples whose stack holds `site`.
+fn site_value(samples: &[FlatSample], site: &str, index: usize) -> i64 {
+    samples
+        .iter()
+        .filter(|s| s.has_function(site))
+        .map(|s| s.values[index])
+        .sum()
+}
+
+/// (site, calls, bytes, live_bytes) of heap_sites' `site` lines.
+fn heap_truth(stdout: &str) -> Vec<(String, u64, u64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("site "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let num = |key: &str| -> u64 {
+                words
+                    .iter()
+                    .position(|w| *w == key)
+                    .and_then(|i| words.get(i + 1))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("no {key} in {rest:?}"))
+            };
+            (
+                words[0].to_owned(),
+                num("calls"),
+                num("bytes"),
+                num("live_bytes"),
+            )
+        })
+        .collect()
+}
+
+/// Heap and block profiles on demand, from a daemon that collects them for
+/// the node: `go tool pprof` fetches each; per site they hold what the
+/// programs measured of themselves (the heap's allocations over the
+/// capture and its in-use set at the end; the block profile's delay), and
+/// nothing of another process; `/debug/pprof/heap` without `seconds` is
+/// the in-use set now; the scheduled files hold the same sites as without
+/// the captures.
+#[test]
+fn heap_and_block_on_demand_agree_with_what_the_programs_measured() {
+    require_root();
+    let tmp = temp_dir();
+    let heap_exe = Workload::HeapSites.build(tmp.path(), "demand_heap");
+    let noise_exe = Workload::HeapSites.build(tmp.path(), "demand_noise");
+    let block_exe = Workload::BlockSites.build(tmp.path(), "demand_block");
+    let out = tmp.path().join("out");
+    let (mut daemon, addr) = http_daemon(
+        &out,
+        &[
+            "--profiles",
+            "cpu,heap,block",
+            "--heap-sample-bytes",
+            "16384",
+            "--block-rate",
+            "2500us",
+            "--interval",
+            "3s",
+        ],
+    );
+
+    // The heap: a capture open before the program allocates, which ends
+    // while it holds its leak.
+    let mut heap = Running::start(&heap_exe, &["--wait-stdin", "--hold"]);
+    let mut noise = Running::start(&noise_exe, &["--wait-stdin"]);
+    let pid = heap.pid();
+    let url = format!("http://{addr}/debug/pprof/heap?seconds=4&pid={pid}");
+    let dir = tmp.path().join("heap");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let capture = std::thread::spawn(move || fetch_with_pprof(&url, &dir));
+    let opened = format!("heap of pid {pid} for 4 s");
+    daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
+    heap.poke();
+    noise.release();
+    let held = heap.wait_line(Duration::from_secs(60), |l| l.starts_with("holding"));
+    let profile = capture.join().expect("the heap capture");
+    // Now, while the leak is held: the in-use set alone.
+    let now = fetch_with_pprof(
+        &format!("http://{addr}/debug/pprof/heap?pid={pid}"),
+        tmp.path(),
+    );
+    heap.release();
+    let stdout = heap.finish(Duration::from_secs(60));
+    let _ = noise.finish(Duration::from_secs(60));
+    let truth = heap_truth(&stdout);
+    let samples = flatten(&profile);
+    let others: Vec<u32> = samples
+        .iter()
+        .map(FlatSample::pid)
+        .filter(|&p| p != pid)
+        .collect();
+    assert!(others.is_empty(), "samples of other processes: {others:?}");
+    println!("heap on demand, pid {pid}, 4 s ({held}):");
+    let mut worst: f64 = 0.0;
+    for (site, calls, bytes, _) in &truth {
+        let got = site_value(&samples, site, 1);
+        let ratio = got as f64 / (*bytes).max(1) as f64;
+        println!("  {site}: {calls} calls, {bytes} B; alloc_space {got} ({ratio:.3})");
+        worst = worst.max((ratio - 1.0).abs());
+    }
+    assert_eq!(truth.len(), HEAP_SITES.len() + 1, "{stdout}");
+    assert!(
+        worst <= HEAP_TOLERANCE,
+        "a site's allocations are off by {worst:.3}\n{}",
+        daemon.describe()
+    );
+    let leak_live = truth.iter().find(|t| t.0 == LEAK).map_or(0, |t| t.3);
+    let freed_made: u64 = truth.iter().filter(|t| t.0 != LEAK).map(|t| t.2).sum();
+    for (what, p) in [("at the capture's end", &profile), ("now", &now)] {
+        let samples = flatten(p);
+        let leak = site_value(&samples, LEAK, 3) as f64 / leak_live.max(1) as f64;
+        let freed: i64 = HEAP_SITES
+            .iter()
+            .map(|site| site_value(&samples, site, 3))
+            .sum();
+        println!("  in use {what}: the leak's {leak:.3} of its live bytes; freed sites {freed} B");
+        assert!(
+            (leak - 1.0).abs() <= HEAP_TOLERANCE,
+            "in use {what}: the leak's {leak:.3} of {leak_live} B"
+        );
+        assert!(
+            freed as f64 <= 0.02 * freed_made as f64,
+            "in use {what}: {freed} B of sites that freed all {freed_made} B"
+        );
+    }
+    let allocated_now: i64 = flatten(&now).iter().map(|s| s.values[1]).sum();
+    assert_eq!(
+        allocated_now, 0,
+        "nothing allocated in a capture of no time"
+    );
+
+    // Block: a capture over the program's whole run.
+    let mut block = Running::start(&block_exe, &["--wait-stdin", "--rounds", "200"]);
+    let block_pid = block.pid();
+    let url = format!("http://{addr}/debug/pprof/block?seconds=7&pid={block_pid}");
+    let dir = tmp.path().join("block");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let capture = std::thread::spawn(move || fetch_with_pprof(&url, &dir));
+    let opened = format!("block of pid {block_pid} for 7 s");
+    daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
+    block.release();
+    let block_out = block.finish(Duration::from_secs(60));
+    let profile = capture.join().expect("the block capture");
+    let sites = parse_site_lines(&block_out, &BLOCK_SITES);
+    let samples = flatten(&profile);
+    assert!(
+        samples.iter().all(|s| s.pid() == block_pid),
+        "samples of other processes in the block capture"
+    );
+    for site in &sites {
+        let delay = site_value(&samples, &site.name, 1) as f64 / site.total_ns as f64;
+        let contentions = site_value(&samples, &site.name, 0) as f64 / site.waits as f64;
+        println!(
+            "block on demand: {}: {} waits, {} ns; delay {delay:.3}, contentions {contentions:.3}",
+            site.name, site.waits, site.total_ns
+        );
+        assert!(
+            (delay - 1.0).abs() <= BLOCK_TOLERANCE,
+            "{}: delay {delay:.3} of what it measured\n{}",
+            site.name,
+            daemon.describe()
+        );
+    }
+
+    // A type the daemon does not collect: a one-line 400.
+    let (status, _, body) = get(addr, "/debug/pprof/mutex?seconds=1");
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body.trim_end().lines().count(), 1, "{body}");
+
+    // The scheduled files: the same sites, as without the captures.
+    daemon.signal(libc::SIGINT);
+    daemon.wait_success(Duration::from_secs(20));
+    let scheduled = of_pid(&flatten_all(&read_profiles(&out, "heap")), pid);
+    for (site, _, bytes, _) in truth.iter().filter(|t| t.0 != LEAK) {
+        let ratio = site_value(&scheduled, site, 1) as f64 / (*bytes).max(1) as f64;
+        assert!(
+            (ratio - 1.0).abs() <= HEAP_TOLERANCE,
+            "the scheduled files: {site}'s allocations {ratio:.3} of what it made"
+        );
+    }
+    let scheduled = of_pid(&flatten_all(&read_profiles(&out, "block")), block_pid);
+    for site in &sites {
+        let delay = site_value(&scheduled, &site.name, 1) as f64 / site.total_ns as f64;
+        println!("the scheduled block files: {}: delay {delay:.3}", site.name);
+        assert!(
+            (delay - 1.0).abs() <= BLOCK_TOLERANCE,
+            "the scheduled files: {}: delay {delay:.3}",
+            site.name
+        );
+    }
+}
+
 #[test]
 fn a_token_guards_every_path_and_svg_draws_the_capture() {
     require_root();
@@ -368,7 +606,7 @@ fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
     // Its command name (15 bytes at most) is what the page shows.
     let exe = Workload::CpuRatioC.build(tmp.path(), "pprofidxburner");
     let out = tmp.path().join("out");
-    let (mut daemon, addr) = http_daemon(&out, &[]);
+    let (mut daemon, addr) = http_daemon(&out, &["--profiles", "cpu,heap"]);
     let mut target = Running::start(&exe, &["14", "--wait-stdin"]);
     let pid = target.pid();
     target.release();
@@ -390,7 +628,12 @@ fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
         .skip(1)
         .filter_map(|rest| rest.split('"').next())
         .collect();
-    assert_eq!(links.len(), 2, "{row}");
+    // A link per profile type the daemon collects, and the flame graph.
+    assert!(links.len() >= 2, "{row}");
+    assert!(
+        links.iter().any(|l| l.starts_with("/debug/pprof/heap?")),
+        "no heap link: {row}"
+    );
     let svg_link = links
         .iter()
         .find(|l| l.contains("format=svg"))
@@ -416,10 +659,10 @@ fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
         svg.len(),
         field(&report, "a_ns")
     );
-    // The other link is the pprof itself.
+    // The CPU profile's link is the pprof itself.
     let proto_link = links
         .iter()
-        .find(|l| !l.contains("format=svg"))
+        .find(|l| !l.contains("format=svg") && l.starts_with("/debug/pprof/profile?"))
         .expect("a profile link")
         .replace("&amp;", "&");
     assert!(

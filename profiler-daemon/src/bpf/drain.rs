@@ -9,6 +9,7 @@ use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Drained;
 use crate::model::frames::PyLoc;
+use crate::model::taps::Taps;
 
 /// What became of one of the two stacks of a sample.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -73,30 +74,7 @@ pub struct CpuWindow {
     /// On-demand captures (`/debug/pprof/profile`): each gets a copy of
     /// the samples of its processes, beside the window, which stays as it
     /// would be without them.
-    pub taps: Vec<CpuTap>,
-}
-
-/// The samples of some processes gathered beside the windows, from when it
-/// was added until it is taken out.
-#[derive(Debug, Default)]
-pub struct CpuTap {
-    /// Which capture it is.
-    pub id: u64,
-    /// The processes it gathers (none: all).
-    pub pids: Vec<u32>,
-    pub samples: HashMap<SampleId, u64>,
-}
-
-impl CpuTap {
-    fn wants(&self, tgid: u32) -> bool {
-        self.pids.is_empty() || self.pids.contains(&tgid)
-    }
-
-    fn add(&mut self, id: &SampleId, count: u64) {
-        if self.wants(id.tgid) {
-            *self.samples.entry(id.clone()).or_insert(0) += count;
-        }
-    }
+    pub taps: Taps<SampleId, u64>,
 }
 
 impl CpuWindow {
@@ -140,9 +118,7 @@ impl CpuWindow {
             let kernel = resolve(key.kernel_stack);
             let mut id = sample_id(&key, user, kernel);
             id.generation = generation(key.tgid, key.image_since);
-            for tap in &mut self.taps {
-                tap.add(&id, count);
-            }
+            self.taps.add(id.tgid, &id, |n| *n += count);
             *self.samples.entry(id).or_insert(0) += count;
         }
         self.missing_stacks += missing;
@@ -150,9 +126,7 @@ impl CpuWindow {
 
     /// Adds one sample whose stacks were resolved in the daemon.
     pub fn add(&mut self, id: SampleId) {
-        for tap in &mut self.taps {
-            tap.add(&id, 1);
-        }
+        self.taps.add(id.tgid, &id, |n| *n += 1);
         *self.samples.entry(id).or_insert(0) += 1;
     }
 

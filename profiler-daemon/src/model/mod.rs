@@ -1,7 +1,8 @@
 //! The vocabulary every stage shares: profile kinds, symbolized frames,
 //! text helpers, the reader of Go's function table and the names of
-//! goroutines' wait reasons, of CPython's location tables, and the daemon's
-//! own heap (its allocator). Uses nothing else in the crate.
+//! goroutines' wait reasons, of CPython's location tables, the daemon's own
+//! heap (its allocator) and the taps of on-demand captures. Uses nothing
+//! else in the crate.
 
 pub mod frames;
 pub mod go_buildinfo;
@@ -10,4 +11,5 @@ pub mod go_wait_reasons;
 pub mod own_heap;
 pub mod profile_kind;
 pub mod python_lines;
+pub mod taps;
 pub mod text;

@@ -1,13 +1,15 @@
-//! `/debug/pprof/`: CPU profiles of chosen processes on demand, served the
-//! way Go's `net/http/pprof` serves them, so that
+//! `/debug/pprof/`: profiles of chosen processes on demand (CPU, heap,
+//! block, mutex, off-CPU), served the way Go's `net/http/pprof` serves
+//! them, so that
 //! `go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=10&pid=1234`
 //! works against a daemon already profiling the whole node.
 //!
 //! A request asks the session for a capture ([`Capture`]): the session
 //! gathers the samples of those processes beside its windows for the
-//! seconds asked (`bpf::drain::CpuTap`), builds the profile as it builds
-//! its files (symbols, labels, rescaling) and answers with the gzipped
-//! pprof. The scheduled files stay as they would be without it. Bad
+//! seconds asked (`model::taps`), builds the profile as it builds its
+//! files (symbols, labels, rescaling) and answers with the gzipped pprof.
+//! `/debug/pprof/heap` without `seconds` answers at once with the in-use
+//! set, as Go's does. The scheduled files stay as they would be without it. Bad
 //! parameters get a 400, an unknown process a 404, each with a one-line
 //! reason; beyond [`MAX_CAPTURES`] at once, a 429 with `Retry-After`. A
 //! client that goes away ends its capture (the session sees the reply
@@ -29,6 +31,8 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::model::profile_kind::ProfileKind;
+
 /// Longest capture a request may ask for.
 pub const MAX_CAPTURE_SECONDS: u64 = 300;
 /// A capture's length when the request names none (Go's default).
@@ -44,10 +48,12 @@ const INDEX_CAPTURE_SECONDS: u64 = 10;
 /// when it profiles every process on the node.
 pub type Targets = Option<Arc<[u32]>>;
 
-/// A request for a CPU profile of `pids` (none: every process the daemon
-/// profiles) over the next `seconds`.
+/// A request for a profile of type `kind` of `pids` (none: every process
+/// the daemon profiles) over the next `seconds` (0: now, the heap's in-use
+/// set only).
 #[derive(Debug)]
 pub struct Capture {
+    pub kind: ProfileKind,
     pub pids: Vec<u32>,
     pub seconds: u64,
     pub reply: oneshot::Sender<Result<Vec<u8>, Refusal>>,
@@ -65,12 +71,28 @@ pub enum Refusal {
     Busy { retry_after: u64 },
 }
 
-/// What the HTTP side needs: where captures go, and the daemon's rate.
+/// The rates the daemon samples by: a request may name them, not change
+/// them (yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rates {
+    /// CPU samples per second (`--cpu-frequency`).
+    pub cpu_frequency: u64,
+    /// `--heap-sample-bytes`.
+    pub heap_sample_bytes: u64,
+    /// `--block-rate`.
+    pub block_rate: Duration,
+    /// `--mutex-fraction`.
+    pub mutex_fraction: u64,
+}
+
+/// What the HTTP side needs: where captures go, and the daemon's rates and
+/// profile types.
 #[derive(Clone, Debug)]
 pub struct PprofServer {
     pub captures: mpsc::Sender<Capture>,
-    /// CPU samples per second the daemon takes (`--cpu-frequency`).
-    pub cpu_frequency: u64,
+    pub rates: Rates,
+    /// The profile types the daemon collects (`--profiles`).
+    pub profiles: Vec<ProfileKind>,
     /// The bearer token requests must carry (`--http-token-file`).
     pub token: Option<crate::config::push::Secret>,
     /// `/metrics` is served without it.
@@ -154,19 +176,37 @@ pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
                 index(server, &listed),
             )
         }
-        "/debug/pprof/profile" => profile(server, req.uri().query().unwrap_or("")).await,
-        "/debug/pprof/heap"
-        | "/debug/pprof/block"
-        | "/debug/pprof/mutex"
-        | "/debug/pprof/offcpu"
-        | "/debug/pprof/goroutine" => refuse(
+        "/debug/pprof/goroutine" => refuse(
             StatusCode::NOT_FOUND,
-            "not served yet: only CPU profiles are served on demand (/debug/pprof/profile)",
+            "not served on demand: goroutine profiles are in the scheduled files",
         ),
-        _ => refuse(
-            StatusCode::NOT_FOUND,
-            "not found: see /debug/pprof/ for what is served",
-        ),
+        path => match path.strip_prefix("/debug/pprof/").and_then(kind_of_path) {
+            Some(kind) => profile(server, kind, req.uri().query().unwrap_or("")).await,
+            None => refuse(
+                StatusCode::NOT_FOUND,
+                "not found: see /debug/pprof/ for what is served",
+            ),
+        },
+    }
+}
+
+/// The profile type an endpoint serves (`profile` is CPU, as in Go).
+fn kind_of_path(name: &str) -> Option<ProfileKind> {
+    match name {
+        "profile" => Some(ProfileKind::Cpu),
+        "heap" => Some(ProfileKind::Heap),
+        "block" => Some(ProfileKind::Block),
+        "mutex" => Some(ProfileKind::Mutex),
+        "offcpu" => Some(ProfileKind::Offcpu),
+        _ => None,
+    }
+}
+
+/// The endpoint of profile type `kind`.
+fn path_of(kind: ProfileKind) -> &'static str {
+    match kind {
+        ProfileKind::Cpu => "profile",
+        other => other.name(),
     }
 }
 
@@ -187,15 +227,17 @@ enum Format {
     Svg,
 }
 
-/// Reads `seconds`, `pid` (repeatable or comma-separated) and `hz` (only
-/// the daemon's own rate: per-request rates are not taken yet).
-fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> {
+/// Reads `seconds`, `pid` (repeatable or comma-separated), `format` and
+/// the rate of `kind` (`hz`, `heap_sample_bytes`, `block_rate`,
+/// `mutex_fraction`: only the daemon's own, as rates per request are not
+/// taken yet).
+fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQuery, String> {
     let mut seconds = None;
     let mut pids = Vec::new();
     let mut format = Format::Proto;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
-        match &*key {
-            "seconds" => {
+        match (&*key, kind) {
+            ("seconds", _) => {
                 let n: u64 = value
                     .parse()
                     .map_err(|_| format!("seconds: expected a whole number, got {value:?}"))?;
@@ -206,7 +248,7 @@ fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> 
                 }
                 seconds = Some(n);
             }
-            "pid" => {
+            ("pid", _) => {
                 for part in value.split(',').filter(|p| !p.is_empty()) {
                     let pid: u32 = part
                         .trim()
@@ -219,40 +261,82 @@ fn parse_query(query: &str, cpu_frequency: u64) -> Result<ProfileQuery, String> 
                     }
                 }
             }
-            "hz" => {
+            ("hz", ProfileKind::Cpu) => {
                 let hz: u64 = value
                     .parse()
                     .map_err(|_| format!("hz: expected a whole number, got {value:?}"))?;
-                if hz != cpu_frequency {
+                same_rate("hz", hz, rates.cpu_frequency, "Hz")?;
+            }
+            ("heap_sample_bytes", ProfileKind::Heap) => {
+                let bytes: u64 = value.parse().map_err(|_| {
+                    format!("heap_sample_bytes: expected a whole number, got {value:?}")
+                })?;
+                same_rate("heap_sample_bytes", bytes, rates.heap_sample_bytes, "bytes")?;
+            }
+            ("block_rate", ProfileKind::Block | ProfileKind::Offcpu) => {
+                let rate = humantime::parse_duration(value.trim()).map_err(|_| {
+                    format!("block_rate: expected a duration such as 10us, got {value:?}")
+                })?;
+                if rate != rates.block_rate {
                     return Err(format!(
-                        "hz: this daemon samples at {cpu_frequency} Hz; a rate of its own per \
-                         request is not taken yet"
+                        "block_rate: this daemon keeps waits at a rate of {}; a rate of its own \
+                         per request is not taken yet",
+                        humantime::format_duration(rates.block_rate)
                     ));
                 }
             }
-            "format" => {
+            ("mutex_fraction", ProfileKind::Mutex) => {
+                let fraction: u64 = value.parse().map_err(|_| {
+                    format!("mutex_fraction: expected a whole number, got {value:?}")
+                })?;
+                same_rate("mutex_fraction", fraction, rates.mutex_fraction, "(1 in N)")?;
+            }
+            ("format", _) => {
                 format = match &*value {
                     "proto" => Format::Proto,
                     "svg" => Format::Svg,
                     _ => return Err(format!("format: expected proto or svg, got {value:?}")),
                 };
             }
-            other => {
+            (other, _) => {
+                let rate = match kind {
+                    ProfileKind::Cpu => ", hz",
+                    ProfileKind::Heap => ", heap_sample_bytes",
+                    ProfileKind::Block | ProfileKind::Offcpu => ", block_rate",
+                    ProfileKind::Mutex => ", mutex_fraction",
+                    ProfileKind::Goroutine => "",
+                };
                 return Err(format!(
-                    "unknown parameter {other:?} (seconds, pid, hz and format are taken)"
+                    "unknown parameter {other:?} (seconds, pid, format{rate} are taken here)"
                 ));
             }
         }
     }
+    // Go's heap endpoint without `seconds` answers at once.
+    let default = match kind {
+        ProfileKind::Heap => 0,
+        _ => DEFAULT_CAPTURE_SECONDS,
+    };
     Ok(ProfileQuery {
-        seconds: seconds.unwrap_or(DEFAULT_CAPTURE_SECONDS),
+        seconds: seconds.unwrap_or(default),
         pids,
         format,
     })
 }
 
-async fn profile(server: &PprofServer, query: &str) -> Reply {
-    let query = match parse_query(query, server.cpu_frequency) {
+/// Refuses a rate `name` other than the daemon's `own`.
+fn same_rate(name: &str, asked: u64, own: u64, unit: &str) -> Result<(), String> {
+    match asked == own {
+        true => Ok(()),
+        false => Err(format!(
+            "{name}: this daemon samples at {own} {unit}; a rate of its own per request is not \
+             taken yet"
+        )),
+    }
+}
+
+async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply {
+    let query = match parse_query(kind, query, &server.rates) {
         Ok(query) => query,
         Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
     };
@@ -264,9 +348,10 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
         return refuse(StatusCode::NOT_FOUND, &format!("no process {pid}"));
     }
     let (tx, rx) = oneshot::channel();
-    let what = describe(&query);
+    let what = describe(kind, &query);
     let format = query.format;
     let capture = Capture {
+        kind,
         pids: query.pids,
         seconds: query.seconds,
         reply: tx,
@@ -278,7 +363,8 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
         Ok(Ok(bytes)) if format == Format::Svg => flame_graph(&bytes, &what),
         Ok(Ok(bytes)) => {
             let mut response = reply(StatusCode::OK, "application/octet-stream", bytes);
-            if let Ok(value) = "attachment; filename=\"profile.pb.gz\"".parse() {
+            let name = format!("attachment; filename=\"{}.pb.gz\"", path_of(kind));
+            if let Ok(value) = name.parse() {
                 response
                     .headers_mut()
                     .insert(hyper::header::CONTENT_DISPOSITION, value);
@@ -297,11 +383,15 @@ async fn profile(server: &PprofServer, query: &str) -> Reply {
 }
 
 /// The capture as a flame graph's subtitle names it.
-fn describe(query: &ProfileQuery) -> String {
+fn describe(kind: ProfileKind, query: &ProfileQuery) -> String {
     let pids: Vec<String> = query.pids.iter().map(u32::to_string).collect();
-    match pids.is_empty() {
-        true => format!("every process, {} s", query.seconds),
-        false => format!("pid {}, {} s", pids.join(","), query.seconds),
+    let whose = match pids.is_empty() {
+        true => "every process".to_owned(),
+        false => format!("pid {}", pids.join(",")),
+    };
+    match query.seconds {
+        0 => format!("{} now, {whose}", kind.name()),
+        s => format!("{}, {whose}, {s} s", kind.name()),
     }
 }
 
@@ -387,16 +477,51 @@ fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
     (listed, more)
 }
 
+/// The profile types served on demand that the daemon collects.
+fn served(server: &PprofServer) -> impl Iterator<Item = ProfileKind> + '_ {
+    server
+        .profiles
+        .iter()
+        .copied()
+        .filter(|&k| k != ProfileKind::Goroutine)
+}
+
+/// The query of a link to a capture of `kind` (the heap's: the in-use set
+/// now, as Go's default).
+fn link_query(kind: ProfileKind) -> String {
+    match kind {
+        ProfileKind::Heap => String::new(),
+        _ => format!("seconds={INDEX_CAPTURE_SECONDS}&amp;"),
+    }
+}
+
 /// The index page: what is served, and the processes, with links.
 fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> String {
     let mut rows = String::new();
+    // The flame graph of the CPU profile, or of the first type on.
+    let drawn = served(server).next();
     for (pid, comm) in listed {
+        let mut links = String::new();
+        for kind in served(server) {
+            links += &format!(
+                "<a href=\"/debug/pprof/{path}?{q}pid={pid}\">{name}</a> ",
+                path = path_of(kind),
+                q = link_query(kind),
+                name = kind.name(),
+            );
+        }
+        let graph = match drawn {
+            Some(kind) => format!(
+                "<a href=\"/debug/pprof/{path}?{q}pid={pid}&amp;format=svg\">flame graph</a>",
+                path = path_of(kind),
+                q = link_query(kind),
+            ),
+            None => String::new(),
+        };
         rows += &format!(
-            "<tr><td>{pid}</td><td>{comm}</td>\
-             <td><a href=\"/debug/pprof/profile?seconds={s}&amp;pid={pid}\">profile</a></td>\
-             <td><a href=\"/debug/pprof/profile?seconds={s}&amp;pid={pid}&amp;format=svg\">flame graph</a></td></tr>\n",
+            "<tr><td>{pid}</td><td>{comm}</td><td>{links}</td><td>{graph}</td></tr>\n",
             comm = escape_html(comm),
-            s = INDEX_CAPTURE_SECONDS,
+            links = links.trim_end(),
         );
     }
     let more_line = match more {
@@ -406,8 +531,8 @@ fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> 
     let header = header(server);
     format!(
         "{header}<h2>Processes ({count})</h2>\n\
-         <p>Each link captures {s} s of that process.</p>\n\
-         <table id=\"processes\">\n<tr><th>pid</th><th>command</th><th></th><th></th></tr>\n\
+         <p>Each link captures {s} s of that process (the heap's: its in-use set now).</p>\n\
+         <table id=\"processes\">\n<tr><th>pid</th><th>command</th><th>profiles</th><th></th></tr>\n\
          {rows}</table>\n{more_line}</body></html>\n",
         count = listed.len() + more,
         s = INDEX_CAPTURE_SECONDS,
@@ -416,22 +541,61 @@ fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> 
 
 /// The index page's head and its table of endpoints.
 fn header(server: &PprofServer) -> String {
+    let rates = &server.rates;
+    let mut endpoints = String::new();
+    for kind in served(server) {
+        let (what, rate) = match kind {
+            ProfileKind::Cpu => (
+                "CPU profile",
+                format!("<code>hz</code> ({} Hz)", rates.cpu_frequency),
+            ),
+            ProfileKind::Heap => (
+                "sampled allocations over <code>seconds</code> and the in-use set at their end \
+                 (without <code>seconds</code>: the in-use set now)",
+                format!(
+                    "<code>heap_sample_bytes</code> ({})",
+                    rates.heap_sample_bytes
+                ),
+            ),
+            ProfileKind::Block | ProfileKind::Offcpu => (
+                match kind {
+                    ProfileKind::Block => "time blocked in waits",
+                    _ => "time off the CPU",
+                },
+                format!(
+                    "<code>block_rate</code> ({})",
+                    humantime::format_duration(rates.block_rate)
+                ),
+            ),
+            _ => (
+                "delay charged to the waker",
+                format!("<code>mutex_fraction</code> ({})", rates.mutex_fraction),
+            ),
+        };
+        endpoints += &format!(
+            "<tr><td><a href=\"/debug/pprof/{path}?{q}format=svg\">{path}</a></td><td>{what}; \
+             the rate {rate}</td></tr>\n",
+            path = path_of(kind),
+            q = link_query(kind),
+        );
+    }
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>profilerd: /debug/pprof/</title></head>\n<body>\n\
          <h1>profilerd: /debug/pprof/</h1>\n\
-         <p>Profiles on demand, from the samples this daemon takes ({hz} Hz). \
-         Open one with <code>go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=10&amp;pid=PID</code>.</p>\n\
+         <p>Profiles on demand, from the samples this daemon takes. \
+         Open one with <code>go tool pprof http://HOST:PORT/debug/pprof/profile?seconds=10&amp;pid=PID</code>. \
+         Every endpoint takes <code>seconds</code> (default {default}, at most {max}), \
+         <code>pid</code> (repeatable or comma-separated; every process when absent), \
+         <code>format=svg</code> for the flame graph (the links below draw {s} s of every process), \
+         and its rate, which can only be the daemon's.</p>\n\
          <table>\n\
          <tr><th>endpoint</th><th>what</th></tr>\n\
-         <tr><td><a href=\"/debug/pprof/profile?seconds=5\">profile</a></td><td>CPU profile over <code>seconds</code> \
-         (default {default}, at most {max}) of the processes <code>pid</code> (repeatable or comma-separated; \
-         all when absent); <code>format=svg</code>: its flame graph \
-         (<a href=\"/debug/pprof/profile?seconds=5&amp;format=svg\">5 s of every process</a>)</td></tr>\n\
+         {endpoints}\
          <tr><td><a href=\"/metrics\">/metrics</a></td><td>the daemon's metrics</td></tr>\n\
          </table>\n",
-        hz = server.cpu_frequency,
         default = DEFAULT_CAPTURE_SECONDS,
         max = MAX_CAPTURE_SECONDS,
+        s = INDEX_CAPTURE_SECONDS,
     )
 }
 
@@ -443,9 +607,18 @@ pub const CAPTURE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(MAX_CAPTURE
 mod tests {
     use super::*;
 
+    fn rates() -> Rates {
+        Rates {
+            cpu_frequency: 99,
+            heap_sample_bytes: 524_288,
+            block_rate: Duration::from_micros(10),
+            mutex_fraction: 100,
+        }
+    }
+
     #[test]
     fn parameters_are_read_or_refused_with_a_reason() {
-        let q = |s: &str| parse_query(s, 99);
+        let q = |s: &str| parse_query(ProfileKind::Cpu, s, &rates());
         assert_eq!(
             q(""),
             Ok(ProfileQuery {
@@ -473,6 +646,7 @@ mod tests {
             ("hz=x", "hz: expected"),
             ("debug=1", "unknown parameter"),
             ("format=png", "format: expected proto or svg"),
+            ("heap_sample_bytes=524288", "unknown parameter"),
         ] {
             let err = q(bad).expect_err(bad);
             assert!(err.contains(why), "{bad}: {err}");
@@ -481,12 +655,60 @@ mod tests {
     }
 
     #[test]
+    fn each_type_takes_its_own_rate_and_the_heap_answers_at_once() {
+        let q = |kind, s: &str| parse_query(kind, s, &rates());
+        let heap = q(ProfileKind::Heap, "pid=5&heap_sample_bytes=524288").expect("heap");
+        assert_eq!(
+            (heap.seconds, heap.pids),
+            (0, vec![5]),
+            "the in-use set now"
+        );
+        assert_eq!(q(ProfileKind::Heap, "seconds=3").map(|q| q.seconds), Ok(3));
+        for kind in [ProfileKind::Block, ProfileKind::Offcpu] {
+            let query = q(kind, "block_rate=10us").expect("block_rate");
+            assert_eq!(query.seconds, DEFAULT_CAPTURE_SECONDS);
+        }
+        assert!(q(ProfileKind::Mutex, "mutex_fraction=100").is_ok());
+        for (kind, bad, why) in [
+            (
+                ProfileKind::Heap,
+                "heap_sample_bytes=1",
+                "samples at 524288 bytes",
+            ),
+            (ProfileKind::Heap, "hz=99", "unknown parameter"),
+            (ProfileKind::Block, "block_rate=1ms", "rate of 10us"),
+            (
+                ProfileKind::Block,
+                "block_rate=soon",
+                "block_rate: expected",
+            ),
+            (
+                ProfileKind::Offcpu,
+                "mutex_fraction=100",
+                "unknown parameter",
+            ),
+            (ProfileKind::Mutex, "mutex_fraction=5", "samples at 100"),
+            (ProfileKind::Mutex, "seconds=0", "out of range"),
+        ] {
+            let err = q(kind, bad).expect_err(bad);
+            assert!(err.contains(why), "{bad}: {err}");
+            assert!(!err.contains('\n'), "{bad}: one line: {err}");
+        }
+        assert_eq!(kind_of_path("profile"), Some(ProfileKind::Cpu));
+        for kind in [ProfileKind::Cpu, ProfileKind::Heap, ProfileKind::Mutex] {
+            assert_eq!(kind_of_path(path_of(kind)), Some(kind));
+        }
+        assert_eq!(kind_of_path("goroutine"), None);
+    }
+
+    #[test]
     fn the_token_is_asked_for_on_every_path_but_an_open_metrics() {
         let (tx, _rx) = mpsc::channel(1);
         let (_targets_tx, targets) = watch::channel(None);
         let mut server = PprofServer {
             captures: tx,
-            cpu_frequency: 99,
+            rates: rates(),
+            profiles: vec![ProfileKind::Cpu],
             token: None,
             metrics_without_token: false,
             targets,

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::Metrics;
-use crate::output::pprof_http::{Capture, MAX_CAPTURES, PprofServer, Targets};
+use crate::output::pprof_http::{Capture, MAX_CAPTURES, PprofServer, Rates, Targets};
 use crate::output::push::Pusher;
 use crate::output::writer::{ProfileWriter, WriteError};
 
@@ -143,7 +143,13 @@ pub(crate) async fn start_outputs(
             let server = PprofServer {
                 targets: targets_rx,
                 captures: tx,
-                cpu_frequency: settings.cpu_frequency,
+                rates: Rates {
+                    cpu_frequency: settings.cpu_frequency,
+                    heap_sample_bytes: settings.heap_sample_bytes,
+                    block_rate: settings.block_rate,
+                    mutex_fraction: settings.mutex_fraction,
+                },
+                profiles: settings.profiles.clone(),
                 token: settings.http_token.clone(),
                 metrics_without_token: settings.http_metrics_without_token,
             };

@@ -21,6 +21,7 @@ use crate::bpf::ring::Ring;
 use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
+use crate::model::taps::Taps;
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{LONG_RECORDS, SHORT_RECORDS};
@@ -83,6 +84,9 @@ pub struct HeapTable {
     /// Windows of Go processes rescaled by Go's default rate because
     /// their `MemProfileRate` could not be read.
     pub go_rates_assumed: u64,
+    /// On-demand captures (`/debug/pprof/heap`): each gets a copy of the
+    /// allocations of its processes, beside the window.
+    pub taps: Taps<Arc<SampleId>, Tally>,
 }
 
 /// One row of a window's heap profile, before rescaling.
@@ -112,6 +116,7 @@ impl HeapTable {
             self.go_runtime.insert(Arc::clone(&id));
         }
         self.window.entry(Arc::clone(&id)).or_default().add(size);
+        self.taps.add(id.tgid, &id, |tally| tally.add(size));
         if live {
             self.live.insert((id.tgid, addr), LiveAlloc { id, size });
         }
@@ -145,20 +150,43 @@ impl HeapTable {
     /// Closes the window: every stack with allocations in it or live
     /// allocations now, with both tallies. The live set carries over.
     pub fn close_window(&mut self) -> Vec<HeapRow> {
+        let window = std::mem::take(&mut self.window);
+        let rows = self.rows(window, |_| true);
+        // Identities that neither the live set, the rows nor a tap hold
+        // any more (a Go runtime identity is also held by `ids`).
+        self.go_runtime.retain(|id| Arc::strong_count(id) > 2);
+        self.ids.retain(|id| Arc::strong_count(id) > 1);
+        rows
+    }
+
+    /// Ends capture `id`'s tap: the allocations it gathered, and the live
+    /// allocations of its processes now (Go's `/debug/pprof/heap?seconds=N`
+    /// gives the same allocations and the in-use set at its end).
+    pub fn take_tap(&mut self, id: u64) -> Vec<HeapRow> {
+        let Some(mut tap) = self.taps.take(id) else {
+            return Vec::new();
+        };
+        let allocated = std::mem::take(&mut tap.rows);
+        self.rows(allocated, |tgid| tap.wants(tgid))
+    }
+
+    /// The rows of `allocated` and of the live allocations of the
+    /// processes `wanted`, sorted.
+    fn rows(
+        &self,
+        allocated: HashMap<Arc<SampleId>, Tally>,
+        wanted: impl Fn(u32) -> bool,
+    ) -> Vec<HeapRow> {
         let mut rows: HashMap<Arc<SampleId>, (Tally, Tally)> = HashMap::default();
-        for (id, tally) in self.window.drain() {
+        for (id, tally) in allocated {
             rows.entry(id).or_default().0 = tally;
         }
-        for alloc in self.live.values() {
+        for alloc in self.live.values().filter(|a| wanted(a.id.tgid)) {
             rows.entry(Arc::clone(&alloc.id))
                 .or_default()
                 .1
                 .add(alloc.size);
         }
-        // Identities that neither the live set nor the rows hold any more
-        // (a Go runtime identity is also held by `ids`).
-        self.go_runtime.retain(|id| Arc::strong_count(id) > 2);
-        self.ids.retain(|id| Arc::strong_count(id) > 1);
         let mut out: Vec<HeapRow> = rows
             .into_iter()
             .map(|(id, (alloc, inuse))| HeapRow {
@@ -281,6 +309,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
     heap.allocated(id, alloc.addr, alloc.size, live, go_runtime);
 }
 
+/// The window's heap profile (it closes the window).
 pub(crate) fn build_heap_profile(
     settings: &Settings,
     symbolizer: &mut Symbolizer,
@@ -289,11 +318,31 @@ pub(crate) fn build_heap_profile(
     time_nanos: i64,
     duration_nanos: i64,
 ) -> pprof_proto::Profile {
+    let rows = heap.close_window();
+    heap_profile_of(
+        settings,
+        symbolizer,
+        procs,
+        heap,
+        rows,
+        (time_nanos, duration_nanos),
+    )
+}
+
+/// The heap profile of `rows` (a window's or a capture's), starting at
+/// `time_nanos` and lasting `duration_nanos`.
+pub(crate) fn heap_profile_of(
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    heap: &mut HeapTable,
+    rows: Vec<HeapRow>,
+    (time_nanos, duration_nanos): (i64, i64),
+) -> pprof_proto::Profile {
     let rate = settings.heap_sample_bytes;
     let mut builder =
         ProfileBuilder::new(ProfileKind::Heap, rate as i64, time_nanos, duration_nanos);
     let mut frames: Vec<Frame> = Vec::with_capacity(256);
-    let rows = heap.close_window();
     for row in &rows {
         procs.ensure(row.id.tgid);
         prefetch_user_stack(symbolizer, procs, &row.id);
@@ -401,6 +450,36 @@ mod tests {
         assert!(t.ids.is_empty(), "identities are released");
         t.freed(1, 0x9999);
         assert_eq!(t.unknown_frees, 1);
+    }
+
+    #[test]
+    fn a_tap_holds_its_processes_allocations_and_their_live_set_at_its_end() {
+        let mut t = HeapTable::default();
+        // Live before the tap: in use at its end, not allocated in it.
+        t.allocated(id(1, &[1]), 0x10, 100, true, false);
+        t.taps.open(5, vec![1]);
+        t.allocated(id(1, &[2]), 0x20, 200, true, false);
+        t.allocated(id(1, &[2]), 0x30, 200, true, false);
+        t.allocated(id(2, &[3]), 0x40, 300, true, false);
+        t.freed(1, 0x30);
+        // A window closing meanwhile leaves the tap as it was.
+        let window = t.close_window();
+        assert_eq!(window.len(), 3);
+        t.allocated(id(1, &[4]), 0x50, 400, false, false);
+        let rows = t.take_tap(5);
+        let row = |frame: u64| rows.iter().find(|r| r.id.user == id(1, &[frame]).user);
+        assert!(rows.iter().all(|r| r.id.tgid == 1), "{rows:?}");
+        assert_eq!(rows.len(), 3);
+        let first = row(1).expect("the earlier live one");
+        assert_eq!((first.alloc.count, first.inuse.bytes), (0, 100));
+        let second = row(2).expect("allocated in the tap");
+        assert_eq!((second.alloc.bytes, second.inuse.bytes), (400, 200));
+        let fourth = row(4).expect("not tracked");
+        assert_eq!((fourth.alloc.bytes, fourth.inuse.bytes), (400, 0));
+        assert!(t.take_tap(5).is_empty(), "taken once");
+        // The window saw everything, the tap's allocations too.
+        let next = t.close_window();
+        assert_eq!(next.iter().map(|r| r.alloc.bytes).sum::<u64>(), 400);
     }
 
     #[test]

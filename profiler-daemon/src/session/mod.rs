@@ -38,7 +38,7 @@ use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
-use crate::session::captures::Captures;
+use crate::session::captures::{Captures, Tapped};
 use crate::session::events::take_proc_events;
 use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
@@ -534,7 +534,11 @@ impl Session {
         self.read_wait_events(rings.wait_events.get_mut());
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
-        self.captures.drop_abandoned(&mut self.window.cpu);
+        self.captures.drop_abandoned(Tapped {
+            cpu: &mut self.window.cpu,
+            heap: &mut self.heap,
+            waits: &mut self.waits,
+        });
         self.publish_targets();
         for pid in self.exec_rescan.drain(..) {
             let Some(mappings) = ExecMappings::read(pid) else {
@@ -607,7 +611,11 @@ impl Session {
             capture,
             &self.settings,
             targets.as_deref(),
-            &mut self.window.cpu,
+            Tapped {
+                cpu: &mut self.window.cpu,
+                heap: &mut self.heap,
+                waits: &mut self.waits,
+            },
         );
     }
 
@@ -617,11 +625,17 @@ impl Session {
         self.drain_once().await;
         self.read_stack_samples(rings.stack_samples.get_mut());
         self.add_waiting_samples();
+        self.read_heap_events(rings.heap_events.get_mut());
+        self.read_wait_events(rings.wait_events.get_mut());
         self.captures.finish_due(
             &self.settings,
             &mut self.symbolizer,
             &mut self.procs,
-            &mut self.window.cpu,
+            Tapped {
+                cpu: &mut self.window.cpu,
+                heap: &mut self.heap,
+                waits: &mut self.waits,
+            },
         );
     }
 

@@ -21,6 +21,9 @@ impl Weight {
 #[derive(Default)]
 pub struct BlockWindow {
     samples: HashMap<SampleId, Weight>,
+    /// On-demand captures (`/debug/pprof/block`, `/debug/pprof/offcpu`):
+    /// each gets a copy of the waits of its processes, beside the window.
+    pub taps: Taps<SampleId, Weight>,
 }
 
 impl BlockWindow {
@@ -33,16 +36,27 @@ impl BlockWindow {
     /// in a park-probe window: `ParkWindows`).
     pub fn add_weighted(&mut self, id: SampleId, waited_ns: u64, rate_ns: u64, weight: f64) {
         let (contentions, delay_ns) = block_event(waited_ns, rate_ns);
-        self.samples
-            .entry(id)
-            .or_default()
-            .add((contentions * weight, delay_ns * weight));
+        let added = (contentions * weight, delay_ns * weight);
+        self.taps.add(id.tgid, &id, |w| w.add(added));
+        self.samples.entry(id).or_default().add(added);
     }
 
     pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
-        self.samples
-            .drain()
-            .map(|(id, weight)| (Arc::new(id), weight))
-            .collect()
+        rows_of(std::mem::take(&mut self.samples))
     }
+
+    /// Ends capture `id`'s tap: the waits it gathered.
+    pub fn take_tap(&mut self, id: u64) -> Vec<(Arc<SampleId>, Weight)> {
+        self.taps
+            .take(id)
+            .map(|t| rows_of(t.rows))
+            .unwrap_or_default()
+    }
+}
+
+fn rows_of(samples: HashMap<SampleId, Weight>) -> Vec<(Arc<SampleId>, Weight)> {
+    samples
+        .into_iter()
+        .map(|(id, weight)| (Arc::new(id), weight))
+        .collect()
 }

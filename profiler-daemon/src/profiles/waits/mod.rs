@@ -26,6 +26,7 @@ use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::go_wait_reasons;
 use crate::model::profile_kind::ProfileKind;
+use crate::model::taps::Taps;
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::LONG_RECORDS;

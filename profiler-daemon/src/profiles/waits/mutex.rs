@@ -31,6 +31,9 @@ pub struct MutexTable {
     /// `pthread_cond_*wait` were seen on, by (process, image, word): a
     /// wake-up on such a word is a signal or broadcast of that condition.
     cond_words: HashMap<(u32, u32, u64), u64>,
+    /// On-demand captures (`/debug/pprof/mutex`): each gets a copy of the
+    /// wake-ups of its processes, beside the window.
+    pub taps: Taps<Arc<SampleId>, Weight>,
     /// Delays whose wake-up was never seen (dropped by a full ring).
     pub orphan_delays: u64,
     /// Times the table of condition words was full and started afresh.
@@ -47,6 +50,7 @@ impl MutexTable {
             windows: HashMap::default(),
             window: HashMap::default(),
             cond_words: HashMap::default(),
+            taps: Taps::default(),
             orphan_delays: 0,
             cond_words_cleared: 0,
         }
@@ -82,16 +86,14 @@ impl MutexTable {
         let id = Arc::new(id);
         match window {
             Some(window) => {
-                self.window.entry(Arc::clone(&id)).or_default();
+                self.charge(&id, |_| {});
                 self.windows.insert(wake_id, window);
             }
             None => {
                 // Counted once, with whatever delays arrived before it.
                 let early = self.early.remove(&wake_id).unwrap_or(0);
-                self.window
-                    .entry(Arc::clone(&id))
-                    .or_default()
-                    .add(mutex_event(early, self.fraction));
+                let added = mutex_event(early, self.fraction);
+                self.charge(&id, |w| w.add(added));
             }
         }
         if self.wakes.len() >= MAX_WAKES
@@ -106,19 +108,16 @@ impl MutexTable {
 
     /// A wait of `delay_ns` ended by kept wake-up `wake_id`.
     pub fn delay(&mut self, wake_id: u64, delay_ns: u64) {
-        match self.wakes.get(&wake_id) {
+        match self.wakes.get(&wake_id).cloned() {
             Some(id) => match self.windows.remove(&wake_id) {
                 Some(window) => {
                     let weight = window_weight(window, delay_ns);
                     let (contentions, delay) = mutex_event(delay_ns, self.fraction);
-                    self.window
-                        .entry(Arc::clone(id))
-                        .or_default()
-                        .add((contentions * weight, delay * weight));
+                    self.charge(&id, |w| w.add((contentions * weight, delay * weight)));
                 }
                 None => {
                     let (_, delay) = mutex_event(delay_ns, self.fraction);
-                    self.window.entry(Arc::clone(id)).or_default().delay_ns += delay;
+                    self.charge(&id, |w| w.delay_ns += delay);
                 }
             },
             None => {
@@ -131,12 +130,34 @@ impl MutexTable {
         }
     }
 
+    /// Applies `f` to `id`'s weight in the window and in every tap that
+    /// gathers its process.
+    fn charge(&mut self, id: &Arc<SampleId>, mut f: impl FnMut(&mut Weight)) {
+        self.taps.add(id.tgid, id, &mut f);
+        f(self.window.entry(Arc::clone(id)).or_default());
+    }
+
     /// The window's wake-ups, each on a condition's word labelled with
     /// that condition.
     pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {
+        let window = std::mem::take(&mut self.window);
+        self.labelled(window)
+    }
+
+    /// Ends capture `id`'s tap: the wake-ups it gathered, labelled as the
+    /// window's are.
+    pub fn take_tap(&mut self, id: u64) -> Vec<(Arc<SampleId>, Weight)> {
+        match self.taps.take(id) {
+            Some(tap) => self.labelled(tap.rows),
+            None => Vec::new(),
+        }
+    }
+
+    /// `rows`, each wake-up on a condition's word labelled with that
+    /// condition.
+    fn labelled(&self, rows: HashMap<Arc<SampleId>, Weight>) -> Vec<(Arc<SampleId>, Weight)> {
         let cond_words = &self.cond_words;
-        self.window
-            .drain()
+        rows.into_iter()
             .map(|(id, weight)| {
                 let cond = cond_words.get(&(id.tgid, id.generation, id.object));
                 match cond {

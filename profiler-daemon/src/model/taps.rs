@@ -1,0 +1,95 @@
+//! Taps: for an on-demand capture (`/debug/pprof/...`), a copy of some
+//! processes' rows gathered beside a profile's window, from when the tap
+//! is opened until it is taken. Whatever adds a row to the window adds it
+//! to every tap that wants its process too; the window itself stays as it
+//! would be without them. One kind of tap serves every profile type: the
+//! rows' key (a sample's identity) and value (a count, a tally of bytes, a
+//! weight) are the profile's own.
+
+use std::hash::Hash;
+
+use foldhash::HashMap;
+
+/// The rows of one capture.
+#[derive(Debug)]
+pub struct Tap<K, V> {
+    /// Which capture it is.
+    pub id: u64,
+    /// The processes it gathers (none: all).
+    pids: Vec<u32>,
+    pub rows: HashMap<K, V>,
+}
+
+impl<K, V> Tap<K, V> {
+    /// Whether the tap gathers process `tgid`.
+    pub fn wants(&self, tgid: u32) -> bool {
+        self.pids.is_empty() || self.pids.contains(&tgid)
+    }
+}
+
+/// The taps of one profile's window (at most a handful: one per capture).
+#[derive(Debug)]
+pub struct Taps<K, V>(Vec<Tap<K, V>>);
+
+impl<K, V> Default for Taps<K, V> {
+    fn default() -> Self {
+        Taps(Vec::new())
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
+    /// Starts gathering `pids` (none: all) for capture `id`.
+    pub fn open(&mut self, id: u64, pids: Vec<u32>) {
+        self.0.push(Tap {
+            id,
+            pids,
+            rows: HashMap::default(),
+        });
+    }
+
+    /// Ends capture `id`'s tap and hands over what it gathered.
+    pub fn take(&mut self, id: u64) -> Option<Tap<K, V>> {
+        let at = self.0.iter().position(|t| t.id == id)?;
+        Some(self.0.swap_remove(at))
+    }
+
+    /// Ends the taps of the captures `gone` names.
+    pub fn drop_ids(&mut self, gone: &[u64]) {
+        self.0.retain(|t| !gone.contains(&t.id));
+    }
+
+    /// Applies `f` to `key`'s row in every tap that gathers process
+    /// `tgid` (the row made first if new).
+    pub fn add(&mut self, tgid: u32, key: &K, mut f: impl FnMut(&mut V)) {
+        for tap in self.0.iter_mut().filter(|t| t.wants(tgid)) {
+            f(tap.rows.entry(key.clone()).or_default());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tap_gathers_its_processes_from_its_opening_to_its_taking() {
+        let mut taps: Taps<&str, u64> = Taps::default();
+        taps.add(1, &"before", |v| *v += 1);
+        taps.open(7, vec![1]);
+        taps.open(8, vec![]);
+        taps.add(1, &"a", |v| *v += 2);
+        taps.add(2, &"b", |v| *v += 3);
+        taps.add(1, &"a", |v| *v += 1);
+        let seven = taps.take(7).expect("tap 7");
+        assert_eq!(seven.rows.len(), 1);
+        assert_eq!(seven.rows[&"a"], 3);
+        assert!(taps.take(7).is_none());
+        taps.add(1, &"a", |v| *v += 10);
+        let eight = taps.take(8).expect("tap 8");
+        assert_eq!((eight.rows[&"a"], eight.rows[&"b"]), (13, 3));
+        assert!(!eight.rows.contains_key(&"before"));
+        taps.open(9, vec![]);
+        taps.drop_ids(&[9]);
+        assert!(taps.take(9).is_none());
+    }
+}
