@@ -85,6 +85,9 @@ pub struct StackSample<const N: usize = STACK_COPY_BYTES> {
     /// kernel before its event reaches the daemon, which holds a sample
     /// of an image it has not heard of until it has.
     pub image_since: u64,
+    /// The on-demand capture whose own events took the sample (the perf
+    /// link's cookie, [`SampleKey::tap`]); 0: the schedule's events.
+    pub tap: u64,
     /// User registers at the sample (from the interrupted context, or the
     /// task's saved user registers when the sample hit kernel code).
     pub ip: u64,
@@ -128,6 +131,10 @@ pub struct SampleKey {
     /// The pprof label set of the goroutine that ran (an id of
     /// `GO_LABEL_SETS`; 0: none, or not a Go process).
     pub go_labels: u64,
+    /// The on-demand capture whose own CPU-clock events took the sample
+    /// (their perf links' cookie: a rate, or processes, of its own); 0:
+    /// the schedule's events. Such a sample belongs to that capture only.
+    pub tap: u64,
 }
 
 /// A process whose stacks the kernel walks by frame pointers (value of

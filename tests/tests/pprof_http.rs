@@ -99,60 +99,63 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     target.release();
     noise.release();
     // What go tool pprof fetches (-proto: the profile as fetched, to read
-    // here too; PPROF_TMPDIR: its own copy stays in the temporary dir).
-    let url = format!("http://{addr}/debug/pprof/profile?seconds=4&pid={pid}");
-    let fetched = Command::new(go_binary())
-        .args(["tool", "pprof", "-proto", &url])
-        .env("PPROF_TMPDIR", tmp.path())
-        .env("HOME", tmp.path())
-        .output()
-        .expect("running go tool pprof");
-    assert!(
-        fetched.status.success(),
-        "go tool pprof {url}: {}\n{}",
-        String::from_utf8_lossy(&fetched.stderr),
-        daemon.describe()
+    // here too; PPROF_TMPDIR: its own copy stays in the temporary dir):
+    // one capture from the daemon's own samples, and one beside it at a
+    // rate of its own, on CPU-clock events of its own.
+    let fetch = |query: String, dir: &str| {
+        let url = format!("http://{addr}/debug/pprof/profile?{query}");
+        let dir = tmp.path().join(dir);
+        std::fs::create_dir_all(&dir).expect("a directory");
+        std::thread::spawn(move || fetch_with_pprof(&url, &dir))
+    };
+    let fast = fetch(format!("seconds=4&pid={pid}&hz=499"), "fast");
+    let shared = fetch(format!("seconds=4&pid={pid}"), "shared");
+    let (profile, fast) = (
+        shared.join().expect("the capture at 99 Hz"),
+        fast.join().expect("the capture at 499 Hz"),
     );
-    let file = tmp.path().join("fetched.pb.gz");
-    std::fs::write(&file, &fetched.stdout).expect("writing the fetched profile");
-    check_readable(&file, true);
-    let profile = pprof_proto::decode(&fetched.stdout).expect("decoding the fetched profile");
-    let samples = flatten(&profile);
     let report = parse_report(&target.finish(Duration::from_secs(20)), "pid");
     let _ = noise.finish(Duration::from_secs(20));
-
-    let others: Vec<u32> = samples
-        .iter()
-        .map(FlatSample::pid)
-        .filter(|&p| p != pid)
-        .collect();
-    let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
-    let share = a as f64 / (a + b).max(1) as f64;
     let (measured_a, measured_b) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
     let measured = measured_a / (measured_a + measured_b);
-    let duration_s = profile.duration_nanos as f64 / 1e9;
-    println!(
-        "on demand, pid {pid}, 4 s: {} samples, burn_a's share {share:.3} (the program measured \
-         {measured:.3}); {duration_s:.2} s long; {} samples of other processes",
-        samples.len(),
-        others.len()
-    );
-    assert!(others.is_empty(), "samples of other processes: {others:?}");
-    assert!(
-        (share - measured).abs() <= SHARE_TOLERANCE,
-        "burn_a's share {share:.3}, measured {measured:.3}\n{}",
-        daemon.describe()
-    );
-    assert!(
-        (3.9..5.0).contains(&duration_s),
-        "a 4 s capture lasted {duration_s:.2} s"
-    );
-    assert_eq!(
-        profile.period,
-        1_000_000_000 / 99,
-        "the daemon's rate, as its files have it"
-    );
-
+    for (hz, profile) in [(99, &profile), (499, &fast)] {
+        let samples = flatten(profile);
+        let others: Vec<u32> = samples
+            .iter()
+            .map(FlatSample::pid)
+            .filter(|&p| p != pid)
+            .collect();
+        let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
+        let share = a as f64 / (a + b).max(1) as f64;
+        let duration_s = profile.duration_nanos as f64 / 1e9;
+        let count: i64 = samples.iter().map(|s| s.values[0]).sum();
+        println!(
+            "on demand at {hz} Hz, pid {pid}, 4 s: {count} samples, burn_a's share {share:.3} \
+             (the program measured {measured:.3}); {duration_s:.2} s long; {} samples of \
+             other processes",
+            others.len()
+        );
+        assert!(
+            others.is_empty(),
+            "{hz} Hz: samples of other processes: {others:?}"
+        );
+        assert!(
+            (share - measured).abs() <= SHARE_TOLERANCE,
+            "{hz} Hz: burn_a's share {share:.3}, measured {measured:.3}\n{}",
+            daemon.describe()
+        );
+        assert!(
+            (3.9..5.0).contains(&duration_s),
+            "a 4 s capture lasted {duration_s:.2} s"
+        );
+        assert_eq!(profile.period, 1_000_000_000 / hz, "the capture's rate");
+        // The burner keeps a CPU busy: about 4 s of samples at that rate.
+        let expected = 4.0 * hz as f64;
+        assert!(
+            (0.8 * expected..1.1 * expected).contains(&(count as f64)),
+            "{hz} Hz: {count} samples in 4 s"
+        );
+    }
     // Bad input: a one-line reason and the status.
     for (path, status) in [
         ("/debug/pprof/profile?seconds=abc", 400),
@@ -160,6 +163,7 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         ("/debug/pprof/profile?seconds=100000", 400),
         ("/debug/pprof/profile?pid=abc", 400),
         ("/debug/pprof/profile?hz=1000", 400),
+        ("/debug/pprof/profile?hz=1001&pid=1", 400),
         ("/debug/pprof/profile?debug=1", 400),
         ("/debug/pprof/profile?pid=999999999", 404),
         ("/debug/pprof/nothing", 404),
@@ -217,17 +221,57 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         assert_eq!(status, 200, "{body}");
     }
 
+    // A capture on events of its own closes them when its client goes
+    // away: the daemon's BPF links, counted before, during and after.
+    let links = || bpf_links(daemon.pid());
+    let mut busy = Running::start(&exe, &["30", "--wait-stdin"]);
+    busy.release();
+    let before = links();
+    let mut stream = TcpStream::connect(addr).expect("connecting");
+    write!(
+        stream,
+        "GET /debug/pprof/profile?seconds=60&hz=499&pid={} HTTP/1.1\r\nhost: x\r\n\r\n",
+        busy.pid()
+    )
+    .expect("writing a request");
+    let opened = format!("cpu of pid {} for 60 s at 499 Hz", busy.pid());
+    daemon.wait_log(Duration::from_secs(10), |l| l.contains(&opened));
+    let during = links();
+    drop(stream);
+    std::thread::sleep(Duration::from_millis(2500));
+    let after = links();
+    busy.kill();
+    println!(
+        "BPF links: {before} before a capture of its own, {during} during, {after} after its client left"
+    );
+    assert!(during > before, "{during} links during, {before} before");
+    assert_eq!(after, before, "links left after the client went away");
+
     // The scheduled file holds the target's whole run as before.
     daemon.signal(libc::SIGINT);
     daemon.wait_success(Duration::from_secs(20));
     let scheduled = of_pid(&flatten_all(&read_profiles(&out, "cpu")), pid);
     let scheduled_ns: i64 = scheduled.iter().map(|s| s.cpu_ns).sum();
     println!("the scheduled file: {scheduled_ns} ns of pid {pid}");
+    // Neither more (the 499 Hz events' samples are the capture's alone)
+    // nor less than the target's 6 s.
     assert!(
-        scheduled_ns as f64 >= 0.8 * 6e9,
+        (0.8 * 6e9..1.15 * 6e9).contains(&(scheduled_ns as f64)),
         "the scheduled file holds {scheduled_ns} ns of the target's 6 s\n{}",
         daemon.describe()
     );
+}
+
+/// The BPF links process `pid` holds open.
+fn bpf_links(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the daemon's descriptors")
+        .flatten()
+        .filter(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| target.to_string_lossy() == "anon_inode:bpf_link")
+        })
+        .count()
 }
 
 /// `go tool pprof -proto URL` (PPROF_TMPDIR and HOME in `tmp`): the
@@ -282,6 +326,71 @@ fn heap_truth(stdout: &str) -> Vec<(String, u64, u64, u64)> {
             )
         })
         .collect()
+}
+
+/// A CPU capture of a process a `--pid` daemon does not profile: sampled
+/// on events of its own for the capture only, in the split the program
+/// measured; the scheduled files hold none of it. The heap of such a
+/// process is refused (404) for now.
+#[test]
+fn a_process_the_daemon_does_not_profile_is_sampled_for_its_capture_only() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::CpuRatioC.build(tmp.path(), "pprof_outsider");
+    let target_exe = Workload::CpuRatioC.build(tmp.path(), "pprof_target");
+    let out = tmp.path().join("out");
+    let mut target = Running::start(&target_exe, &["8", "--wait-stdin"]);
+    let target_pid = target.pid().to_string();
+    let (mut daemon, addr) = http_daemon(&out, &["--pid", &target_pid, "--profiles", "cpu,heap"]);
+    target.release();
+    let mut outsider = Running::start(&exe, &["4", "--wait-stdin"]);
+    let pid = outsider.pid();
+    outsider.release();
+    let profile = fetch_with_pprof(
+        &format!("http://{addr}/debug/pprof/profile?seconds=3&pid={pid}"),
+        tmp.path(),
+    );
+    let report = parse_report(&outsider.finish(Duration::from_secs(20)), "pid");
+    let samples = flatten(&profile);
+    let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
+    let share = a as f64 / (a + b).max(1) as f64;
+    let measured = field(&report, "a_ns") as f64
+        / (field(&report, "a_ns") + field(&report, "b_ns")).max(1) as f64;
+    let count: i64 = samples.iter().map(|s| s.values[0]).sum();
+    println!(
+        "pid {pid}, not profiled by the daemon, 3 s on demand: {count} samples, burn_a's share \
+         {share:.3} (measured {measured:.3})"
+    );
+    assert!(
+        samples.iter().all(|s| s.pid() == pid),
+        "other processes' samples"
+    );
+    assert!(
+        (share - measured).abs() <= SHARE_TOLERANCE,
+        "burn_a's share {share:.3}, measured {measured:.3}\n{}",
+        daemon.describe()
+    );
+    assert!(
+        (0.8 * 3.0 * 99.0..1.1 * 3.0 * 99.0).contains(&(count as f64)),
+        "{count} samples"
+    );
+    let (status, _, body) = get(
+        addr,
+        &format!("/debug/pprof/heap?pid={}", std::process::id()),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body.trim_end().lines().count(), 1, "{body}");
+    let _ = target.finish(Duration::from_secs(20));
+    daemon.wait_success(Duration::from_secs(20));
+    let scheduled = flatten_all(&read_profiles(&out, "cpu"));
+    assert!(
+        !of_pid(&scheduled, target.pid()).is_empty(),
+        "the target's samples"
+    );
+    assert!(
+        of_pid(&scheduled, pid).is_empty(),
+        "the outsider's samples in the files"
+    );
 }
 
 /// Heap and block profiles on demand, from a daemon that collects them for

@@ -3,6 +3,7 @@
 
 use foldhash::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use profiler_common::{COMM_LEN, STACK_LOST, STACK_NONE, SampleKey, StackHash};
 
@@ -62,12 +63,17 @@ impl SampleId {
     }
 }
 
+/// Samples of an on-demand capture's own events drained after it ended
+/// (taken between its last drain and the closing of its events).
+pub static SAMPLES_AFTER_CAPTURE: AtomicU64 = AtomicU64::new(0);
+
 /// One window's CPU samples.
 #[derive(Default, Debug)]
 pub struct CpuWindow {
     pub samples: HashMap<SampleId, u64>,
     /// Stacks lost between the kernel recording them and the drain.
     pub missing_stacks: u64,
+
     /// Go label sets by id; carried from window to window (see
     /// `GoLabelSets::end_window`).
     pub go_labels: GoLabelSets,
@@ -118,16 +124,30 @@ impl CpuWindow {
             let kernel = resolve(key.kernel_stack);
             let mut id = sample_id(&key, user, kernel);
             id.generation = generation(key.tgid, key.image_since);
-            self.taps.add(id.tgid, &id, |n| *n += count);
-            *self.samples.entry(id).or_insert(0) += count;
+            self.add_counted(id, key.tap, count);
         }
         self.missing_stacks += missing;
     }
 
-    /// Adds one sample whose stacks were resolved in the daemon.
-    pub fn add(&mut self, id: SampleId) {
-        self.taps.add(id.tgid, &id, |n| *n += 1);
-        *self.samples.entry(id).or_insert(0) += 1;
+    /// Adds one sample whose stacks were resolved in the daemon, taken by
+    /// the events of capture `tap` (0: the schedule's).
+    pub fn add(&mut self, id: SampleId, tap: u64) {
+        self.add_counted(id, tap, 1);
+    }
+
+    /// Adds `count` samples of `id`: those of the schedule's events to the
+    /// window and the taps that share it, those of a capture's own events
+    /// (`tap`) to that capture only.
+    fn add_counted(&mut self, id: SampleId, tap: u64, count: u64) {
+        if tap != 0 {
+            if !self.taps.add_own(tap, &id, |n| *n += count) {
+                // Its capture ended between the sample and the drain.
+                SAMPLES_AFTER_CAPTURE.fetch_add(count, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.taps.add(id.tgid, &id, |n| *n += count);
+        *self.samples.entry(id).or_insert(0) += count;
     }
 
     /// Total samples in the window.
@@ -169,6 +189,7 @@ mod tests {
             image_since: 0,
             leaf_words: [0; 2],
             go_labels: 0,
+            tap: 0,
         }
     }
 

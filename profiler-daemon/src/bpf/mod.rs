@@ -4,12 +4,14 @@
 //! reads (`drain`, `map_syscalls`, and Go label sets: `go_labels`),
 //! user-space probes and their links
 //! (`uprobes`, `perf_uprobe`; the raw loads and links aya lacks:
-//! `raw_programs`) and link closing, Go park probes on a duty
+//! `raw_programs`) and link closing, the CPU-clock events of on-demand
+//! captures (`capture_events`), Go park probes on a duty
 //! cycle (`park_budget`), the
 //! kernel programs' own log (`log`), and where user-space probes go
 //! (`attach/`: allocators, Go and pthread park points, probe placement).
 
 pub mod attach;
+pub(crate) mod capture_events;
 pub mod check;
 pub(crate) mod drain;
 pub(crate) mod features;

@@ -11,7 +11,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
-use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, perf_event_attr};
+use aya_obj::generated::perf_event_attr;
 
 /// `PERF_FLAG_FD_CLOEXEC` of perf_event_open(2) (not in the libc crate).
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
@@ -82,49 +82,38 @@ impl UprobePmu {
         // A probe in every process is an event of no task on one CPU; the
         // program runs wherever the probe hits.
         let (task, cpu) = if pid == 0 { (-1, 0) } else { (pid as i32, -1) };
-        // SAFETY: `attr` and the path it points to outlive the call.
-        let event = unsafe {
-            libc::syscall(
-                libc::SYS_perf_event_open,
-                &attr as *const perf_event_attr,
-                task,
-                cpu,
-                -1,
-                PERF_FLAG_FD_CLOEXEC,
-            )
-        };
-        if event < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        let event = unsafe { OwnedFd::from_raw_fd(event as RawFd) };
-        // SAFETY: bpf_attr is plain data; all-zero is its documented default.
-        let mut link: bpf_attr = unsafe { zeroed() };
-        // SAFETY: writing plain fields of the BPF_LINK_CREATE member.
-        unsafe {
-            let create = &mut link.link_create;
-            create.__bindgen_anon_1.prog_fd = prog_fd as u32;
-            create.__bindgen_anon_2.target_fd = std::os::fd::AsRawFd::as_raw_fd(&event) as u32;
-            create.attach_type = bpf_attach_type::BPF_PERF_EVENT as u32;
-            create.__bindgen_anon_3.perf_event.bpf_cookie = cookie;
-        }
-        // SAFETY: `link` is a valid bpf_attr for the call.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                bpf_cmd::BPF_LINK_CREATE as libc::c_long,
-                &mut link as *mut bpf_attr,
-                size_of::<bpf_attr>() as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let event = open_event(&attr, task, cpu)?;
+        let fd = crate::bpf::raw_programs::link_perf_event(
+            prog_fd,
+            std::os::fd::AsRawFd::as_raw_fd(&event),
+            cookie,
+        )?;
         // The link holds its own reference to the event.
         drop(event);
         // SAFETY: a new descriptor that nothing else owns.
         Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
     }
+}
+
+/// perf_event_open(2) of `attr` on `task` (-1: any) and `cpu` (-1: any),
+/// close-on-exec. Allocates nothing and calls only `syscall`.
+pub fn open_event(attr: &perf_event_attr, task: i32, cpu: i32) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` and whatever it points to outlive the call.
+    let event = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const perf_event_attr,
+            task,
+            cpu,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if event < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(event as RawFd) })
 }
 
 #[cfg(test)]

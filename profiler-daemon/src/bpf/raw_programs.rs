@@ -8,7 +8,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
+use aya_obj::generated::{bpf_attach_type, bpf_attr, bpf_cmd, bpf_insn, bpf_prog_type};
 
 /// `BPF_TRACE_UPROBE_SESSION` in `enum bpf_attach_type` (newer than the
 /// bindings of aya-obj 0.3).
@@ -154,6 +154,25 @@ pub fn create_link(
         multi.cookies = cookies.as_ptr() as u64;
         multi.cnt = offsets.len() as u32;
         multi.pid = pid;
+    }
+    sys_bpf(bpf_cmd::BPF_LINK_CREATE as libc::c_long, &mut attr)
+}
+
+/// `BPF_LINK_CREATE` of program `prog_fd` to perf event `event_fd` with
+/// `cookie` (`BPF_PERF_EVENT`, Linux 5.15), which the program reads with
+/// `bpf_get_attach_cookie`. The link holds its own reference to the event.
+/// Allocates nothing and calls only `syscall`, so it may run in a forked
+/// child before exec.
+pub fn link_perf_event(prog_fd: RawFd, event_fd: RawFd, cookie: u64) -> io::Result<RawFd> {
+    // SAFETY: bpf_attr is plain data; all-zero is its documented default.
+    let mut attr: bpf_attr = unsafe { zeroed() };
+    // SAFETY: writing plain fields of the BPF_LINK_CREATE member.
+    unsafe {
+        let create = &mut attr.link_create;
+        create.__bindgen_anon_1.prog_fd = prog_fd as u32;
+        create.__bindgen_anon_2.target_fd = event_fd as u32;
+        create.attach_type = bpf_attach_type::BPF_PERF_EVENT as u32;
+        create.__bindgen_anon_3.perf_event.bpf_cookie = cookie;
     }
     sys_bpf(bpf_cmd::BPF_LINK_CREATE as libc::c_long, &mut attr)
 }

@@ -17,13 +17,16 @@ pub struct Tap<K, V> {
     pub id: u64,
     /// The processes it gathers (none: all).
     pids: Vec<u32>,
+    /// It takes only the rows its own events produce ([`Taps::add_own`]),
+    /// none of the window's: CPU samples at a rate of its own.
+    own_events: bool,
     pub rows: HashMap<K, V>,
 }
 
 impl<K, V> Tap<K, V> {
-    /// Whether the tap gathers process `tgid`.
+    /// Whether the tap gathers process `tgid`'s rows of the window.
     pub fn wants(&self, tgid: u32) -> bool {
-        self.pids.is_empty() || self.pids.contains(&tgid)
+        !self.own_events && (self.pids.is_empty() || self.pids.contains(&tgid))
     }
 }
 
@@ -43,8 +46,32 @@ impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
         self.0.push(Tap {
             id,
             pids,
+            own_events: false,
             rows: HashMap::default(),
         });
+    }
+
+    /// Starts gathering what capture `id`'s own events produce.
+    pub fn open_own(&mut self, id: u64) {
+        self.0.push(Tap {
+            id,
+            pids: Vec::new(),
+            own_events: true,
+            rows: HashMap::default(),
+        });
+    }
+
+    /// Applies `f` to `key`'s row in tap `id`, which its own events
+    /// produced; false if no such tap is open (it ended: the row is for
+    /// nobody).
+    pub fn add_own(&mut self, id: u64, key: &K, f: impl FnOnce(&mut V)) -> bool {
+        match self.0.iter_mut().find(|t| t.id == id) {
+            Some(tap) => {
+                f(tap.rows.entry(key.clone()).or_default());
+                true
+            }
+            None => false,
+        }
     }
 
     /// Ends capture `id`'s tap and hands over what it gathered.
@@ -91,5 +118,13 @@ mod tests {
         taps.open(9, vec![]);
         taps.drop_ids(&[9]);
         assert!(taps.take(9).is_none());
+        // A tap of its own events takes none of the window's rows.
+        taps.open_own(10);
+        taps.add(1, &"a", |v| *v += 1);
+        assert!(taps.add_own(10, &"own", |v| *v += 4));
+        assert!(!taps.add_own(11, &"own", |v| *v += 4), "no tap 11");
+        let ten = taps.take(10).expect("tap 10");
+        assert_eq!(ten.rows.len(), 1);
+        assert_eq!(ten.rows[&"own"], 4);
     }
 }

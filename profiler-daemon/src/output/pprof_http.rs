@@ -33,6 +33,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::model::profile_kind::ProfileKind;
 
+/// Highest CPU sampling rate a request may ask for.
+pub const MAX_CAPTURE_HZ: u64 = 1000;
 /// Longest capture a request may ask for.
 pub const MAX_CAPTURE_SECONDS: u64 = 300;
 /// A capture's length when the request names none (Go's default).
@@ -56,6 +58,8 @@ pub struct Capture {
     pub kind: ProfileKind,
     pub pids: Vec<u32>,
     pub seconds: u64,
+    /// CPU samples per second asked for (`hz`), if any.
+    pub hz: Option<u64>,
     pub reply: oneshot::Sender<Result<Vec<u8>, Refusal>>,
 }
 
@@ -216,6 +220,8 @@ struct ProfileQuery {
     seconds: u64,
     pids: Vec<u32>,
     format: Format,
+    /// `hz`, if given (CPU only).
+    hz: Option<u64>,
 }
 
 /// What a profile is answered as.
@@ -228,11 +234,13 @@ enum Format {
 }
 
 /// Reads `seconds`, `pid` (repeatable or comma-separated), `format` and
-/// the rate of `kind` (`hz`, `heap_sample_bytes`, `block_rate`,
-/// `mutex_fraction`: only the daemon's own, as rates per request are not
+/// the rate of `kind`: `hz` up to [`MAX_CAPTURE_HZ`] (other than the
+/// daemon's only with `pid`), and `heap_sample_bytes`, `block_rate`,
+/// `mutex_fraction` (only the daemon's own, as rates of their own are not
 /// taken yet).
 fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQuery, String> {
     let mut seconds = None;
+    let mut hz = None;
     let mut pids = Vec::new();
     let mut format = Format::Proto;
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
@@ -262,10 +270,15 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
                 }
             }
             ("hz", ProfileKind::Cpu) => {
-                let hz: u64 = value
+                let asked: u64 = value
                     .parse()
                     .map_err(|_| format!("hz: expected a whole number, got {value:?}"))?;
-                same_rate("hz", hz, rates.cpu_frequency, "Hz")?;
+                if !(1..=MAX_CAPTURE_HZ).contains(&asked) {
+                    return Err(format!(
+                        "hz: {asked} is out of range (1 to {MAX_CAPTURE_HZ})"
+                    ));
+                }
+                hz = Some(asked);
             }
             ("heap_sample_bytes", ProfileKind::Heap) => {
                 let bytes: u64 = value.parse().map_err(|_| {
@@ -312,6 +325,13 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
             }
         }
     }
+    if hz.is_some_and(|hz| hz != rates.cpu_frequency) && pids.is_empty() {
+        return Err(format!(
+            "hz: a rate other than the daemon's ({} Hz) is taken for chosen processes only: \
+             add pid",
+            rates.cpu_frequency
+        ));
+    }
     // Go's heap endpoint without `seconds` answers at once.
     let default = match kind {
         ProfileKind::Heap => 0,
@@ -321,6 +341,7 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
         seconds: seconds.unwrap_or(default),
         pids,
         format,
+        hz,
     })
 }
 
@@ -354,6 +375,7 @@ async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply 
         kind,
         pids: query.pids,
         seconds: query.seconds,
+        hz: query.hz,
         reply: tx,
     };
     if server.captures.try_send(capture).is_err() {
@@ -389,9 +411,10 @@ fn describe(kind: ProfileKind, query: &ProfileQuery) -> String {
         true => "every process".to_owned(),
         false => format!("pid {}", pids.join(",")),
     };
+    let rate = query.hz.map_or(String::new(), |hz| format!(", {hz} Hz"));
     match query.seconds {
         0 => format!("{} now, {whose}", kind.name()),
-        s => format!("{}, {whose}, {s} s", kind.name()),
+        s => format!("{}, {whose}, {s} s{rate}", kind.name()),
     }
 }
 
@@ -547,7 +570,11 @@ fn header(server: &PprofServer) -> String {
         let (what, rate) = match kind {
             ProfileKind::Cpu => (
                 "CPU profile",
-                format!("<code>hz</code> ({} Hz)", rates.cpu_frequency),
+                format!(
+                    "<code>hz</code> (the daemon's {} Hz; up to {MAX_CAPTURE_HZ} with \
+                     <code>pid</code>)",
+                    rates.cpu_frequency
+                ),
             ),
             ProfileKind::Heap => (
                 "sampled allocations over <code>seconds</code> and the in-use set at their end \
@@ -587,7 +614,7 @@ fn header(server: &PprofServer) -> String {
          Every endpoint takes <code>seconds</code> (default {default}, at most {max}), \
          <code>pid</code> (repeatable or comma-separated; every process when absent), \
          <code>format=svg</code> for the flame graph (the links below draw {s} s of every process), \
-         and its rate, which can only be the daemon's.</p>\n\
+         and its rate.</p>\n\
          <table>\n\
          <tr><th>endpoint</th><th>what</th></tr>\n\
          {endpoints}\
@@ -625,6 +652,7 @@ mod tests {
                 seconds: DEFAULT_CAPTURE_SECONDS,
                 pids: vec![],
                 format: Format::Proto,
+                hz: None,
             })
         );
         assert_eq!(
@@ -633,8 +661,10 @@ mod tests {
                 seconds: 10,
                 pids: vec![12, 13],
                 format: Format::Svg,
+                hz: Some(99),
             })
         );
+        assert_eq!(q("pid=7&hz=999").map(|q| q.hz), Ok(Some(999)));
         for (bad, why) in [
             ("seconds=abc", "seconds: expected"),
             ("seconds=0", "out of range"),
@@ -642,7 +672,9 @@ mod tests {
             ("pid=abc", "pid: expected"),
             ("pid=0", "pid: expected"),
             ("pid=-1", "pid: expected"),
-            ("hz=499", "samples at 99 Hz"),
+            ("hz=499", "add pid"),
+            ("hz=1001&pid=7", "out of range"),
+            ("hz=0&pid=7", "out of range"),
             ("hz=x", "hz: expected"),
             ("debug=1", "unknown parameter"),
             ("format=png", "format: expected proto or svg"),

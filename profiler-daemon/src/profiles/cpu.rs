@@ -184,6 +184,7 @@ fn widen<const N: usize>(sample: &StackSample<N>) -> Box<StackSample> {
         tid: sample.tid,
         time_ns: sample.time_ns,
         image_since: sample.image_since,
+        tap: sample.tap,
         ip: sample.ip,
         sp: sample.sp,
         bp: sample.bp,
@@ -226,7 +227,7 @@ pub(crate) fn add_stack_sample<const N: usize>(
         None => Stack::Truncated(Arc::from(vec![sample.ip])),
     };
     let kernel = kernel_stack(&sample.kernel[..(sample.kernel_len as usize).min(MAX_STACK_DEPTH)]);
-    cpu.add(SampleId {
+    let id = SampleId {
         tgid: sample.tgid,
         generation,
         tid: sample.tid,
@@ -238,18 +239,21 @@ pub(crate) fn add_stack_sample<const N: usize>(
         go_labels: 0,
         go_wait: 0,
         python,
-    });
+    };
+    cpu.add(id, sample.tap);
 }
 
+/// The CPU profile of `cpu`'s samples, taken at `frequency` per second,
+/// over `(time_nanos, duration_nanos)`.
 pub(crate) fn build_cpu_profile(
     settings: &Settings,
     symbolizer: &mut Symbolizer,
     procs: &mut ProcessTable,
     cpu: &mut CpuWindow,
-    time_nanos: i64,
-    duration_nanos: i64,
+    frequency: u64,
+    (time_nanos, duration_nanos): (i64, i64),
 ) -> pprof_proto::Profile {
-    let period = 1_000_000_000 / settings.cpu_frequency.max(1) as i64;
+    let period = 1_000_000_000 / frequency.max(1) as i64;
     let mut builder = ProfileBuilder::new(ProfileKind::Cpu, period, time_nanos, duration_nanos);
     let mut frames: Vec<Frame> = Vec::with_capacity(256);
     for id in cpu.samples.keys() {
@@ -292,6 +296,7 @@ mod tests {
             tid: tgid,
             time_ns,
             image_since,
+            tap: 0,
             ip: sample as fn(u32, u64, u64) -> StackSample<SHORT_STACK_BYTES> as usize as u64,
             sp: 0,
             bp: 0,

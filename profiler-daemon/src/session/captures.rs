@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::oneshot;
 
+use crate::bpf::capture_events::CaptureEvents;
 use crate::bpf::drain::CpuWindow;
+use crate::bpf::probes::Probes;
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::{Capture, MAX_CAPTURES, Refusal};
@@ -22,6 +24,11 @@ use crate::stacks::symbolize::Symbolizer;
 struct Running {
     id: u64,
     kind: ProfileKind,
+    /// CPU samples per second its samples were taken at.
+    hz: u64,
+    /// Its own CPU-clock events (a rate, or processes, the schedule's
+    /// events do not cover).
+    events: Option<CaptureEvents>,
     started: SystemTime,
     started_at: Instant,
     ends: Instant,
@@ -30,6 +37,8 @@ struct Running {
 
 /// Where the taps of each profile type are.
 pub(crate) struct Tapped<'a> {
+    /// The CPU sampler's program, for captures' own events.
+    pub(crate) probes: &'a Probes,
     pub(crate) cpu: &'a mut CpuWindow,
     pub(crate) heap: &'a mut HeapTable,
     pub(crate) waits: &'a mut Waits,
@@ -71,7 +80,9 @@ impl Captures {
     /// does not collect that type, a process is not one the daemon
     /// profiles (`targets`: the `--pid` targets and the command's
     /// processes; none when it profiles every process), or MAX_CAPTURES
-    /// run already.
+    /// run already. A CPU capture at a rate other than the daemon's, or of
+    /// processes it does not profile, gets CPU-clock events of its own on
+    /// those processes' threads.
     pub(crate) fn start(
         &mut self,
         capture: Capture,
@@ -80,17 +91,20 @@ impl Captures {
         mut tapped: Tapped<'_>,
     ) {
         let kind = capture.kind;
+        let uncovered = capture
+            .pids
+            .iter()
+            .find(|pid| targets.is_some_and(|targets| !targets.contains(pid)));
+        let own_events = kind == ProfileKind::Cpu
+            && !capture.pids.is_empty()
+            && (capture.hz.is_some_and(|hz| hz != settings.cpu_frequency) || uncovered.is_some());
         let refusal = if !settings.profiles.contains(&kind) || kind == ProfileKind::Goroutine {
             Some(Refusal::Unavailable(format!(
                 "this daemon does not collect {} profiles (--profiles); on-demand probes are not \
                  attached yet",
                 kind.name()
             )))
-        } else if let Some(pid) = capture
-            .pids
-            .iter()
-            .find(|pid| targets.is_some_and(|targets| !targets.contains(pid)))
-        {
+        } else if let Some(pid) = uncovered.filter(|_| !own_events) {
             Some(Refusal::NotProfiled(format!(
                 "process {pid} is not one this daemon profiles (--pid or its command)"
             )))
@@ -107,24 +121,44 @@ impl Captures {
             let _ = capture.reply.send(Err(refusal));
             return;
         }
-        self.next_id += 1;
+        let id = self.next_id + 1;
+        let hz = capture.hz.unwrap_or(settings.cpu_frequency);
+        let events = match own_events {
+            true => match open_events(tapped.probes, id, hz, &capture.pids) {
+                Ok(events) => Some(events),
+                Err(refusal) => {
+                    let _ = capture.reply.send(Err(refusal));
+                    return;
+                }
+            },
+            false => None,
+        };
+        self.next_id = id;
         let now = Instant::now();
         // Who was profiled, and when, is in the log.
         let whose: Vec<String> = capture.pids.iter().map(u32::to_string).collect();
         tracing::info!(target: "profilerd::session",
-            "on-demand capture {} started: {} of {} for {} s",
-            self.next_id,
+            "on-demand capture {id} started: {} of {} for {} s{}",
             kind.name(),
             match whose.is_empty() {
                 true => "every process".to_owned(),
                 false => format!("pid {}", whose.join(",")),
             },
             capture.seconds,
+            match &events {
+                Some(events) => format!(" at {hz} Hz on {} threads", events.threads()),
+                None => String::new(),
+            },
         );
-        tapped.open(kind, self.next_id, capture.pids);
+        match events {
+            Some(_) => tapped.cpu.taps.open_own(id),
+            None => tapped.open(kind, id, capture.pids),
+        }
         self.running.push(Running {
-            id: self.next_id,
+            id,
             kind,
+            hz,
+            events,
             started: SystemTime::now(),
             started_at: now,
             ends: now + Duration::from_secs(capture.seconds),
@@ -137,8 +171,21 @@ impl Captures {
         self.running.iter().map(|r| r.ends).min()
     }
 
+    /// Every tick: ends the captures whose client went away (their taps
+    /// and events go), and gives the others' events the threads started
+    /// since.
+    pub(crate) fn tick(&mut self, tapped: Tapped<'_>) {
+        if let Some(prog) = tapped.probes.cpu_program() {
+            for events in self.running.iter_mut().filter_map(|r| r.events.as_mut()) {
+                // A thread gone before its event opened is counted there.
+                let _ = events.rescan(prog);
+            }
+        }
+        self.drop_abandoned(tapped);
+    }
+
     /// Ends the captures whose client went away: their taps go.
-    pub(crate) fn drop_abandoned(&mut self, mut tapped: Tapped<'_>) {
+    fn drop_abandoned(&mut self, mut tapped: Tapped<'_>) {
         let gone: Vec<u64> = self
             .running
             .iter()
@@ -175,7 +222,9 @@ impl Captures {
                 tapped.drop_ids(&[capture.id]);
                 continue;
             }
-            let Tapped { cpu, heap, waits } = &mut tapped;
+            let Tapped {
+                cpu, heap, waits, ..
+            } = &mut tapped;
             let time_nanos = capture
                 .started
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -193,8 +242,19 @@ impl Captures {
                         ..CpuWindow::default()
                     };
                     std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
-                    let profile =
-                        build_cpu_profile(settings, symbolizer, procs, &mut window, span.0, span.1);
+                    if let Some(events) = &capture.events {
+                        tracing::debug!(target: "profilerd::session",
+                            "on-demand capture {} ended: {} threads sampled, {} missed",
+                            capture.id, events.threads(), events.threads_missed);
+                    }
+                    let profile = build_cpu_profile(
+                        settings,
+                        symbolizer,
+                        procs,
+                        &mut window,
+                        capture.hz,
+                        span,
+                    );
                     std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
                     profile
                 }
@@ -224,4 +284,20 @@ impl Captures {
             let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
         }
     }
+}
+
+/// Opens capture `id`'s own CPU-clock events at `hz` on the threads of
+/// `pids`, or says why it cannot.
+fn open_events(probes: &Probes, id: u64, hz: u64, pids: &[u32]) -> Result<CaptureEvents, Refusal> {
+    let Some(prog) = probes.cpu_program() else {
+        return Err(Refusal::Unavailable(
+            "this daemon does not take CPU samples (--profiles)".into(),
+        ));
+    };
+    CaptureEvents::open(prog, id, hz, pids.to_vec()).map_err(|e| match e.raw_os_error() {
+        Some(libc::ESRCH) => Refusal::NotProfiled(format!(
+            "no thread of {pids:?} could be sampled: the processes exited"
+        )),
+        _ => Refusal::Unavailable(format!("cannot sample {pids:?} at {hz} Hz: {e}")),
+    })
 }

@@ -534,7 +534,8 @@ impl Session {
         self.read_wait_events(rings.wait_events.get_mut());
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
-        self.captures.drop_abandoned(Tapped {
+        self.captures.tick(Tapped {
+            probes: &self.probes,
             cpu: &mut self.window.cpu,
             heap: &mut self.heap,
             waits: &mut self.waits,
@@ -612,6 +613,7 @@ impl Session {
             &self.settings,
             targets.as_deref(),
             Tapped {
+                probes: &self.probes,
                 cpu: &mut self.window.cpu,
                 heap: &mut self.heap,
                 waits: &mut self.waits,
@@ -632,6 +634,7 @@ impl Session {
             &mut self.symbolizer,
             &mut self.procs,
             Tapped {
+                probes: &self.probes,
                 cpu: &mut self.window.cpu,
                 heap: &mut self.heap,
                 waits: &mut self.waits,

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use profiler_common::counter;
 
+use crate::bpf::drain::SAMPLES_AFTER_CAPTURE;
 use crate::bpf::go_labels::GoLabelSets;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::WRAPPED_RECORDS;
@@ -229,6 +230,7 @@ pub(crate) fn log_summary(
         unwinds_cut_past_long_copy = u.tops.cut_past_long,
         samples_waited_for_image = SAMPLES_WAITED_FOR_IMAGE.load(Ordering::Relaxed),
         samples_image_unheard = SAMPLES_IMAGE_UNHEARD.load(Ordering::Relaxed),
+        samples_after_capture = SAMPLES_AFTER_CAPTURE.load(Ordering::Relaxed),
         counts_ahead_of_image = COUNTS_AHEAD_OF_IMAGE.load(Ordering::Relaxed),
         ring_records_wrapped = WRAPPED_RECORDS.load(Ordering::Relaxed),
         stack_tops_taken_back = u.tops.taken_back,

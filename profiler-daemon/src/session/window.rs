@@ -70,8 +70,8 @@ pub(crate) fn write_window(
                 symbolizer,
                 procs,
                 &mut window.cpu,
-                time_nanos,
-                duration.as_nanos() as i64,
+                settings.cpu_frequency,
+                (time_nanos, duration.as_nanos() as i64),
             ),
             ProfileKind::Heap => build_heap_profile(
                 settings,

@@ -14,7 +14,7 @@ use aya_ebpf::{
     bindings::{BPF_F_NO_PREALLOC, BPF_F_USER_STACK, BPF_NOEXIST, bpf_perf_event_data},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid,
-        generated::{bpf_get_stack, bpf_ktime_get_ns},
+        generated::{bpf_get_attach_cookie, bpf_get_stack, bpf_ktime_get_ns},
     },
     macros::{map, perf_event},
     maps::{Array, HashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
@@ -80,8 +80,10 @@ fn try_cpu_sample(ctx: PerfEventContext) -> Result<u32, u32> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
-    // The idle task: the CPU did no work for anyone.
-    if tid == 0 || !is_target(tgid) {
+    // The idle task: the CPU did no work for anyone. An on-demand
+    // capture's own events are opened on its processes' threads, which
+    // need not be targets.
+    if tid == 0 || (tap(&ctx) == 0 && !is_target(tgid)) {
         return Ok(0);
     }
     count(counter::SAMPLES);
@@ -166,8 +168,17 @@ fn walked_sample(
         image_since,
         leaf_words: [0; 2],
         go_labels: 0,
+        tap: tap(ctx),
     };
     (active, key)
+}
+
+/// The on-demand capture whose own events fired (their links' cookie);
+/// 0 for the schedule's events, linked without one.
+#[inline(always)]
+fn tap(ctx: &PerfEventContext) -> u64 {
+    // SAFETY: a perf_event program's context; the helper reads its event.
+    unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }
 }
 
 /// What `cpu_sample` hands to `go_sample`: the sample's thread and image,
@@ -436,6 +447,7 @@ fn fill_stack_sample<const N: usize>(
         (*out).tid = tid;
         (*out).time_ns = bpf_ktime_get_ns();
         (*out).image_since = image_since;
+        (*out).tap = tap(ctx);
         (*out).ip = ip;
         (*out).sp = sp;
         (*out).bp = bp;

@@ -620,6 +620,16 @@ impl Probes {
         self.cpu_attached = false;
     }
 
+    /// The CPU sampler, for the events of on-demand captures to link to;
+    /// None when the CPU profile is off (the sampler is not loaded then).
+    pub fn cpu_program(&self) -> Option<BorrowedFd<'_>> {
+        if !self.cpu_attached {
+            return None;
+        }
+        let program: &PerfEvent = self.ebpf.program("cpu_sample")?.try_into().ok()?;
+        program.fd().ok().map(|fd| fd.as_fd())
+    }
+
     /// Adds a process to the target set.
     pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
         self.targets
