@@ -236,6 +236,11 @@ impl Daemon {
         }
     }
 
+    /// The log lines kept so far.
+    pub(crate) fn log(&self) -> &[String] {
+        &self.log
+    }
+
     /// Takes the log lines that have arrived, for up to `wait`.
     pub(crate) fn drain(&mut self, wait: Duration) -> Vec<String> {
         let mut new = Vec::new();

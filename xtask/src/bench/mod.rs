@@ -18,7 +18,9 @@
 //! (waits.rs), with `--baseline BIN` side by side with another build of
 //! the daemon; `cargo xtask bench --go` what profiling a Go program costs
 //! it (go.rs); `cargo xtask bench --runtimes` what a CPU sample costs in
-//! C, Python and Node processes (runtimes.rs).
+//! C, Python and Node processes (runtimes.rs); `cargo xtask bench
+//! --on-demand` what a 999 Hz capture over HTTP and an idle server cost
+//! (on_demand.rs).
 
 use std::fs;
 use std::path::Path;
@@ -30,6 +32,7 @@ pub mod footprint;
 pub mod go;
 pub mod harness;
 pub mod heap;
+pub mod on_demand;
 pub mod runtimes;
 pub mod waits;
 
@@ -74,6 +77,12 @@ pub struct BenchArgs {
     /// target/bench-runtimes.md).
     #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint", "go"])]
     runtimes: bool,
+    /// Measure what profiles on demand cost instead: a busy thread's work
+    /// bare, under the daemon, with an idle `--http-addr` server, during a
+    /// 999 Hz capture of it and under perf record -F 999 (`--seconds` per
+    /// run; writes target/bench-on-demand.md).
+    #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint", "go", "runtimes"])]
+    on_demand: bool,
     /// With --go: only these tables (comma-separated: cpu, heap,
     /// channels, goroutines).
     #[arg(long, value_name = "TABLES", requires = "go", value_delimiter = ',')]
@@ -127,6 +136,11 @@ pub fn run(root: &Path, args: BenchArgs) -> Result<()> {
             .context("enabling BPF run-time stats")
             .and_then(|()| runtimes::measure(root, &bin, &work, args.seconds));
         (result, root.join("target/bench-runtimes.md"))
+    } else if args.on_demand {
+        let result = fs::write("/proc/sys/kernel/bpf_stats_enabled", "1")
+            .context("enabling BPF run-time stats")
+            .and_then(|()| on_demand::measure(&bin, &work, args.seconds));
+        (result, root.join("target/bench-on-demand.md"))
     } else if args.waits {
         (
             waits::measure(&bin, baseline.as_deref(), &work),

@@ -527,4 +527,40 @@ mod tests {
         assert_eq!(rows[0].1.contentions, 0.0);
         assert_eq!(rows[0].1.delay_ns, 5_000.0);
     }
+
+    #[test]
+    fn taps_gather_what_their_windows_gather_from_their_opening() {
+        let mut b = BlockWindow::default();
+        b.add(id(1), 5_000_000, 2_500_000);
+        b.taps.open(1, vec![1]);
+        b.taps.open(2, vec![99]);
+        b.add(id(1), 5_000_000, 2_500_000);
+        let window = b.close();
+        assert_eq!(window[0].1.delay_ns, 10_000_000.0);
+        let tapped = b.take_tap(1);
+        assert_eq!(tapped.len(), 1);
+        assert_eq!(tapped[0].1.delay_ns, 5_000_000.0, "since its opening only");
+        assert!(b.take_tap(2).is_empty(), "another process's tap");
+
+        // A mutex tap: the wake-up and a delay that arrives after it, on a
+        // condition's word, labelled as the window's rows are.
+        let mut m = MutexTable::new(1);
+        m.taps.open(3, vec![]);
+        let word = SampleId {
+            object: 0x1008,
+            ..id(2)
+        };
+        m.note_cond_word(&SampleId {
+            cond: 0x1000,
+            ..word.clone()
+        });
+        m.wake(9, word);
+        m.delay(9, 4_000);
+        let window = m.close();
+        let tapped = m.take_tap(3);
+        assert_eq!(tapped.len(), 1);
+        assert_eq!(tapped[0].1, window[0].1);
+        assert_eq!((tapped[0].0.object, tapped[0].0.cond), (0x1008, 0x1000));
+        assert_eq!(tapped[0].1.delay_ns, 4_000.0);
+    }
 }
