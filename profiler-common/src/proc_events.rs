@@ -4,6 +4,17 @@
 /// Processes that may be targeted at once (`--pid`, `-- COMMAND` and descendants).
 pub const TARGETS_ENTRIES: u32 = 8_192;
 
+/// What a process in the target table is there for (its value).
+pub mod target_kind {
+    /// Profiled by the schedule (`--pid`, the command, their children):
+    /// its children are followed.
+    pub const PROFILED: u8 = 1;
+    /// Only for an on-demand capture of a process the schedule does not
+    /// profile: its records go to that capture alone, and its children
+    /// are not followed.
+    pub const CAPTURED: u8 = 2;
+}
+
 /// Processes whose first appearance has been reported to the daemon.
 pub const SEEN_ENTRIES: u32 = 32_768;
 

@@ -147,7 +147,9 @@ impl CpuWindow {
             return;
         }
         self.taps.add(id.tgid, &id, |n| *n += count);
-        *self.samples.entry(id).or_insert(0) += count;
+        if self.taps.window_wants(id.tgid) {
+            *self.samples.entry(id).or_insert(0) += count;
+        }
     }
 
     /// Total samples in the window.

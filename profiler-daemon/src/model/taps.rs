@@ -30,20 +30,44 @@ impl<K, V> Tap<K, V> {
     }
 }
 
-/// The taps of one profile's window (at most a handful: one per capture).
+/// The taps of one profile's window (at most a handful: one per capture),
+/// and the processes that are there for captures only.
 #[derive(Debug)]
-pub struct Taps<K, V>(Vec<Tap<K, V>>);
+pub struct Taps<K, V> {
+    taps: Vec<Tap<K, V>>,
+    /// Processes the schedule does not profile, sampled for a capture
+    /// that names them: their rows go to the taps that name them, never
+    /// to the window.
+    guests: Vec<u32>,
+}
 
 impl<K, V> Default for Taps<K, V> {
     fn default() -> Self {
-        Taps(Vec::new())
+        Taps {
+            taps: Vec::new(),
+            guests: Vec::new(),
+        }
+    }
+}
+
+impl<K, V> Taps<K, V> {
+    /// The processes there for captures only, from now on.
+    pub fn set_guests(&mut self, guests: &[u32]) {
+        self.guests.clear();
+        self.guests.extend_from_slice(guests);
+    }
+
+    /// Whether process `tgid`'s rows belong in the window (it is not
+    /// there for a capture only).
+    pub fn window_wants(&self, tgid: u32) -> bool {
+        !self.guests.contains(&tgid)
     }
 }
 
 impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
     /// Starts gathering `pids` (none: all) for capture `id`.
     pub fn open(&mut self, id: u64, pids: Vec<u32>) {
-        self.0.push(Tap {
+        self.taps.push(Tap {
             id,
             pids,
             own_events: false,
@@ -53,7 +77,7 @@ impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
 
     /// Starts gathering what capture `id`'s own events produce.
     pub fn open_own(&mut self, id: u64) {
-        self.0.push(Tap {
+        self.taps.push(Tap {
             id,
             pids: Vec::new(),
             own_events: true,
@@ -65,7 +89,7 @@ impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
     /// produced; false if no such tap is open (it ended: the row is for
     /// nobody).
     pub fn add_own(&mut self, id: u64, key: &K, f: impl FnOnce(&mut V)) -> bool {
-        match self.0.iter_mut().find(|t| t.id == id) {
+        match self.taps.iter_mut().find(|t| t.id == id) {
             Some(tap) => {
                 f(tap.rows.entry(key.clone()).or_default());
                 true
@@ -76,19 +100,22 @@ impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
 
     /// Ends capture `id`'s tap and hands over what it gathered.
     pub fn take(&mut self, id: u64) -> Option<Tap<K, V>> {
-        let at = self.0.iter().position(|t| t.id == id)?;
-        Some(self.0.swap_remove(at))
+        let at = self.taps.iter().position(|t| t.id == id)?;
+        Some(self.taps.swap_remove(at))
     }
 
     /// Ends the taps of the captures `gone` names.
     pub fn drop_ids(&mut self, gone: &[u64]) {
-        self.0.retain(|t| !gone.contains(&t.id));
+        self.taps.retain(|t| !gone.contains(&t.id));
     }
 
     /// Applies `f` to `key`'s row in every tap that gathers process
-    /// `tgid` (the row made first if new).
+    /// `tgid` (the row made first if new): a guest's only in the taps that
+    /// name it.
     pub fn add(&mut self, tgid: u32, key: &K, mut f: impl FnMut(&mut V)) {
-        for tap in self.0.iter_mut().filter(|t| t.wants(tgid)) {
+        let guest = self.guests.contains(&tgid);
+        let wanted = |t: &&mut Tap<K, V>| t.wants(tgid) && !(guest && t.pids.is_empty());
+        for tap in self.taps.iter_mut().filter(wanted) {
             f(tap.rows.entry(key.clone()).or_default());
         }
     }
@@ -126,5 +153,13 @@ mod tests {
         let ten = taps.take(10).expect("tap 10");
         assert_eq!(ten.rows.len(), 1);
         assert_eq!(ten.rows[&"own"], 4);
+        // A guest's rows: only for the taps that name it.
+        taps.set_guests(&[5]);
+        taps.open(11, vec![5]);
+        taps.open(12, vec![]);
+        taps.add(5, &"guest", |v| *v += 1);
+        assert!(!taps.window_wants(5) && taps.window_wants(1));
+        assert_eq!(taps.take(11).expect("tap 11").rows[&"guest"], 1);
+        assert!(taps.take(12).expect("tap 12").rows.is_empty());
     }
 }

@@ -164,6 +164,20 @@ fn same_secret(given: &[u8], token: &[u8]) -> bool {
 
 /// Answers a request under `/debug/pprof`.
 pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
+    if req.uri().path() == "/debug/pprof/symbol" {
+        // `go tool pprof` posts the addresses a profile left unnamed here
+        // and fails on an error. The daemon named every frame it could
+        // while building the profile: no more names to give, as Go's
+        // handler answers for addresses it does not know.
+        return match *req.method() {
+            Method::GET | Method::POST => reply(
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                "num_symbols: 1\n",
+            ),
+            _ => refuse(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST"),
+        };
+    }
     if req.method() != Method::GET {
         return refuse(StatusCode::METHOD_NOT_ALLOWED, "use GET");
     }

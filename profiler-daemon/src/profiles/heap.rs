@@ -115,8 +115,10 @@ impl HeapTable {
         if go_runtime && !self.go_runtime.contains(&id) {
             self.go_runtime.insert(Arc::clone(&id));
         }
-        self.window.entry(Arc::clone(&id)).or_default().add(size);
         self.taps.add(id.tgid, &id, |tally| tally.add(size));
+        if self.taps.window_wants(id.tgid) {
+            self.window.entry(Arc::clone(&id)).or_default().add(size);
+        }
         if live {
             self.live.insert((id.tgid, addr), LiveAlloc { id, size });
         }
@@ -151,7 +153,8 @@ impl HeapTable {
     /// allocations now, with both tallies. The live set carries over.
     pub fn close_window(&mut self) -> Vec<HeapRow> {
         let window = std::mem::take(&mut self.window);
-        let rows = self.rows(window, |_| true);
+        // A capture's guest's allocations are tracked for the capture.
+        let rows = self.rows(window, |tgid| self.taps.window_wants(tgid));
         // Identities that neither the live set, the rows nor a tap hold
         // any more (a Go runtime identity is also held by `ids`).
         self.go_runtime.retain(|id| Arc::strong_count(id) > 2);

@@ -11,6 +11,7 @@ use tokio::sync::oneshot;
 use crate::bpf::capture_events::CaptureEvents;
 use crate::bpf::drain::CpuWindow;
 use crate::bpf::probes::Probes;
+use crate::bpf::uprobes::ExecMappings;
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::{Capture, MAX_CAPTURES, Refusal};
@@ -29,6 +30,9 @@ struct Running {
     /// Its own CPU-clock events (a rate, or processes, the schedule's
     /// events do not cover).
     events: Option<CaptureEvents>,
+    /// The processes it had the probes cover, which the schedule does not
+    /// profile (heap and wait captures under `--pid`).
+    guests: Vec<u32>,
     started: SystemTime,
     started_at: Instant,
     ends: Instant,
@@ -38,7 +42,7 @@ struct Running {
 /// Where the taps of each profile type are.
 pub(crate) struct Tapped<'a> {
     /// The CPU sampler's program, for captures' own events.
-    pub(crate) probes: &'a Probes,
+    pub(crate) probes: &'a mut Probes,
     pub(crate) cpu: &'a mut CpuWindow,
     pub(crate) heap: &'a mut HeapTable,
     pub(crate) waits: &'a mut Waits,
@@ -55,6 +59,42 @@ impl Tapped<'_> {
             ProfileKind::Mutex => self.waits.mutex.taps.open(id, pids),
             // Refused before (`Captures::start`).
             ProfileKind::Goroutine => {}
+        }
+    }
+
+    /// Makes `guests` (processes there for captures only) known to every
+    /// window: their rows go to the taps that name them alone.
+    fn set_guests(&mut self, guests: &[u32]) {
+        self.cpu.taps.set_guests(guests);
+        self.heap.taps.set_guests(guests);
+        self.waits.block.taps.set_guests(guests);
+        self.waits.offcpu.taps.set_guests(guests);
+        self.waits.mutex.taps.set_guests(guests);
+    }
+
+    /// Has the probes cover `pid`, which the schedule does not profile,
+    /// for a capture: in the target table as `CAPTURED`, its allocator and
+    /// condition-wait files attached.
+    fn add_guest(&mut self, pid: u32) -> Result<(), Refusal> {
+        self.probes.add_captured(pid).map_err(|e| {
+            Refusal::Unavailable(format!("cannot follow process {pid} for the capture: {e}"))
+        })?;
+        if let Some(mappings) = ExecMappings::read(pid) {
+            for links in self.probes.uprobe_links() {
+                links.attach_mappings(&mappings);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets go of guest `pid`: out of the target table, its own probes
+    /// and its live allocations forgotten.
+    fn release_guest(&mut self, pid: u32) {
+        self.probes.remove_captured(pid);
+        let gone = self.heap.forget_process(pid);
+        self.probes.forget_live(pid, &gone);
+        for links in self.probes.uprobe_links() {
+            links.forget_process(pid);
         }
     }
 
@@ -76,13 +116,41 @@ pub(crate) struct Captures {
 }
 
 impl Captures {
+    /// Every guest of the running captures.
+    fn guests(&self) -> Vec<u32> {
+        let mut guests: Vec<u32> = self.running.iter().flat_map(|r| r.guests.clone()).collect();
+        guests.sort_unstable();
+        guests.dedup();
+        guests
+    }
+
+    /// Lets go of the guests of captures that ended (`released`) that no
+    /// running capture holds.
+    fn release_guests(&self, mut released: Vec<u32>, tapped: &mut Tapped<'_>) {
+        let held = self.guests();
+        released.sort_unstable();
+        released.dedup();
+        released.retain(|pid| !held.contains(pid));
+        if released.is_empty() {
+            return;
+        }
+        for &pid in &released {
+            tapped.release_guest(pid);
+        }
+        tapped.set_guests(&held);
+    }
+}
+
+impl Captures {
     /// Starts `capture` (a tap of its type), or refuses it: the daemon
     /// does not collect that type, a process is not one the daemon
     /// profiles (`targets`: the `--pid` targets and the command's
     /// processes; none when it profiles every process), or MAX_CAPTURES
     /// run already. A CPU capture at a rate other than the daemon's, or of
     /// processes it does not profile, gets CPU-clock events of its own on
-    /// those processes' threads.
+    /// those processes' threads; a capture of another type of processes
+    /// the daemon does not profile has the probes cover them (guests) for
+    /// its time, their records kept out of the windows.
     pub(crate) fn start(
         &mut self,
         capture: Capture,
@@ -103,10 +171,6 @@ impl Captures {
                 "this daemon does not collect {} profiles (--profiles); on-demand probes are not \
                  attached yet",
                 kind.name()
-            )))
-        } else if let Some(pid) = uncovered.filter(|_| !own_events) {
-            Some(Refusal::NotProfiled(format!(
-                "process {pid} is not one this daemon profiles (--pid or its command)"
             )))
         } else if self.running.len() >= MAX_CAPTURES {
             let first = self.running.iter().map(|r| r.ends).min();
@@ -133,6 +197,27 @@ impl Captures {
             },
             false => None,
         };
+        // Processes the schedule does not profile, for a type other than
+        // CPU: the probes cover them for the capture.
+        let guests: Vec<u32> = match (own_events, targets) {
+            (false, Some(targets)) => capture
+                .pids
+                .iter()
+                .copied()
+                .filter(|pid| !targets.contains(pid))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (i, &pid) in guests.iter().enumerate() {
+            if let Err(refusal) = tapped.add_guest(pid) {
+                let held = self.guests();
+                for &added in guests[..i].iter().filter(|p| !held.contains(p)) {
+                    tapped.release_guest(added);
+                }
+                let _ = capture.reply.send(Err(refusal));
+                return;
+            }
+        }
         self.next_id = id;
         let now = Instant::now();
         // Who was profiled, and when, is in the log.
@@ -154,16 +239,21 @@ impl Captures {
             Some(_) => tapped.cpu.taps.open_own(id),
             None => tapped.open(kind, id, capture.pids),
         }
+        let has_guests = !guests.is_empty();
         self.running.push(Running {
             id,
             kind,
             hz,
             events,
+            guests,
             started: SystemTime::now(),
             started_at: now,
             ends: now + Duration::from_secs(capture.seconds),
             reply: capture.reply,
         });
+        if has_guests {
+            tapped.set_guests(&self.guests());
+        }
     }
 
     /// When the next capture ends.
@@ -199,8 +289,15 @@ impl Captures {
             "{} on-demand capture(s) ended: their clients went away",
             gone.len()
         );
+        let released: Vec<u32> = self
+            .running
+            .iter()
+            .filter(|r| gone.contains(&r.id))
+            .flat_map(|r| r.guests.clone())
+            .collect();
         self.running.retain(|r| !gone.contains(&r.id));
         tapped.drop_ids(&gone);
+        self.release_guests(released, &mut tapped);
     }
 
     /// Builds and sends every capture that has ended (call after a drain,
@@ -217,6 +314,7 @@ impl Captures {
             .into_iter()
             .partition(|r| r.ends <= now);
         self.running = running;
+        let released: Vec<u32> = due.iter().flat_map(|r| r.guests.clone()).collect();
         for capture in due {
             if capture.reply.is_closed() {
                 tapped.drop_ids(&[capture.id]);
@@ -283,6 +381,7 @@ impl Captures {
             };
             let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
         }
+        self.release_guests(released, &mut tapped);
     }
 }
 

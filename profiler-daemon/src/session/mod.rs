@@ -535,7 +535,7 @@ impl Session {
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
         self.captures.tick(Tapped {
-            probes: &self.probes,
+            probes: &mut self.probes,
             cpu: &mut self.window.cpu,
             heap: &mut self.heap,
             waits: &mut self.waits,
@@ -613,7 +613,7 @@ impl Session {
             &self.settings,
             targets.as_deref(),
             Tapped {
-                probes: &self.probes,
+                probes: &mut self.probes,
                 cpu: &mut self.window.cpu,
                 heap: &mut self.heap,
                 waits: &mut self.waits,
@@ -634,7 +634,7 @@ impl Session {
             &mut self.symbolizer,
             &mut self.procs,
             Tapped {
-                probes: &self.probes,
+                probes: &mut self.probes,
                 cpu: &mut self.window.cpu,
                 heap: &mut self.heap,
                 waits: &mut self.waits,

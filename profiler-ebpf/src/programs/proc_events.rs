@@ -11,7 +11,7 @@ use aya_ebpf::{
     macros::{btf_map, tracepoint},
     programs::TracePointContext,
 };
-use profiler_common::{counter, proc_event};
+use profiler_common::{counter, proc_event, target_kind};
 
 use crate::{
     counters::count,
@@ -79,9 +79,10 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, u32> {
     }
     // SAFETY: presence check only.
     let parent_seen = unsafe { SEEN.get(parent_tgid).is_some() };
+    // A process there only for an on-demand capture is not followed.
     let follow = global_u8(&FOLLOW_FORKS) != 0
-        // SAFETY: presence check only.
-        && unsafe { TARGETS.get(parent_tgid).is_some() };
+        // SAFETY: the value is copied out.
+        && unsafe { TARGETS.get(parent_tgid) }.copied() == Some(target_kind::PROFILED);
     if !parent_seen && !follow {
         return Ok(0);
     }
@@ -95,7 +96,7 @@ fn try_task_newtask(ctx: TracePointContext) -> Result<u32, u32> {
     if !follow {
         return Ok(0);
     }
-    if TARGETS.insert(child, 1u8, 0).is_ok() {
+    if TARGETS.insert(child, target_kind::PROFILED, 0).is_ok() {
         count(counter::FORKS_FOLLOWED);
         if global_u8(&REPORT_PROCESS_EVENTS) != 0 {
             // The daemon attaches heap probes for the child.

@@ -20,6 +20,7 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use profiler_common::{
     FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, StackHash, WalkHint, WalkHintKey,
+    target_kind,
 };
 
 use crate::bpf::link_closer::LinkCloser;
@@ -633,17 +634,43 @@ impl Probes {
     /// Adds a process to the target set.
     pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
         self.targets
-            .insert(tgid, 1, 0)
+            .insert(tgid, target_kind::CAPTURED, 0)
             .map_err(|source| ProbeError::Map {
                 name: "TARGETS",
                 source,
             })
     }
 
+    /// Adds a process the schedule does not profile, for an on-demand
+    /// capture only (`target_kind::CAPTURED`); a target stays one.
+    pub fn add_captured(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        if self.targets.get(&tgid, 0).is_ok() {
+            return Ok(());
+        }
+        self.targets
+            .insert(tgid, target_kind::CAPTURED, 0)
+            .map_err(|source| ProbeError::Map {
+                name: "TARGETS",
+                source,
+            })
+    }
+
+    /// Removes a process added for a capture (not a target).
+    pub fn remove_captured(&mut self, tgid: u32) {
+        if self.targets.get(&tgid, 0).ok() == Some(target_kind::CAPTURED) {
+            let _ = self.targets.remove(&tgid);
+        }
+    }
+
     /// The processes in the target set: the `--pid`s, or the command and
-    /// the children it forked.
+    /// the children it forked (not those there for a capture).
     pub fn target_pids(&self) -> Vec<u32> {
-        self.targets.keys().filter_map(Result::ok).collect()
+        self.targets
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|&(_, kind)| kind == target_kind::PROFILED)
+            .map(|(pid, _)| pid)
+            .collect()
     }
 
     /// The target map's descriptor, for a forked child to add itself before

@@ -38,7 +38,9 @@ impl BlockWindow {
         let (contentions, delay_ns) = block_event(waited_ns, rate_ns);
         let added = (contentions * weight, delay_ns * weight);
         self.taps.add(id.tgid, &id, |w| w.add(added));
-        self.samples.entry(id).or_default().add(added);
+        if self.taps.window_wants(id.tgid) {
+            self.samples.entry(id).or_default().add(added);
+        }
     }
 
     pub fn close(&mut self) -> Vec<(Arc<SampleId>, Weight)> {

@@ -134,7 +134,9 @@ impl MutexTable {
     /// gathers its process.
     fn charge(&mut self, id: &Arc<SampleId>, mut f: impl FnMut(&mut Weight)) {
         self.taps.add(id.tgid, id, &mut f);
-        f(self.window.entry(Arc::clone(id)).or_default());
+        if self.taps.window_wants(id.tgid) {
+            f(self.window.entry(Arc::clone(id)).or_default());
+        }
     }
 
     /// The window's wake-ups, each on a condition's word labelled with
