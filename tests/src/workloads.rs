@@ -670,6 +670,86 @@ impl SiteLine {
     }
 }
 
+/// heap_sites' leak site: its objects stay allocated until the process
+/// ends, or until it is released in --hold mode.
+pub const HEAP_LEAK: &str = "site_leak";
+/// Every site of heap_sites.c, in the order it runs them.
+pub const HEAP_SITES: [&str; 12] = [
+    "site_malloc_16",
+    "site_malloc_256",
+    "site_malloc_4k",
+    "site_malloc_64k",
+    "site_malloc_512k",
+    "site_calloc",
+    "site_realloc",
+    "site_reallocarray",
+    "site_posix_memalign",
+    "site_aligned_alloc",
+    "site_memalign",
+    HEAP_LEAK,
+];
+
+/// One `site NAME calls N bytes B min_size A max_size Z live L live_bytes
+/// LB` line of heap_sites: what the site did.
+#[derive(Clone, Debug)]
+pub struct HeapSiteLine {
+    pub name: String,
+    pub calls: u64,
+    pub bytes: u64,
+    pub min_size: u64,
+    pub max_size: u64,
+    /// Objects (and bytes) still allocated when the line was printed.
+    pub live: u64,
+    pub live_bytes: u64,
+}
+
+impl HeapSiteLine {
+    /// Expected number of samples of its allocations at rate `rate`: each
+    /// of size s is sampled with probability 1 - exp(-s/rate). With
+    /// varying sizes, the smallest gives a lower bound.
+    pub fn expected_samples(&self, rate: u64) -> f64 {
+        self.calls as f64 * (1.0 - (-(self.min_size as f64) / rate as f64).exp())
+    }
+}
+
+/// The number after `key` in a line's `words`.
+fn number_after(words: &[&str], key: &str, line: &str) -> u64 {
+    words
+        .iter()
+        .position(|w| *w == key)
+        .and_then(|i| words.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in site line {line:?}"))
+}
+
+/// The `site ...` lines of heap_sites' stdout, which must name every site
+/// of [`HEAP_SITES`], in order.
+pub fn parse_heap_site_lines(stdout: &str) -> Vec<HeapSiteLine> {
+    let sites: Vec<HeapSiteLine> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("site "))
+        .map(|rest| {
+            let words: Vec<&str> = rest.split_whitespace().collect();
+            let num = |key: &str| number_after(&words, key, rest);
+            HeapSiteLine {
+                name: words.first().copied().unwrap_or_default().to_string(),
+                calls: num("calls"),
+                bytes: num("bytes"),
+                min_size: num("min_size"),
+                max_size: num("max_size"),
+                live: num("live"),
+                live_bytes: num("live_bytes"),
+            }
+        })
+        .collect();
+    let names: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names, HEAP_SITES,
+        "the workload's site lines; stdout:\n{stdout}"
+    );
+    sites
+}
+
 /// The `site ...` lines of a wait workload's stdout, which must name
 /// exactly `names`, in that order.
 pub fn parse_site_lines(stdout: &str, names: &[&str]) -> Vec<SiteLine> {
@@ -678,14 +758,7 @@ pub fn parse_site_lines(stdout: &str, names: &[&str]) -> Vec<SiteLine> {
         .filter_map(|l| l.strip_prefix("site "))
         .map(|rest| {
             let words: Vec<&str> = rest.split_whitespace().collect();
-            let num = |key: &str| -> u64 {
-                words
-                    .iter()
-                    .position(|w| *w == key)
-                    .and_then(|i| words.get(i + 1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("no number {key} in site line {rest:?}"))
-            };
+            let num = |key: &str| number_after(&words, key, rest);
             SiteLine {
                 name: words.first().copied().unwrap_or_default().to_string(),
                 wait_ns: num("wait_ns"),

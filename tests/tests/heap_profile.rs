@@ -21,7 +21,10 @@ use profiler_tests::profiles::{
     FlatSample, ProfileFile, assert_only_profiles, flatten, flatten_all, function_matches, of_pid,
     read_profiles,
 };
-use profiler_tests::workloads::{JEMALLOC_LIB, Running, Workload, comm_of, field, parse_report};
+use profiler_tests::workloads::{
+    HEAP_LEAK, HEAP_SITES, HeapSiteLine, JEMALLOC_LIB, Running, Workload, comm_of, field,
+    parse_heap_site_lines, parse_report,
+};
 use profiler_tests::{check_heap_files, pprof_heap_tops, temp_dir};
 
 /// --heap-sample-bytes of the accuracy tests: small enough that a few
@@ -45,49 +48,9 @@ const SETTLE: Duration = Duration::from_millis(250);
 const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bound on the daemon's exit once its targets are gone.
 const DAEMON_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The leak site: its objects stay allocated until the process ends, or
-/// until it is released in --hold mode.
-const LEAK: &str = "site_leak";
-/// Every site of heap_sites.c, in the order it runs them.
-const SITES: [&str; 12] = [
-    "site_malloc_16",
-    "site_malloc_256",
-    "site_malloc_4k",
-    "site_malloc_64k",
-    "site_malloc_512k",
-    "site_calloc",
-    "site_realloc",
-    "site_reallocarray",
-    "site_posix_memalign",
-    "site_aligned_alloc",
-    "site_memalign",
-    LEAK,
-];
-
-// ---------------------------------------------------------------------------
-// The workload's truth.
-
-/// One `site ...` line of heap_sites: what the site did.
-#[derive(Clone, Debug)]
-struct Site {
-    name: String,
-    calls: u64,
-    bytes: u64,
-    min_size: u64,
-    max_size: u64,
-    /// Objects (and bytes) still allocated when the line was printed.
-    live: u64,
-    live_bytes: u64,
-}
-
-impl Site {
-    /// Expected number of samples of `calls` allocations at rate `rate`:
-    /// each of size s is sampled with probability 1 - exp(-s/rate). With
-    /// varying sizes, the smallest gives a lower bound.
-    fn expected_samples(&self, rate: u64) -> f64 {
-        expected_samples(self.calls, self.min_size, rate)
-    }
-}
+const LEAK: &str = HEAP_LEAK;
+const SITES: [&str; 12] = HEAP_SITES;
+type Site = HeapSiteLine;
 
 fn expected_samples(calls: u64, size: u64, rate: u64) -> f64 {
     calls as f64 * (1.0 - (-(size as f64) / rate as f64).exp())
@@ -96,34 +59,7 @@ fn expected_samples(calls: u64, size: u64, rate: u64) -> f64 {
 /// The `site` lines of the workload's stdout; every site of [`SITES`] must
 /// be there.
 fn parse_sites(stdout: &str) -> Vec<Site> {
-    let sites: Vec<Site> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("site "))
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let name = words.first().copied().unwrap_or_default().to_string();
-            let num = |key: &str| -> u64 {
-                words
-                    .iter()
-                    .position(|w| *w == key)
-                    .and_then(|i| words.get(i + 1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("no number {key} in site line {rest:?}"))
-            };
-            Site {
-                calls: num("calls"),
-                bytes: num("bytes"),
-                min_size: num("min_size"),
-                max_size: num("max_size"),
-                live: num("live"),
-                live_bytes: num("live_bytes"),
-                name,
-            }
-        })
-        .collect();
-    let names: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, SITES, "the workload's site lines; stdout:\n{stdout}");
-    sites
+    parse_heap_site_lines(stdout)
 }
 
 // ---------------------------------------------------------------------------

@@ -20,7 +20,8 @@ use profiler_tests::pprof_tool::{check_readable, go_binary};
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, of_pid, read_profiles};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
-    Running, SiteLine, Workload, field, parse_report, parse_site_lines,
+    HEAP_LEAK, HEAP_SITES, HeapSiteLine, Running, SiteLine, Workload, field, parse_heap_site_lines,
+    parse_report, parse_site_lines,
 };
 
 /// |profiled share of burn_a - measured share| bound.
@@ -33,22 +34,6 @@ const HEAP_TOLERANCE: f64 = 0.15;
 const HEAP_CAPTURE_S: u64 = 10;
 /// The same bound per block site, for its delay.
 const BLOCK_TOLERANCE: f64 = 0.20;
-/// heap_sites' sites whose allocations are all freed by the end, and its
-/// leak, whose objects stay live while it holds them.
-const HEAP_SITES: [&str; 11] = [
-    "site_malloc_16",
-    "site_malloc_256",
-    "site_malloc_4k",
-    "site_malloc_64k",
-    "site_malloc_512k",
-    "site_calloc",
-    "site_realloc",
-    "site_reallocarray",
-    "site_posix_memalign",
-    "site_aligned_alloc",
-    "site_memalign",
-];
-const LEAK: &str = "site_leak";
 /// block_sites' sites.
 const BLOCK_SITES: [&str; 3] = ["site_wait_1ms", "site_wait_2ms", "site_wait_3ms"];
 
@@ -121,45 +106,8 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     );
     let report = parse_report(&target.finish(Duration::from_secs(20)), "pid");
     let _ = noise.finish(Duration::from_secs(20));
-    let (measured_a, measured_b) = (field(&report, "a_ns") as f64, field(&report, "b_ns") as f64);
-    let measured = measured_a / (measured_a + measured_b);
     for (hz, profile) in [(99, &profile), (499, &fast)] {
-        let samples = flatten(profile);
-        let others: Vec<u32> = samples
-            .iter()
-            .map(FlatSample::pid)
-            .filter(|&p| p != pid)
-            .collect();
-        let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
-        let share = a as f64 / (a + b).max(1) as f64;
-        let duration_s = profile.duration_nanos as f64 / 1e9;
-        let count: i64 = samples.iter().map(|s| s.values[0]).sum();
-        println!(
-            "on demand at {hz} Hz, pid {pid}, 4 s: {count} samples, burn_a's share {share:.3} \
-             (the program measured {measured:.3}); {duration_s:.2} s long; {} samples of \
-             other processes",
-            others.len()
-        );
-        assert!(
-            others.is_empty(),
-            "{hz} Hz: samples of other processes: {others:?}"
-        );
-        assert!(
-            (share - measured).abs() <= SHARE_TOLERANCE,
-            "{hz} Hz: burn_a's share {share:.3}, measured {measured:.3}\n{}",
-            daemon.describe()
-        );
-        assert!(
-            (3.9..5.0).contains(&duration_s),
-            "a 4 s capture lasted {duration_s:.2} s"
-        );
-        assert_eq!(profile.period, 1_000_000_000 / hz, "the capture's rate");
-        // The burner keeps a CPU busy: about 4 s of samples at that rate.
-        let expected = 4.0 * hz as f64;
-        assert!(
-            (0.8 * expected..1.1 * expected).contains(&(count as f64)),
-            "{hz} Hz: {count} samples in 4 s"
-        );
+        check_cpu_capture(&daemon, profile, pid, &report, (hz, 4));
     }
     // Bad input: a one-line reason and the status.
     for (path, status) in [
@@ -270,6 +218,58 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     );
 }
 
+/// A CPU capture of burner `pid` at `hz` for `seconds` (`report`: what the
+/// burner measured of itself): its samples only, burn_a's share as
+/// measured, the capture's length and rate, and the samples of a CPU kept
+/// busy that long.
+fn check_cpu_capture(
+    daemon: &Daemon,
+    profile: &pprof_proto::Profile,
+    pid: u32,
+    report: &std::collections::BTreeMap<String, u64>,
+    (hz, seconds): (i64, u64),
+) {
+    let (measured_a, measured_b) = (field(report, "a_ns") as f64, field(report, "b_ns") as f64);
+    let measured = measured_a / (measured_a + measured_b).max(1.0);
+    let samples = flatten(profile);
+    let others: Vec<u32> = samples
+        .iter()
+        .map(FlatSample::pid)
+        .filter(|&p| p != pid)
+        .collect();
+    let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
+    let share = a as f64 / (a + b).max(1) as f64;
+    let duration_s = profile.duration_nanos as f64 / 1e9;
+    let count: i64 = samples.iter().map(|s| s.values[0]).sum();
+    println!(
+        "on demand at {hz} Hz, pid {pid}, {seconds} s: {count} samples, burn_a's share \
+         {share:.3} (the program measured {measured:.3}); {duration_s:.2} s long; {} samples of \
+         other processes",
+        others.len()
+    );
+    assert!(
+        others.is_empty(),
+        "{hz} Hz: samples of other processes: {others:?}"
+    );
+    assert!(
+        (share - measured).abs() <= SHARE_TOLERANCE,
+        "{hz} Hz: burn_a's share {share:.3}, measured {measured:.3}\n{}",
+        daemon.describe()
+    );
+    let secs = seconds as f64;
+    assert!(
+        (secs - 0.1..secs + 1.0).contains(&duration_s),
+        "a {seconds} s capture lasted {duration_s:.2} s"
+    );
+    assert_eq!(profile.period, 1_000_000_000 / hz, "the capture's rate");
+    // The burner keeps a CPU busy: about `seconds` of samples at that rate.
+    let expected = secs * hz as f64;
+    assert!(
+        (0.8 * expected..1.1 * expected).contains(&(count as f64)),
+        "{hz} Hz: {count} samples in {seconds} s"
+    );
+}
+
 /// The daemon's metrics that count losses, non-zero ones only.
 fn losses(addr: SocketAddr) -> String {
     let (_, _, text) = get(addr, "/metrics");
@@ -325,31 +325,6 @@ fn site_value(samples: &[FlatSample], site: &str, index: usize) -> i64 {
         .sum()
 }
 
-/// (site, calls, bytes, live_bytes) of heap_sites' `site` lines.
-fn heap_truth(stdout: &str) -> Vec<(String, u64, u64, u64)> {
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("site "))
-        .map(|rest| {
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let num = |key: &str| -> u64 {
-                words
-                    .iter()
-                    .position(|w| *w == key)
-                    .and_then(|i| words.get(i + 1))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or_else(|| panic!("no {key} in {rest:?}"))
-            };
-            (
-                words[0].to_owned(),
-                num("calls"),
-                num("bytes"),
-                num("live_bytes"),
-            )
-        })
-        .collect()
-}
-
 /// Captures of processes a `--pid` daemon does not profile: CPU, sampled
 /// on events of the capture's own, in the split the program measured;
 /// heap and block, with the probes covering those processes for the
@@ -391,29 +366,7 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
         tmp.path(),
     );
     let report = parse_report(&outsider.finish(Duration::from_secs(20)), "pid");
-    let samples = flatten(&profile);
-    let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
-    let share = a as f64 / (a + b).max(1) as f64;
-    let measured = field(&report, "a_ns") as f64
-        / (field(&report, "a_ns") + field(&report, "b_ns")).max(1) as f64;
-    let count: i64 = samples.iter().map(|s| s.values[0]).sum();
-    println!(
-        "pid {pid}, not profiled by the daemon, 3 s on demand: {count} samples, burn_a's share \
-         {share:.3} (measured {measured:.3})"
-    );
-    assert!(
-        samples.iter().all(|s| s.pid() == pid),
-        "other processes' samples"
-    );
-    assert!(
-        (share - measured).abs() <= SHARE_TOLERANCE,
-        "burn_a's share {share:.3}, measured {measured:.3}\n{}",
-        daemon.describe()
-    );
-    assert!(
-        (0.8 * 3.0 * 99.0..1.1 * 3.0 * 99.0).contains(&(count as f64)),
-        "{count} samples"
-    );
+    check_cpu_capture(&daemon, &profile, pid, &report, (99, 3));
 
     // The guest's own allocator probes, attached for the capture.
     let links_during = std::cell::Cell::new(0);
@@ -454,9 +407,6 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     }
 }
 
-/// heap_sites' (site, calls, bytes, live bytes) lines.
-type HeapTruth = Vec<(String, u64, u64, u64)>;
-
 /// A heap capture of heap_sites (built in `tmp`), open before it
 /// allocates and ending while it holds its leak, fetched from `addr` with
 /// `go tool pprof`, beside another heap_sites: per site, the capture's
@@ -470,7 +420,7 @@ fn heap_on_demand(
     tmp: &Path,
     at_once: bool,
     while_open: &dyn Fn(),
-) -> (u32, HeapTruth) {
+) -> (u32, Vec<HeapSiteLine>) {
     // The heap: a capture open before the program allocates, which ends
     // while it holds its leak.
     let heap_exe = Workload::HeapSites.build(tmp, "demand_heap");
@@ -511,7 +461,7 @@ fn heap_on_demand(
     heap.release();
     let stdout = heap.finish(Duration::from_secs(60));
     let _ = noise.finish(Duration::from_secs(60));
-    let truth = heap_truth(&stdout);
+    let truth = parse_heap_site_lines(&stdout);
     let samples = flatten(&profile);
     let others: Vec<u32> = samples
         .iter()
@@ -523,28 +473,38 @@ fn heap_on_demand(
         "heap on demand, pid {pid}, {HEAP_CAPTURE_S} s, the work done {work_s:.1} s in ({held}):"
     );
     let mut worst: f64 = 0.0;
-    for (site, calls, bytes, _) in &truth {
-        let got = site_value(&samples, site, 1);
+    for HeapSiteLine {
+        name, calls, bytes, ..
+    } in &truth
+    {
+        let got = site_value(&samples, name, 1);
         let ratio = got as f64 / (*bytes).max(1) as f64;
-        println!("  {site}: {calls} calls, {bytes} B; alloc_space {got} ({ratio:.3})");
+        println!("  {name}: {calls} calls, {bytes} B; alloc_space {got} ({ratio:.3})");
         worst = worst.max((ratio - 1.0).abs());
     }
-    assert_eq!(truth.len(), HEAP_SITES.len() + 1, "{stdout}");
     assert!(
         worst <= HEAP_TOLERANCE,
         "a site's allocations are off by {worst:.3}; the daemon's losses:\n{}\n{}",
         losses(addr),
         daemon.describe()
     );
-    let leak_live = truth.iter().find(|t| t.0 == LEAK).map_or(0, |t| t.3);
-    let freed_made: u64 = truth.iter().filter(|t| t.0 != LEAK).map(|t| t.2).sum();
+    let leak_live = truth
+        .iter()
+        .find(|t| t.name == HEAP_LEAK)
+        .map_or(0, |t| t.live_bytes);
+    let freed_made: u64 = truth
+        .iter()
+        .filter(|t| t.name != HEAP_LEAK)
+        .map(|t| t.bytes)
+        .sum();
     let mut in_use = vec![("at the capture's end", &profile)];
     in_use.extend(now.as_ref().map(|now| ("now", now)));
     for (what, p) in in_use {
         let samples = flatten(p);
-        let leak = site_value(&samples, LEAK, 3) as f64 / leak_live.max(1) as f64;
+        let leak = site_value(&samples, HEAP_LEAK, 3) as f64 / leak_live.max(1) as f64;
         let freed: i64 = HEAP_SITES
             .iter()
+            .filter(|&&site| site != HEAP_LEAK)
             .map(|site| site_value(&samples, site, 3))
             .sum();
         println!("  in use {what}: the leak's {leak:.3} of its live bytes; freed sites {freed} B");
@@ -645,11 +605,12 @@ fn heap_and_block_on_demand_agree_with_what_the_programs_measured() {
     daemon.signal(libc::SIGINT);
     daemon.wait_success(Duration::from_secs(20));
     let scheduled = of_pid(&flatten_all(&read_profiles(&out, "heap")), pid);
-    for (site, _, bytes, _) in truth.iter().filter(|t| t.0 != LEAK) {
-        let ratio = site_value(&scheduled, site, 1) as f64 / (*bytes).max(1) as f64;
+    for site in truth.iter().filter(|t| t.name != HEAP_LEAK) {
+        let ratio = site_value(&scheduled, &site.name, 1) as f64 / site.bytes.max(1) as f64;
         assert!(
             (ratio - 1.0).abs() <= HEAP_TOLERANCE,
-            "the scheduled files: {site}'s allocations {ratio:.3} of what it made"
+            "the scheduled files: {}'s allocations {ratio:.3} of what it made",
+            site.name
         );
     }
     let scheduled = of_pid(&flatten_all(&read_profiles(&out, "block")), block_pid);
