@@ -30,6 +30,18 @@ const SHARE_TOLERANCE: f64 = 0.05;
 /// |on-demand estimate / what the program measured - 1| bound, per heap
 /// site (issue 20's tolerance for heap sites).
 const HEAP_TOLERANCE: f64 = 0.15;
+/// A daemon collecting heap and block profiles at rates the sites'
+/// figures are compared at.
+const HEAP_AND_BLOCK: [&str; 8] = [
+    "--profiles",
+    "cpu,heap,block",
+    "--heap-sample-bytes",
+    "16384",
+    "--block-rate",
+    "2500us",
+    "--interval",
+    "10s",
+];
 /// The heap captures' length.
 const HEAP_CAPTURE_S: u64 = 10;
 /// The same bound per block site, for its delay.
@@ -344,18 +356,7 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     let target_pid = target.id().to_string();
     let (mut daemon, addr) = http_daemon(
         &out,
-        &[
-            "--pid",
-            &target_pid,
-            "--profiles",
-            "cpu,heap,block",
-            "--heap-sample-bytes",
-            "16384",
-            "--block-rate",
-            "2500us",
-            "--interval",
-            "10s",
-        ],
+        &[&["--pid", &target_pid][..], &HEAP_AND_BLOCK].concat(),
     );
     let links_before = bpf_links(daemon.pid());
     let mut outsider = Running::start(&exe, &["4", "--wait-stdin"]);
@@ -579,19 +580,7 @@ fn heap_and_block_on_demand_agree_with_what_the_programs_measured() {
     require_root();
     let tmp = temp_dir();
     let out = tmp.path().join("out");
-    let (mut daemon, addr) = http_daemon(
-        &out,
-        &[
-            "--profiles",
-            "cpu,heap,block",
-            "--heap-sample-bytes",
-            "16384",
-            "--block-rate",
-            "2500us",
-            "--interval",
-            "10s",
-        ],
-    );
+    let (mut daemon, addr) = http_daemon(&out, &HEAP_AND_BLOCK);
 
     let (pid, truth) = heap_on_demand(&daemon, addr, tmp.path(), true, &|| {});
     let (block_pid, sites) = block_on_demand(&daemon, addr, tmp.path());

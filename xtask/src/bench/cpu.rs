@@ -10,24 +10,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::BenchArgs;
-use super::harness::{Reaped, bpftrace_figures, parse_bpf_line, status_field, task_cpu_ns};
+use super::harness::{
+    Reaped, bpftrace_figures, build_c, parse_bpf_line, status_field, task_cpu_ns,
+};
 
 /// Builds the CPU burner (a loop in two frame-pointer functions, no
 /// system calls) into `work`.
 pub(super) fn build_burner(work: &Path) -> Result<std::path::PathBuf> {
-    let burner = work.join("burn");
-    let source = work.join("burn.c");
-    fs::write(&source, BURNER)?;
-    let built = Command::new("gcc")
-        .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-        .arg(&burner)
-        .arg(&source)
-        .status()
-        .context("running gcc")?;
-    if !built.success() {
-        bail!("building the CPU burner failed");
-    }
-    Ok(burner)
+    build_c(
+        work,
+        "burn",
+        BURNER,
+        &["-O2", "-fno-omit-frame-pointer"],
+        "the CPU burner",
+    )
 }
 
 pub fn measure(bin: &Path, work: &Path, out_dir: &Path, args: &BenchArgs) -> Result<String> {

@@ -24,6 +24,31 @@ impl Drop for Reaped {
     }
 }
 
+/// Writes C `source` to `work/NAME.c` and builds it with gcc and `flags`
+/// into `work/NAME` (`what` names it in the error).
+pub(crate) fn build_c(
+    work: &Path,
+    name: &str,
+    source: &str,
+    flags: &[&str],
+    what: &str,
+) -> Result<std::path::PathBuf> {
+    let exe = work.join(name);
+    let file = work.join(format!("{name}.c"));
+    fs::write(&file, source)?;
+    let built = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&file)
+        .status()
+        .context("running gcc")?;
+    if !built.success() {
+        bail!("building {what} failed");
+    }
+    Ok(exe)
+}
+
 /// On-CPU time of every thread of `pid`, in ns (schedstat: exact, unlike
 /// the 10 ms ticks of /proc/PID/stat).
 pub(crate) fn task_cpu_ns(pid: u32) -> Result<u64> {

@@ -176,18 +176,13 @@ enum Outcome {
 }
 
 pub fn measure(bin: &Path, work: &Path) -> Result<String> {
-    let exe = work.join("heap");
-    let source = work.join("heap.c");
-    fs::write(&source, SOURCE)?;
-    let built = Command::new("gcc")
-        .args(["-O2", "-Wall", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .context("running gcc")?;
-    if !built.success() {
-        bail!("building the allocator benchmark failed");
-    }
+    let exe = super::harness::build_c(
+        work,
+        "heap",
+        SOURCE,
+        &["-O2", "-Wall"],
+        "the allocator benchmark",
+    )?;
     let libc = find_libc(&exe)?;
     let forms = bpftrace_forms(&exe, &libc, work)?;
     // The first form bpftrace accepts for free's probe point, if any.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::harness::{Bench, Daemon, bpftrace_figures, median, spread};
+use super::harness::{Bench, Daemon, bpftrace_figures, build_c, median, spread};
 
 const ROUNDS: usize = 3;
 /// The capture's rate: the highest a request may ask for is 1000.
@@ -325,19 +325,13 @@ fn spread3(values: &[f64]) -> String {
 /// line on stdin, then burns one thread for SECONDS and prints "loops N
 /// seconds S".
 fn build_counter(work: &Path) -> Result<std::path::PathBuf> {
-    let exe = work.join("count_burn");
-    let source = work.join("count_burn.c");
-    fs::write(&source, COUNTER)?;
-    let built = Command::new("gcc")
-        .args(["-O2", "-fno-omit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .context("running gcc")?;
-    if !built.success() {
-        bail!("building the counting burner failed");
-    }
-    Ok(exe)
+    build_c(
+        work,
+        "count_burn",
+        COUNTER,
+        &["-O2", "-fno-omit-frame-pointer"],
+        "the counting burner",
+    )
 }
 
 const COUNTER: &str = r#"
