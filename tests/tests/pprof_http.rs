@@ -361,6 +361,10 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     let links_before = bpf_links(daemon.pid());
     let mut outsider = Running::start(&exe, &["4", "--wait-stdin"]);
     let pid = outsider.pid();
+    // The processes it profiles: its target, not the outsider.
+    let (_, _, index) = get(addr, "/debug/pprof/");
+    assert!(index.contains(&format!("<td>{target_pid}</td>")), "{index}");
+    assert!(!index.contains(&format!("<td>{pid}</td>")), "{index}");
     outsider.release();
     let profile = fetch_with_pprof(
         &format!("http://{addr}/debug/pprof/profile?seconds=3&pid={pid}"),

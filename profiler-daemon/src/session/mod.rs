@@ -384,6 +384,8 @@ impl Session {
     /// Says ready, in the log and to the service manager; the first
     /// window starts here.
     fn announce_ready(&mut self) {
+        // The index page lists the targets from the first request on.
+        self.publish_targets();
         match crate::bpf::check::skipped_names() {
             "" => tracing::info!("ready: every probe is attached"),
             skipped => tracing::info!(

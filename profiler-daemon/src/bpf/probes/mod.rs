@@ -6,7 +6,8 @@
 //! attached) and the handles it keeps. Beside it: the marks of processes
 //! whose samples the Go and Python programs take (`runtime_marks.rs`), the
 //! CPU buffers' drain and the kernel's counters and run-time statistics
-//! (`drain.rs`), the loader made without the kernel's BTF (`loader.rs`),
+//! (`drain.rs`), the target table (`targets.rs`), the loader made without
+//! the kernel's BTF (`loader.rs`),
 //! the small steps of loading (`load.rs`) and the errors (`error.rs`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -20,7 +21,6 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::programs::{BtfTracePoint, PerfEvent, TracePoint};
 use profiler_common::{
     FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, StackHash, WalkHint, WalkHintKey,
-    target_kind,
 };
 
 use crate::bpf::link_closer::LinkCloser;
@@ -34,6 +34,7 @@ mod error;
 mod load;
 mod loader;
 mod runtime_marks;
+mod targets;
 
 pub use error::ProbeError;
 use load::{
@@ -629,59 +630,6 @@ impl Probes {
         }
         let program: &PerfEvent = self.ebpf.program("cpu_sample")?.try_into().ok()?;
         program.fd().ok().map(|fd| fd.as_fd())
-    }
-
-    /// Adds a process to the target set.
-    pub fn add_target(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        self.targets
-            .insert(tgid, target_kind::CAPTURED, 0)
-            .map_err(|source| ProbeError::Map {
-                name: "TARGETS",
-                source,
-            })
-    }
-
-    /// Adds a process the schedule does not profile, for an on-demand
-    /// capture only (`target_kind::CAPTURED`); a target stays one.
-    pub fn add_captured(&mut self, tgid: u32) -> Result<(), ProbeError> {
-        if self.targets.get(&tgid, 0).is_ok() {
-            return Ok(());
-        }
-        self.targets
-            .insert(tgid, target_kind::CAPTURED, 0)
-            .map_err(|source| ProbeError::Map {
-                name: "TARGETS",
-                source,
-            })
-    }
-
-    /// Removes a process added for a capture (not a target).
-    pub fn remove_captured(&mut self, tgid: u32) {
-        if self.targets.get(&tgid, 0).ok() == Some(target_kind::CAPTURED) {
-            let _ = self.targets.remove(&tgid);
-        }
-    }
-
-    /// The processes in the target set: the `--pid`s, or the command and
-    /// the children it forked (not those there for a capture).
-    pub fn target_pids(&self) -> Vec<u32> {
-        self.targets
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|&(_, kind)| kind == target_kind::PROFILED)
-            .map(|(pid, _)| pid)
-            .collect()
-    }
-
-    /// The target map's descriptor, for a forked child to add itself before
-    /// it execs (see `session::start_command`).
-    pub fn targets_fd(&self) -> BorrowedFd<'_> {
-        self.targets_fd.as_fd()
-    }
-
-    /// Removes a process from the target set (it exited).
-    pub fn remove_target(&mut self, tgid: u32) {
-        let _ = self.targets.remove(&tgid);
     }
 
     /// The ring buffer of process events, taken once by the caller.
