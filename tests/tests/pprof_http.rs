@@ -43,7 +43,7 @@ const HEAP_AND_BLOCK: [&str; 8] = [
     "10s",
 ];
 /// The heap captures' length.
-const HEAP_CAPTURE_S: u64 = 10;
+const HEAP_CAPTURE_S: u64 = 7;
 /// The same bound per block site, for its delay.
 const BLOCK_TOLERANCE: f64 = 0.20;
 /// block_sites' sites.
@@ -430,11 +430,12 @@ fn heap_on_demand(
     // while it holds its leak.
     let heap_exe = Workload::HeapSites.build(tmp, "demand_heap");
     let noise_exe = Workload::HeapSites.build(tmp, "demand_noise");
-    let mut heap = Running::start(&heap_exe, &["--wait-stdin", "--hold"]);
+    // Half the calls: every site still expects over 700 samples.
+    let mut heap = Running::start(&heap_exe, &["--wait-stdin", "--hold", "--scale", "0.5"]);
     let mut noise = Running::start(&noise_exe, &["--wait-stdin"]);
     let pid = heap.pid();
     // Long enough for the program's work under the probes (a uprobe hit
-    // per allocator call: seconds for its 1.8 million calls).
+    // per allocator call: seconds for its 0.9 million calls).
     let url = format!("http://{addr}/debug/pprof/heap?seconds={HEAP_CAPTURE_S}&pid={pid}");
     let dir = tmp.join("heap");
     std::fs::create_dir_all(&dir).expect("a directory");
@@ -538,13 +539,13 @@ fn heap_on_demand(
 fn block_on_demand(daemon: &Daemon, addr: SocketAddr, tmp: &Path) -> (u32, Vec<SiteLine>) {
     // Block: a capture over the program's whole run.
     let block_exe = Workload::BlockSites.build(tmp, "demand_block");
-    let mut block = Running::start(&block_exe, &["--wait-stdin", "--rounds", "200"]);
+    let mut block = Running::start(&block_exe, &["--wait-stdin", "--rounds", "100"]);
     let block_pid = block.pid();
-    let url = format!("http://{addr}/debug/pprof/block?seconds=7&pid={block_pid}");
+    let url = format!("http://{addr}/debug/pprof/block?seconds=5&pid={block_pid}");
     let dir = tmp.join("block");
     std::fs::create_dir_all(&dir).expect("a directory");
     let capture = std::thread::spawn(move || fetch_with_pprof(&url, &dir));
-    let opened = format!("block of pid {block_pid} for 7 s");
+    let opened = format!("block of pid {block_pid} for 5 s");
     daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
     block.release();
     let block_out = block.finish(Duration::from_secs(60));

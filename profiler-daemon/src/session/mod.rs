@@ -594,9 +594,11 @@ impl Session {
         let Some(targets) = &self.index_targets else {
             return;
         };
-        let Some(pids) = self.targets() else {
+        let Some(mut pids) = self.targets() else {
             return;
         };
+        // The table's order is its hashing's: compared sorted.
+        pids.sort_unstable();
         targets.send_if_modified(|known| {
             let same = known.as_deref() == Some(&pids[..]);
             if !same {

@@ -105,7 +105,11 @@ pub(crate) fn start_command(
     unsafe {
         cmd.pre_exec(move || {
             let pid = libc::getpid() as u32;
-            crate::bpf::map_syscalls::update_elem_raw(targets, &pid, &1u8)?;
+            crate::bpf::map_syscalls::update_elem_raw(
+                targets,
+                &pid,
+                &profiler_common::target_kind::PROFILED,
+            )?;
             if let Some(links) = &in_child {
                 links.in_child();
             }
