@@ -26,6 +26,9 @@ use profiler_tests::workloads::{
 
 /// |profiled share of burn_a - measured share| bound.
 const SHARE_TOLERANCE: f64 = 0.05;
+/// The same for the flame graph of a 5 s capture at 99 Hz (about 495
+/// samples): 3.5 standard deviations of a 0.75 share drawn from them.
+const SVG_SHARE_TOLERANCE: f64 = 0.07;
 
 /// |on-demand estimate / what the program measured - 1| bound, per heap
 /// site (issue 20's tolerance for heap sites).
@@ -263,9 +266,13 @@ fn check_cpu_capture(
         others.is_empty(),
         "{hz} Hz: samples of other processes: {others:?}"
     );
+    // ±5 points, or 3.5 standard deviations of a share drawn from this
+    // many samples where that is wider (400 samples at 99 Hz: ±7.6).
+    let spread = 3.5 * (measured * (1.0 - measured) / count.max(1) as f64).sqrt();
+    let tolerance = SHARE_TOLERANCE.max(spread);
     assert!(
-        (share - measured).abs() <= SHARE_TOLERANCE,
-        "{hz} Hz: burn_a's share {share:.3}, measured {measured:.3}\n{}",
+        (share - measured).abs() <= tolerance,
+        "{hz} Hz: burn_a's share {share:.3}, measured {measured:.3} (±{tolerance:.3})\n{}",
         daemon.describe()
     );
     let secs = seconds as f64;
@@ -713,7 +720,7 @@ fn a_token_guards_every_path_and_svg_draws_the_capture() {
     assert_eq!(graph.title(), "cpu profile: cpu (nanoseconds)");
     assert!(wa > 0.0 && wb > 0.0, "no burn_a or burn_b frames:\n{svg}");
     assert!(
-        (share - measured).abs() <= SHARE_TOLERANCE,
+        (share - measured).abs() <= SVG_SHARE_TOLERANCE,
         "burn_a's share of the width {share:.3}, measured {measured:.3}"
     );
 
