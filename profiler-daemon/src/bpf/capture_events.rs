@@ -67,7 +67,9 @@ impl CaptureEvents {
                     .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok()),
             );
         }
-        self.links.retain(|tid, _| alive.contains(tid));
+        // Up to MAX_CAPTURE_THREADS threads, every tick: looked up sorted.
+        alive.sort_unstable();
+        self.links.retain(|tid, _| alive.binary_search(tid).is_ok());
         for tid in alive {
             if self.links.contains_key(&tid) {
                 continue;

@@ -24,8 +24,9 @@ pub struct Tap<K, V> {
 }
 
 impl<K, V> Tap<K, V> {
-    /// Whether the tap gathers process `tgid`'s rows of the window.
-    pub fn wants(&self, tgid: u32) -> bool {
+    /// Whether the tap gathers process `tgid`'s rows of the window, guests
+    /// aside ([`Taps::gathers`]).
+    fn wants(&self, tgid: u32) -> bool {
         !self.own_events && (self.pids.is_empty() || self.pids.contains(&tgid))
     }
 }
@@ -62,6 +63,16 @@ impl<K, V> Taps<K, V> {
     pub fn window_wants(&self, tgid: u32) -> bool {
         !self.guests.contains(&tgid)
     }
+
+    /// Whether `tap` gathers process `tgid`'s rows of the window: a
+    /// guest's only if the tap names it.
+    pub fn gathers(&self, tap: &Tap<K, V>, tgid: u32) -> bool {
+        gathers(&self.guests, tap, tgid)
+    }
+}
+
+fn gathers<K, V>(guests: &[u32], tap: &Tap<K, V>, tgid: u32) -> bool {
+    tap.wants(tgid) && !(tap.pids.is_empty() && guests.contains(&tgid))
 }
 
 impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
@@ -113,9 +124,8 @@ impl<K: Hash + Eq + Clone, V: Default> Taps<K, V> {
     /// `tgid` (the row made first if new): a guest's only in the taps that
     /// name it.
     pub fn add(&mut self, tgid: u32, key: &K, mut f: impl FnMut(&mut V)) {
-        let guest = self.guests.contains(&tgid);
-        let wanted = |t: &&mut Tap<K, V>| t.wants(tgid) && !(guest && t.pids.is_empty());
-        for tap in self.taps.iter_mut().filter(wanted) {
+        let guests = &self.guests;
+        for tap in self.taps.iter_mut().filter(|t| gathers(guests, t, tgid)) {
             f(tap.rows.entry(key.clone()).or_default());
         }
     }
@@ -160,6 +170,8 @@ mod tests {
         taps.add(5, &"guest", |v| *v += 1);
         assert!(!taps.window_wants(5) && taps.window_wants(1));
         assert_eq!(taps.take(11).expect("tap 11").rows[&"guest"], 1);
-        assert!(taps.take(12).expect("tap 12").rows.is_empty());
+        let twelve = taps.take(12).expect("tap 12");
+        assert!(twelve.rows.is_empty());
+        assert!(!taps.gathers(&twelve, 5) && taps.gathers(&twelve, 1));
     }
 }

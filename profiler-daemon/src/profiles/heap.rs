@@ -170,7 +170,9 @@ impl HeapTable {
             return Vec::new();
         };
         let allocated = std::mem::take(&mut tap.rows);
-        self.rows(allocated, |tgid| tap.wants(tgid))
+        // The live set of the processes its allocations came from: a
+        // guest's only if the tap names it.
+        self.rows(allocated, |tgid| self.taps.gathers(&tap, tgid))
     }
 
     /// The rows of `allocated` and of the live allocations of the
@@ -483,6 +485,18 @@ mod tests {
         // The window saw everything, the tap's allocations too.
         let next = t.close_window();
         assert_eq!(next.iter().map(|r| r.alloc.bytes).sum::<u64>(), 400);
+        // A guest's live allocations: in a tap that names it, not in one
+        // of every process, nor in the window.
+        t.taps.set_guests(&[9]);
+        t.taps.open(6, vec![]);
+        t.taps.open(7, vec![9]);
+        t.allocated(id(9, &[5]), 0x60, 500, true, false);
+        assert!(t.take_tap(6).iter().all(|r| r.id.tgid != 9));
+        assert_eq!(
+            t.take_tap(7).iter().map(|r| r.inuse.bytes).sum::<u64>(),
+            500
+        );
+        assert!(t.close_window().iter().all(|r| r.id.tgid != 9));
     }
 
     #[test]
