@@ -305,12 +305,18 @@ fn losses(addr: SocketAddr) -> String {
 
 /// The BPF links process `pid` holds open.
 fn bpf_links(pid: u32) -> usize {
+    bpf_descriptors(pid, "anon_inode:bpf_link")
+}
+
+/// The descriptors of process `pid` whose target starts with `prefix`
+/// (`anon_inode:bpf`: its BPF links, programs and maps).
+fn bpf_descriptors(pid: u32, prefix: &str) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .expect("the daemon's descriptors")
         .flatten()
         .filter(|fd| {
             std::fs::read_link(fd.path())
-                .is_ok_and(|target| target.to_string_lossy() == "anon_inode:bpf_link")
+                .is_ok_and(|target| target.to_string_lossy().starts_with(prefix))
         })
         .count()
 }
@@ -346,9 +352,10 @@ fn site_value(samples: &[FlatSample], site: &str, index: usize) -> i64 {
 
 /// Captures of processes a `--pid` daemon does not profile: CPU, sampled
 /// on events of the capture's own, in the split the program measured;
-/// heap and block, with the probes covering those processes for the
-/// capture's time, in what the programs counted. The daemon's BPF links
-/// come back to what they were, and the scheduled files hold none of it.
+/// heap, with the probes covering those processes for the capture's time,
+/// and block, a type the daemon does not collect, on probes loaded for
+/// the capture, in what the programs counted. The daemon's BPF links come
+/// back to what they were, and the scheduled files hold none of it.
 #[test]
 fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     require_root();
@@ -361,9 +368,14 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
         .spawn()
         .expect("starting sleep");
     let target_pid = target.id().to_string();
+    // Heap and CPU profiles, not block ones.
     let (mut daemon, addr) = http_daemon(
         &out,
-        &[&["--pid", &target_pid][..], &HEAP_AND_BLOCK].concat(),
+        &[
+            &["--pid", &target_pid, "--profiles", "cpu,heap"][..],
+            &HEAP_AND_BLOCK[2..],
+        ]
+        .concat(),
     );
     let links_before = bpf_links(daemon.pid());
     let mut outsider = Running::start(&exe, &["4", "--wait-stdin"]);
@@ -385,7 +397,20 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     let (heap_pid, _) = heap_on_demand(&daemon, addr, tmp.path(), false, &|| {
         links_during.set(bpf_links(daemon.pid()));
     });
-    let (block_pid, _) = block_on_demand(&daemon, addr, tmp.path());
+    // Block probes of the capture's own: programs, maps and links that
+    // come and go with it.
+    let bpf_before = bpf_descriptors(daemon.pid(), "anon_inode:bpf");
+    let bpf_during = std::cell::Cell::new(0);
+    let (block_pid, _) = block_on_demand(&daemon, addr, tmp.path(), &[""], &|| {
+        bpf_during.set(bpf_descriptors(daemon.pid(), "anon_inode:bpf"));
+    });
+    assert!(
+        daemon.stderr_lines().iter().any(|l| l.contains(&format!(
+            "block of pid {block_pid} for 5 s on probes of its own"
+        ))),
+        "the block capture was not on probes of its own\n{}",
+        daemon.describe()
+    );
     // The probes the captures attached are let go (closed off the
     // session's thread: give it a moment).
     let mut links_after = bpf_links(daemon.pid());
@@ -397,9 +422,20 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
         links_after = bpf_links(daemon.pid());
     }
     let links_during = links_during.get();
+    let bpf_after = bpf_descriptors(daemon.pid(), "anon_inode:bpf");
+    let bpf_during = bpf_during.get();
     println!(
         "BPF links: {links_before} before the captures, {links_during} during the heap \
-         capture, {links_after} after"
+         capture, {links_after} after; BPF descriptors: {bpf_before} before the block capture, \
+         {bpf_during} during, {bpf_after} after"
+    );
+    assert!(
+        bpf_during > bpf_before,
+        "no programs or maps loaded for the block capture"
+    );
+    assert_eq!(
+        bpf_after, bpf_before,
+        "BPF descriptors left after the block capture"
     );
     assert!(
         links_during > links_before,
@@ -410,7 +446,11 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     let _ = target.kill();
     let _ = target.wait();
     daemon.wait_success(Duration::from_secs(20));
-    for (kind, outsider) in [("cpu", pid), ("heap", heap_pid), ("block", block_pid)] {
+    assert!(
+        read_profiles(&out, "block").is_empty(),
+        "block files from a daemon that does not collect them (capture of {block_pid})"
+    );
+    for (kind, outsider) in [("cpu", pid), ("heap", heap_pid)] {
         let scheduled = flatten_all(&read_profiles(&out, kind));
         assert!(
             of_pid(&scheduled, outsider).is_empty(),
@@ -540,42 +580,69 @@ fn heap_on_demand(
     (pid, truth)
 }
 
-/// A block capture of block_sites (built in `tmp`) over its whole run,
-/// fetched from `addr` with `go tool pprof`: per site, the delay the
-/// program timed. Returns its pid and its site lines.
-fn block_on_demand(daemon: &Daemon, addr: SocketAddr, tmp: &Path) -> (u32, Vec<SiteLine>) {
-    // Block: a capture over the program's whole run.
+/// Block captures of block_sites (built in `tmp`) over its whole run, one
+/// per entry of `rates` (a `block_rate` parameter, or none for the
+/// daemon's), at once, fetched from `addr` with `go tool pprof`: per site,
+/// each holds the delay the program timed. Returns its pid and its site
+/// lines.
+fn block_on_demand(
+    daemon: &Daemon,
+    addr: SocketAddr,
+    tmp: &Path,
+    rates: &[&str],
+    while_open: &dyn Fn(),
+) -> (u32, Vec<SiteLine>) {
     let block_exe = Workload::BlockSites.build(tmp, "demand_block");
     let mut block = Running::start(&block_exe, &["--wait-stdin", "--rounds", "100"]);
     let block_pid = block.pid();
-    let url = format!("http://{addr}/debug/pprof/block?seconds=5&pid={block_pid}");
-    let dir = tmp.join("block");
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let capture = std::thread::spawn(move || fetch_with_pprof(&url, &dir));
+    let captures: Vec<_> = rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| {
+            let query = match rate.is_empty() {
+                true => String::new(),
+                false => format!("&block_rate={rate}"),
+            };
+            let url = format!("http://{addr}/debug/pprof/block?seconds=5&pid={block_pid}{query}");
+            let dir = tmp.join(format!("block{i}"));
+            std::fs::create_dir_all(&dir).expect("a directory");
+            std::thread::spawn(move || fetch_with_pprof(&url, &dir))
+        })
+        .collect();
     let opened = format!("block of pid {block_pid} for 5 s");
-    daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
+    daemon.wait_log(Duration::from_secs(30), |l| {
+        l.contains(&opened) && (rates.len() == 1 || l.contains("probes of its own"))
+    });
+    while_open();
     block.release();
     let block_out = block.finish(Duration::from_secs(60));
-    let profile = capture.join().expect("the block capture");
     let sites = parse_site_lines(&block_out, &BLOCK_SITES);
-    let samples = flatten(&profile);
-    assert!(
-        samples.iter().all(|s| s.pid() == block_pid),
-        "samples of other processes in the block capture"
-    );
-    for site in &sites {
-        let delay = site_value(&samples, &site.name, 1) as f64 / site.total_ns as f64;
-        let contentions = site_value(&samples, &site.name, 0) as f64 / site.waits as f64;
-        println!(
-            "block on demand: {}: {} waits, {} ns; delay {delay:.3}, contentions {contentions:.3}",
-            site.name, site.waits, site.total_ns
-        );
+    for (capture, rate) in captures.into_iter().zip(rates) {
+        let profile = capture.join().expect("the block capture");
+        let samples = flatten(&profile);
         assert!(
-            (delay - 1.0).abs() <= BLOCK_TOLERANCE,
-            "{}: delay {delay:.3} of what it measured\n{}",
-            site.name,
-            daemon.describe()
+            samples.iter().all(|s| s.pid() == block_pid),
+            "samples of other processes in the block capture"
         );
+        let rate = match rate.is_empty() {
+            true => "the daemon's rate",
+            false => rate,
+        };
+        for site in &sites {
+            let delay = site_value(&samples, &site.name, 1) as f64 / site.total_ns as f64;
+            let contentions = site_value(&samples, &site.name, 0) as f64 / site.waits as f64;
+            println!(
+                "block on demand at {rate}: {}: {} waits, {} ns; delay {delay:.3}, contentions \
+                 {contentions:.3}",
+                site.name, site.waits, site.total_ns
+            );
+            assert!(
+                (delay - 1.0).abs() <= BLOCK_TOLERANCE,
+                "at {rate}: {}: delay {delay:.3} of what it measured\n{}",
+                site.name,
+                daemon.describe()
+            );
+        }
     }
     (block_pid, sites)
 }
@@ -595,9 +662,11 @@ fn heap_and_block_on_demand_agree_with_what_the_programs_measured() {
     let (mut daemon, addr) = http_daemon(&out, &HEAP_AND_BLOCK);
 
     let (pid, truth) = heap_on_demand(&daemon, addr, tmp.path(), true, &|| {});
-    let (block_pid, sites) = block_on_demand(&daemon, addr, tmp.path());
+    // At the daemon's rate, and at a rate of its own beside it.
+    let (block_pid, sites) = block_on_demand(&daemon, addr, tmp.path(), &["", "1ms"], &|| {});
 
-    // A type the daemon does not collect: a one-line 400.
+    // A type the daemon does not collect, of every process: a one-line
+    // 400 (its probes are loaded for named processes only).
     let (status, _, body) = get(addr, "/debug/pprof/mutex?seconds=1");
     assert_eq!(status, 400, "{body}");
     assert_eq!(body.trim_end().lines().count(), 1, "{body}");

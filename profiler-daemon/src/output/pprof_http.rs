@@ -58,9 +58,55 @@ pub struct Capture {
     pub kind: ProfileKind,
     pub pids: Vec<u32>,
     pub seconds: u64,
-    /// CPU samples per second asked for (`hz`), if any.
-    pub hz: Option<u64>,
+    /// The rate asked for, if any (of `kind`'s kind).
+    pub rate: Option<AskedRate>,
     pub reply: oneshot::Sender<Result<Vec<u8>, Refusal>>,
+}
+
+/// A rate a request names, one per profile type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AskedRate {
+    /// CPU samples per second (`hz`).
+    Hz(u64),
+    /// Mean bytes between heap samples (`heap_sample_bytes`).
+    HeapBytes(u64),
+    /// Waits kept in proportion to their length below this
+    /// (`block_rate`, block and off-CPU).
+    Block(Duration),
+    /// 1 in this many contended wake-ups (`mutex_fraction`).
+    MutexFraction(u64),
+}
+
+impl AskedRate {
+    /// The parameter that names it.
+    fn name(self) -> &'static str {
+        match self {
+            AskedRate::Hz(_) => "hz",
+            AskedRate::HeapBytes(_) => "heap_sample_bytes",
+            AskedRate::Block(_) => "block_rate",
+            AskedRate::MutexFraction(_) => "mutex_fraction",
+        }
+    }
+
+    /// Whether it is the daemon's own rate (`rates`).
+    pub fn is_daemons(self, rates: &Rates) -> bool {
+        match self {
+            AskedRate::Hz(hz) => hz == rates.cpu_frequency,
+            AskedRate::HeapBytes(bytes) => bytes == rates.heap_sample_bytes,
+            AskedRate::Block(rate) => rate == rates.block_rate,
+            AskedRate::MutexFraction(n) => n == rates.mutex_fraction,
+        }
+    }
+
+    /// As a flame graph's subtitle and the log say it.
+    pub fn describe(self) -> String {
+        match self {
+            AskedRate::Hz(hz) => format!("{hz} Hz"),
+            AskedRate::HeapBytes(bytes) => format!("1 sample per {bytes} B"),
+            AskedRate::Block(rate) => format!("block rate {}", humantime::format_duration(rate)),
+            AskedRate::MutexFraction(n) => format!("1 in {n} contentions"),
+        }
+    }
 }
 
 /// Why the session did not capture.
@@ -75,8 +121,8 @@ pub enum Refusal {
     Busy { retry_after: u64 },
 }
 
-/// The rates the daemon samples by: a request may name them, not change
-/// them (yet).
+/// The rates the daemon samples by: a request at another rate (with
+/// `pid`) gets probes of its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rates {
     /// CPU samples per second (`--cpu-frequency`).
@@ -87,6 +133,18 @@ pub struct Rates {
     pub block_rate: Duration,
     /// `--mutex-fraction`.
     pub mutex_fraction: u64,
+}
+
+impl Rates {
+    /// The rates `settings` sample by.
+    pub fn of(settings: &crate::config::Settings) -> Rates {
+        Rates {
+            cpu_frequency: settings.cpu_frequency,
+            heap_sample_bytes: settings.heap_sample_bytes,
+            block_rate: settings.block_rate,
+            mutex_fraction: settings.mutex_fraction,
+        }
+    }
 }
 
 /// What the HTTP side needs: where captures go, and the daemon's rates and
@@ -234,8 +292,8 @@ struct ProfileQuery {
     seconds: u64,
     pids: Vec<u32>,
     format: Format,
-    /// `hz`, if given (CPU only).
-    hz: Option<u64>,
+    /// The rate of `kind`, if given.
+    rate: Option<AskedRate>,
 }
 
 /// What a profile is answered as.
@@ -248,27 +306,28 @@ enum Format {
 }
 
 /// Reads `seconds`, `pid` (repeatable or comma-separated), `format` and
-/// the rate of `kind`: `hz` up to [`MAX_CAPTURE_HZ`] (other than the
-/// daemon's only with `pid`), and `heap_sample_bytes`, `block_rate`,
-/// `mutex_fraction` (only the daemon's own, as rates of their own are not
-/// taken yet).
+/// the rate of `kind`: `hz` up to [`MAX_CAPTURE_HZ`], `heap_sample_bytes`,
+/// `block_rate` or `mutex_fraction`, each as its command-line option takes
+/// it; a rate other than the daemon's only with `pid` (and, for the heap,
+/// `seconds`), as it loads probes of its own for those processes.
 fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQuery, String> {
     let mut seconds = None;
-    let mut hz = None;
+    let mut rate = None;
     let mut pids = Vec::new();
     let mut format = Format::Proto;
+    let whole = |name: &str, value: &str, min: u64, max: u64| -> Result<u64, String> {
+        let n: u64 = value
+            .parse()
+            .map_err(|_| format!("{name}: expected a whole number, got {value:?}"))?;
+        match (min..=max).contains(&n) {
+            true => Ok(n),
+            false => Err(format!("{name}: {n} is out of range ({min} to {max})")),
+        }
+    };
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match (&*key, kind) {
             ("seconds", _) => {
-                let n: u64 = value
-                    .parse()
-                    .map_err(|_| format!("seconds: expected a whole number, got {value:?}"))?;
-                if !(1..=MAX_CAPTURE_SECONDS).contains(&n) {
-                    return Err(format!(
-                        "seconds: {n} is out of range (1 to {MAX_CAPTURE_SECONDS})"
-                    ));
-                }
-                seconds = Some(n);
+                seconds = Some(whole("seconds", &value, 1, MAX_CAPTURE_SECONDS)?);
             }
             ("pid", _) => {
                 for part in value.split(',').filter(|p| !p.is_empty()) {
@@ -284,39 +343,24 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
                 }
             }
             ("hz", ProfileKind::Cpu) => {
-                let asked: u64 = value
-                    .parse()
-                    .map_err(|_| format!("hz: expected a whole number, got {value:?}"))?;
-                if !(1..=MAX_CAPTURE_HZ).contains(&asked) {
-                    return Err(format!(
-                        "hz: {asked} is out of range (1 to {MAX_CAPTURE_HZ})"
-                    ));
-                }
-                hz = Some(asked);
+                rate = Some(AskedRate::Hz(whole("hz", &value, 1, MAX_CAPTURE_HZ)?));
             }
             ("heap_sample_bytes", ProfileKind::Heap) => {
-                let bytes: u64 = value.parse().map_err(|_| {
-                    format!("heap_sample_bytes: expected a whole number, got {value:?}")
-                })?;
-                same_rate("heap_sample_bytes", bytes, rates.heap_sample_bytes, "bytes")?;
+                let bytes = whole("heap_sample_bytes", &value, 1, u64::MAX)?;
+                rate = Some(AskedRate::HeapBytes(bytes));
             }
             ("block_rate", ProfileKind::Block | ProfileKind::Offcpu) => {
-                let rate = humantime::parse_duration(value.trim()).map_err(|_| {
-                    format!("block_rate: expected a duration such as 10us, got {value:?}")
-                })?;
-                if rate != rates.block_rate {
-                    return Err(format!(
-                        "block_rate: this daemon keeps waits at a rate of {}; a rate of its own \
-                         per request is not taken yet",
-                        humantime::format_duration(rates.block_rate)
-                    ));
-                }
+                let asked = humantime::parse_duration(value.trim())
+                    .ok()
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        format!("block_rate: expected a duration such as 10us, got {value:?}")
+                    })?;
+                rate = Some(AskedRate::Block(asked));
             }
             ("mutex_fraction", ProfileKind::Mutex) => {
-                let fraction: u64 = value.parse().map_err(|_| {
-                    format!("mutex_fraction: expected a whole number, got {value:?}")
-                })?;
-                same_rate("mutex_fraction", fraction, rates.mutex_fraction, "(1 in N)")?;
+                let n = whole("mutex_fraction", &value, 1, u64::MAX)?;
+                rate = Some(AskedRate::MutexFraction(n));
             }
             ("format", _) => {
                 format = match &*value {
@@ -326,12 +370,9 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
                 };
             }
             (other, _) => {
-                let rate = match kind {
-                    ProfileKind::Cpu => ", hz",
-                    ProfileKind::Heap => ", heap_sample_bytes",
-                    ProfileKind::Block | ProfileKind::Offcpu => ", block_rate",
-                    ProfileKind::Mutex => ", mutex_fraction",
-                    ProfileKind::Goroutine => "",
+                let rate = match rate_name(kind) {
+                    Some(name) => format!(", {name}"),
+                    None => String::new(),
                 };
                 return Err(format!(
                     "unknown parameter {other:?} (seconds, pid, format{rate} are taken here)"
@@ -339,12 +380,20 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
             }
         }
     }
-    if hz.is_some_and(|hz| hz != rates.cpu_frequency) && pids.is_empty() {
-        return Err(format!(
-            "hz: a rate other than the daemon's ({} Hz) is taken for chosen processes only: \
-             add pid",
-            rates.cpu_frequency
-        ));
+    if let Some(own) = rate.filter(|r| !r.is_daemons(rates)) {
+        if pids.is_empty() {
+            return Err(format!(
+                "{}: a rate other than the daemon's ({}) is taken for chosen processes only, \
+                 on probes of their own: add pid",
+                own.name(),
+                daemons_rate(kind, rates),
+            ));
+        }
+        if kind == ProfileKind::Heap && seconds.is_none() {
+            return Err(
+                "heap_sample_bytes: a rate of its own samples from now on: add seconds".into(),
+            );
+        }
     }
     // Go's heap endpoint without `seconds` answers at once.
     let default = match kind {
@@ -355,18 +404,30 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
         seconds: seconds.unwrap_or(default),
         pids,
         format,
-        hz,
+        rate,
     })
 }
 
-/// Refuses a rate `name` other than the daemon's `own`.
-fn same_rate(name: &str, asked: u64, own: u64, unit: &str) -> Result<(), String> {
-    match asked == own {
-        true => Ok(()),
-        false => Err(format!(
-            "{name}: this daemon samples at {own} {unit}; a rate of its own per request is not \
-             taken yet"
-        )),
+/// The parameter that sets `kind`'s rate.
+fn rate_name(kind: ProfileKind) -> Option<&'static str> {
+    match kind {
+        ProfileKind::Cpu => Some("hz"),
+        ProfileKind::Heap => Some("heap_sample_bytes"),
+        ProfileKind::Block | ProfileKind::Offcpu => Some("block_rate"),
+        ProfileKind::Mutex => Some("mutex_fraction"),
+        ProfileKind::Goroutine => None,
+    }
+}
+
+/// The daemon's rate of `kind`, as its option says it.
+fn daemons_rate(kind: ProfileKind, rates: &Rates) -> String {
+    match kind {
+        ProfileKind::Cpu => format!("{} Hz", rates.cpu_frequency),
+        ProfileKind::Heap => format!("{} bytes", rates.heap_sample_bytes),
+        ProfileKind::Block | ProfileKind::Offcpu => {
+            humantime::format_duration(rates.block_rate).to_string()
+        }
+        ProfileKind::Mutex | ProfileKind::Goroutine => format!("1 in {}", rates.mutex_fraction),
     }
 }
 
@@ -389,7 +450,7 @@ async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply 
         kind,
         pids: query.pids,
         seconds: query.seconds,
-        hz: query.hz,
+        rate: query.rate,
         reply: tx,
     };
     if server.captures.try_send(capture).is_err() {
@@ -425,7 +486,9 @@ fn describe(kind: ProfileKind, query: &ProfileQuery) -> String {
         true => "every process".to_owned(),
         false => format!("pid {}", pids.join(",")),
     };
-    let rate = query.hz.map_or(String::new(), |hz| format!(", {hz} Hz"));
+    let rate = query
+        .rate
+        .map_or(String::new(), |rate| format!(", {}", rate.describe()));
     match query.seconds {
         0 => format!("{} now, {whose}", kind.name()),
         s => format!("{}, {whose}, {s} s{rate}", kind.name()),
@@ -514,36 +577,45 @@ fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
     (listed, more)
 }
 
-/// The profile types served on demand that the daemon collects.
-fn served(server: &PprofServer) -> impl Iterator<Item = ProfileKind> + '_ {
-    server
-        .profiles
-        .iter()
-        .copied()
-        .filter(|&k| k != ProfileKind::Goroutine)
+/// The profile types served on demand: those the daemon collects, and
+/// the others for chosen processes, on probes of their own.
+fn served(_server: &PprofServer) -> impl Iterator<Item = ProfileKind> {
+    [
+        ProfileKind::Cpu,
+        ProfileKind::Heap,
+        ProfileKind::Block,
+        ProfileKind::Mutex,
+        ProfileKind::Offcpu,
+    ]
+    .into_iter()
+}
+
+/// Whether the daemon collects `kind` (`--profiles`).
+fn collected(server: &PprofServer, kind: ProfileKind) -> bool {
+    server.profiles.contains(&kind)
 }
 
 /// The query of a link to a capture of `kind` (the heap's: the in-use set
-/// now, as Go's default).
-fn link_query(kind: ProfileKind) -> String {
-    match kind {
-        ProfileKind::Heap => String::new(),
-        _ => format!("seconds={INDEX_CAPTURE_SECONDS}&amp;"),
+/// now, as Go's default, where the daemon collects it).
+fn link_query(server: &PprofServer, kind: ProfileKind) -> String {
+    match kind == ProfileKind::Heap && collected(server, kind) {
+        true => String::new(),
+        false => format!("seconds={INDEX_CAPTURE_SECONDS}&amp;"),
     }
 }
 
 /// The index page: what is served, and the processes, with links.
 fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> String {
     let mut rows = String::new();
-    // The flame graph of the CPU profile, or of the first type on.
-    let drawn = served(server).next();
+    // The flame graph of the CPU profile, or of the first type collected.
+    let drawn = served(server).find(|&kind| collected(server, kind));
     for (pid, comm) in listed {
         let mut links = String::new();
         for kind in served(server) {
             links += &format!(
                 "<a href=\"/debug/pprof/{path}?{q}pid={pid}\">{name}</a> ",
                 path = path_of(kind),
-                q = link_query(kind),
+                q = link_query(server, kind),
                 name = kind.name(),
             );
         }
@@ -551,7 +623,7 @@ fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> 
             Some(kind) => format!(
                 "<a href=\"/debug/pprof/{path}?{q}pid={pid}&amp;format=svg\">flame graph</a>",
                 path = path_of(kind),
-                q = link_query(kind),
+                q = link_query(server, kind),
             ),
             None => String::new(),
         };
@@ -581,44 +653,40 @@ fn header(server: &PprofServer) -> String {
     let rates = &server.rates;
     let mut endpoints = String::new();
     for kind in served(server) {
-        let (what, rate) = match kind {
-            ProfileKind::Cpu => (
-                "CPU profile",
-                format!(
-                    "<code>hz</code> (the daemon's {} Hz; up to {MAX_CAPTURE_HZ} with \
-                     <code>pid</code>)",
-                    rates.cpu_frequency
-                ),
-            ),
-            ProfileKind::Heap => (
+        let what = match kind {
+            ProfileKind::Cpu => "CPU profile",
+            ProfileKind::Heap => {
                 "sampled allocations over <code>seconds</code> and the in-use set at their end \
-                 (without <code>seconds</code>: the in-use set now)",
-                format!(
-                    "<code>heap_sample_bytes</code> ({})",
-                    rates.heap_sample_bytes
-                ),
+                 (without <code>seconds</code>: the in-use set now)"
+            }
+            ProfileKind::Block => "time blocked in waits",
+            ProfileKind::Offcpu => "time off the CPU",
+            _ => "delay charged to the waker",
+        };
+        let rate = format!(
+            "<code>{name}</code> (the daemon's {own}; another with <code>pid</code>{max})",
+            name = rate_name(kind).unwrap_or_default(),
+            own = escape_html(&daemons_rate(kind, rates)),
+            max = match kind {
+                ProfileKind::Cpu => format!(", up to {MAX_CAPTURE_HZ} Hz"),
+                _ => String::new(),
+            },
+        );
+        endpoints += &match collected(server, kind) {
+            true => format!(
+                "<tr><td><a href=\"/debug/pprof/{path}?{q}format=svg\">{path}</a></td><td>{what}; \
+                 the rate {rate}</td></tr>\n",
+                path = path_of(kind),
+                q = link_query(server, kind),
             ),
-            ProfileKind::Block | ProfileKind::Offcpu => (
-                match kind {
-                    ProfileKind::Block => "time blocked in waits",
-                    _ => "time off the CPU",
-                },
-                format!(
-                    "<code>block_rate</code> ({})",
-                    humantime::format_duration(rates.block_rate)
-                ),
-            ),
-            _ => (
-                "delay charged to the waker",
-                format!("<code>mutex_fraction</code> ({})", rates.mutex_fraction),
+            // Every process at once is not probed for a request.
+            false => format!(
+                "<tr><td>{path}</td><td>{what}; the rate {rate}. Not collected by this daemon: \
+                 probes of its own are loaded for the processes a request names \
+                 (<code>pid</code>), for its <code>seconds</code></td></tr>\n",
+                path = path_of(kind),
             ),
         };
-        endpoints += &format!(
-            "<tr><td><a href=\"/debug/pprof/{path}?{q}format=svg\">{path}</a></td><td>{what}; \
-             the rate {rate}</td></tr>\n",
-            path = path_of(kind),
-            q = link_query(kind),
-        );
     }
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>profilerd: /debug/pprof/</title></head>\n<body>\n\
@@ -666,7 +734,7 @@ mod tests {
                 seconds: DEFAULT_CAPTURE_SECONDS,
                 pids: vec![],
                 format: Format::Proto,
-                hz: None,
+                rate: None,
             })
         );
         assert_eq!(
@@ -675,10 +743,13 @@ mod tests {
                 seconds: 10,
                 pids: vec![12, 13],
                 format: Format::Svg,
-                hz: Some(99),
+                rate: Some(AskedRate::Hz(99)),
             })
         );
-        assert_eq!(q("pid=7&hz=999").map(|q| q.hz), Ok(Some(999)));
+        assert_eq!(
+            q("pid=7&hz=999").map(|q| q.rate),
+            Ok(Some(AskedRate::Hz(999)))
+        );
         for (bad, why) in [
             ("seconds=abc", "seconds: expected"),
             ("seconds=0", "out of range"),
@@ -715,14 +786,37 @@ mod tests {
             assert_eq!(query.seconds, DEFAULT_CAPTURE_SECONDS);
         }
         assert!(q(ProfileKind::Mutex, "mutex_fraction=100").is_ok());
-        for (kind, bad, why) in [
+        // Rates of their own, for chosen processes.
+        for (kind, asked, rate) in [
             (
                 ProfileKind::Heap,
-                "heap_sample_bytes=1",
-                "samples at 524288 bytes",
+                "seconds=5&pid=3&heap_sample_bytes=1",
+                AskedRate::HeapBytes(1),
             ),
+            (
+                ProfileKind::Offcpu,
+                "pid=3&block_rate=1ms",
+                AskedRate::Block(Duration::from_millis(1)),
+            ),
+            (
+                ProfileKind::Mutex,
+                "pid=3&mutex_fraction=5",
+                AskedRate::MutexFraction(5),
+            ),
+        ] {
+            assert_eq!(q(kind, asked).map(|q| q.rate), Ok(Some(rate)), "{asked}");
+        }
+        for (kind, bad, why) in [
+            (ProfileKind::Heap, "heap_sample_bytes=1", "add pid"),
+            (
+                ProfileKind::Heap,
+                "pid=3&heap_sample_bytes=1",
+                "add seconds",
+            ),
+            (ProfileKind::Heap, "heap_sample_bytes=0", "out of range"),
             (ProfileKind::Heap, "hz=99", "unknown parameter"),
-            (ProfileKind::Block, "block_rate=1ms", "rate of 10us"),
+            (ProfileKind::Block, "block_rate=1ms", "(10us"),
+            (ProfileKind::Block, "block_rate=0s", "block_rate: expected"),
             (
                 ProfileKind::Block,
                 "block_rate=soon",
@@ -733,7 +827,8 @@ mod tests {
                 "mutex_fraction=100",
                 "unknown parameter",
             ),
-            (ProfileKind::Mutex, "mutex_fraction=5", "samples at 100"),
+            (ProfileKind::Mutex, "mutex_fraction=5", "(1 in 100)"),
+            (ProfileKind::Mutex, "mutex_fraction=0", "out of range"),
             (ProfileKind::Mutex, "seconds=0", "out of range"),
         ] {
             let err = q(kind, bad).expect_err(bad);

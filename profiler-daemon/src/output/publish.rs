@@ -143,12 +143,7 @@ pub(crate) async fn start_outputs(
             let server = PprofServer {
                 targets: targets_rx,
                 captures: tx,
-                rates: Rates {
-                    cpu_frequency: settings.cpu_frequency,
-                    heap_sample_bytes: settings.heap_sample_bytes,
-                    block_rate: settings.block_rate,
-                    mutex_fraction: settings.mutex_fraction,
-                },
+                rates: Rates::of(settings),
                 profiles: settings.profiles.clone(),
                 token: settings.http_token.clone(),
                 metrics_without_token: settings.http_metrics_without_token,

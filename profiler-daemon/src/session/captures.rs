@@ -14,12 +14,15 @@ use crate::bpf::probes::Probes;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
-use crate::output::pprof_http::{Capture, MAX_CAPTURES, Refusal};
+use crate::output::pprof_http::{AskedRate, Capture, MAX_CAPTURES, Rates, Refusal};
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::build_cpu_profile;
 use crate::profiles::heap::{HeapTable, heap_profile_of};
 use crate::profiles::waits::{Waits, build_wait_profile};
+use crate::session::own_probes::{LoadContext, OwnProbes};
 use crate::stacks::symbolize::Symbolizer;
+use crate::stacks::symbolize::python::PythonCodes;
+use crate::stacks::unwind::Unwinder;
 
 /// A capture under way.
 struct Running {
@@ -33,6 +36,9 @@ struct Running {
     /// The processes it had the probes cover, which the schedule does not
     /// profile (heap and wait captures under `--pid`).
     guests: Vec<u32>,
+    /// Probes of its own (a type the daemon does not collect, or a rate
+    /// other than the daemon's), with the tables its records go to.
+    own: Option<Box<OwnProbes>>,
     started: SystemTime,
     started_at: Instant,
     ends: Instant,
@@ -49,6 +55,16 @@ pub(crate) struct Tapped<'a> {
 }
 
 impl Tapped<'_> {
+    /// The same tables, borrowed again.
+    fn reborrow(&mut self) -> Tapped<'_> {
+        Tapped {
+            probes: self.probes,
+            cpu: self.cpu,
+            heap: self.heap,
+            waits: self.waits,
+        }
+    }
+
     /// Opens capture `id`'s tap of type `kind` on `pids`.
     fn open(&mut self, kind: ProfileKind, id: u64, pids: Vec<u32>) {
         match kind {
@@ -142,42 +158,62 @@ impl Captures {
 }
 
 impl Captures {
-    /// Starts `capture` (a tap of its type), or refuses it: the daemon
-    /// does not collect that type, a process is not one the daemon
-    /// profiles (`targets`: the `--pid` targets and the command's
-    /// processes; none when it profiles every process), or MAX_CAPTURES
-    /// run already. A CPU capture at a rate other than the daemon's, or of
-    /// processes it does not profile, gets CPU-clock events of its own on
-    /// those processes' threads; a capture of another type of processes
-    /// the daemon does not profile has the probes cover them (guests) for
-    /// its time, their records kept out of the windows.
+    /// Starts `capture` (a tap of its type), or refuses it: goroutines
+    /// (in the scheduled files only), MAX_CAPTURES running already, or
+    /// probes that cannot be had. A capture of a type the daemon does not
+    /// collect, or at a rate other than the daemon's (heap, block, mutex),
+    /// loads probes of its own for its processes (`own_probes.rs`); those
+    /// must be named. A CPU capture at a rate other than the daemon's, or
+    /// of processes it does not profile (`targets`: the `--pid` targets
+    /// and the command's processes; none when it profiles every process),
+    /// gets CPU-clock events of its own on those processes' threads; a
+    /// capture of another type of processes the daemon does not profile
+    /// has the probes cover them (guests) for its time, their records kept
+    /// out of the windows.
     pub(crate) fn start(
         &mut self,
         capture: Capture,
         settings: &Settings,
         targets: Option<&[u32]>,
         mut tapped: Tapped<'_>,
+        context: LoadContext<'_>,
     ) {
         let kind = capture.kind;
+        let own_probes = needs_own_probes(&capture, settings);
         let uncovered = capture
             .pids
             .iter()
             .find(|pid| targets.is_some_and(|targets| !targets.contains(pid)));
-        let own_events = kind == ProfileKind::Cpu
+        let asked_hz = match capture.rate {
+            Some(AskedRate::Hz(hz)) => Some(hz),
+            _ => None,
+        };
+        let own_events = !own_probes
+            && kind == ProfileKind::Cpu
             && !capture.pids.is_empty()
-            && (capture.hz.is_some_and(|hz| hz != settings.cpu_frequency) || uncovered.is_some());
-        let refusal = if !settings.profiles.contains(&kind) || kind == ProfileKind::Goroutine {
-            Some(Refusal::Unavailable(format!(
-                "this daemon does not collect {} profiles (--profiles); on-demand probes are not \
-                 attached yet",
-                kind.name()
-            )))
+            && (asked_hz.is_some_and(|hz| hz != settings.cpu_frequency) || uncovered.is_some());
+        let refusal = if kind == ProfileKind::Goroutine {
+            Some(Refusal::Unavailable(
+                "goroutine profiles are in the scheduled files only".into(),
+            ))
         } else if self.running.len() >= MAX_CAPTURES {
             let first = self.running.iter().map(|r| r.ends).min();
             let retry_after = first.map_or(1, |at| {
                 at.saturating_duration_since(Instant::now()).as_secs() + 1
             });
             Some(Refusal::Busy { retry_after })
+        } else if own_probes && capture.pids.is_empty() {
+            Some(Refusal::Unavailable(format!(
+                "this daemon does not collect {} profiles (--profiles): name the processes to \
+                 probe for the capture (pid)",
+                kind.name()
+            )))
+        } else if own_probes && capture.seconds == 0 {
+            Some(Refusal::Unavailable(format!(
+                "this daemon does not collect {} profiles (--profiles), so it holds no in-use \
+                 set: add seconds to probe the processes for that long",
+                kind.name()
+            )))
         } else {
             None
         };
@@ -186,7 +222,22 @@ impl Captures {
             return;
         }
         let id = self.next_id + 1;
-        let hz = capture.hz.unwrap_or(settings.cpu_frequency);
+        let hz = asked_hz.unwrap_or(settings.cpu_frequency);
+        let mut own = match own_probes {
+            true => match OwnProbes::load(settings, kind, &capture.pids, capture.rate, context) {
+                Ok(own) => Some(Box::new(own)),
+                Err(e) => {
+                    let why = format!("{:#}", anyhow::Error::from(e));
+                    let why = why.lines().next().unwrap_or_default().to_owned();
+                    let _ = capture.reply.send(Err(Refusal::Unavailable(format!(
+                        "cannot load {} probes for the capture: {why}",
+                        kind.name()
+                    ))));
+                    return;
+                }
+            },
+            false => None,
+        };
         let events = match own_events {
             true => match open_events(tapped.probes, id, hz, &capture.pids) {
                 Ok(events) => Some(events),
@@ -199,7 +250,7 @@ impl Captures {
         };
         // Processes the schedule does not profile, for a type other than
         // CPU: the probes cover them for the capture.
-        let guests: Vec<u32> = match (own_events, targets) {
+        let guests: Vec<u32> = match (own_events || own_probes, targets) {
             (false, Some(targets)) => capture
                 .pids
                 .iter()
@@ -230,22 +281,32 @@ impl Captures {
                 false => format!("pid {}", whose.join(",")),
             },
             capture.seconds,
-            match &events {
-                Some(events) => format!(" at {hz} Hz on {} threads", events.threads()),
-                None => String::new(),
+            match (&events, &own) {
+                (Some(events), _) => format!(" at {hz} Hz on {} threads", events.threads()),
+                (None, Some(own)) => format!(
+                    " on probes of its own{} (loaded in {:.0} ms)",
+                    capture
+                        .rate
+                        .map_or(String::new(), |rate| format!(" at {}", rate.describe())),
+                    own.load_ms
+                ),
+                (None, None) => String::new(),
             },
         );
-        match events {
-            Some(_) => tapped.cpu.taps.open_own(id),
-            None => tapped.open(kind, id, capture.pids),
+        match (&events, own.as_deref_mut()) {
+            (Some(_), _) => tapped.cpu.taps.open_own(id),
+            (None, Some(own)) => own.parts().1.open(kind, id, capture.pids),
+            (None, None) => tapped.open(kind, id, capture.pids),
         }
         let has_guests = !guests.is_empty();
+        let hz = own.as_ref().map_or(hz, |own| own.settings.cpu_frequency);
         self.running.push(Running {
             id,
             kind,
             hz,
             events,
             guests,
+            own,
             started: SystemTime::now(),
             started_at: now,
             ends: now + Duration::from_secs(capture.seconds),
@@ -272,6 +333,23 @@ impl Captures {
             }
         }
         self.drop_abandoned(tapped);
+    }
+
+    /// Reads the records of the captures' own probes into their tables
+    /// (every tick, and before captures end: then with every sample).
+    pub(crate) async fn read_own(
+        &mut self,
+        python: &mut PythonCodes,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+    ) {
+        let now = Instant::now();
+        for running in &mut self.running {
+            let last = running.ends <= now;
+            if let Some(own) = running.own.as_deref_mut() {
+                own.read(python, procs, unwinder, last).await;
+            }
+        }
     }
 
     /// Ends the captures whose client went away: their taps go.
@@ -315,74 +393,96 @@ impl Captures {
             .partition(|r| r.ends <= now);
         self.running = running;
         let released: Vec<u32> = due.iter().flat_map(|r| r.guests.clone()).collect();
-        for capture in due {
+        for mut capture in due {
             if capture.reply.is_closed() {
                 tapped.drop_ids(&[capture.id]);
                 continue;
             }
-            let Tapped {
-                cpu, heap, waits, ..
-            } = &mut tapped;
-            let time_nanos = capture
-                .started
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as i64);
-            let span = (time_nanos, capture.started_at.elapsed().as_nanos() as i64);
-            let profile = match capture.kind {
-                ProfileKind::Cpu => {
-                    let Some(tap) = cpu.taps.take(capture.id) else {
-                        continue;
-                    };
-                    // A window of the tap's samples, with the label sets
-                    // they name.
-                    let mut window = CpuWindow {
-                        samples: tap.rows,
-                        ..CpuWindow::default()
-                    };
-                    std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
-                    if let Some(events) = &capture.events {
-                        tracing::debug!(target: "profilerd::session",
-                            "on-demand capture {} ended: {} threads sampled, {} missed",
-                            capture.id, events.threads(), events.threads_missed);
-                    }
-                    let profile = build_cpu_profile(
-                        settings,
-                        symbolizer,
-                        procs,
-                        &mut window,
-                        capture.hz,
-                        span,
-                    );
-                    std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
-                    profile
-                }
-                ProfileKind::Heap => {
-                    let rows = heap.take_tap(capture.id);
-                    heap_profile_of(settings, symbolizer, procs, heap, rows, span)
-                }
-                kind @ (ProfileKind::Block | ProfileKind::Mutex | ProfileKind::Offcpu) => {
-                    let rows = match kind {
-                        ProfileKind::Block => waits.block.take_tap(capture.id),
-                        ProfileKind::Offcpu => waits.offcpu.take_tap(capture.id),
-                        _ => waits.mutex.take_tap(capture.id),
-                    };
-                    build_wait_profile(
-                        kind,
-                        settings,
-                        symbolizer,
-                        procs,
-                        &mut cpu.go_labels,
-                        &rows,
-                        span.0,
-                        span.1,
-                    )
-                }
-                ProfileKind::Goroutine => continue,
+            let mut own = capture.own.take();
+            let (settings, tables) = match own.as_deref_mut() {
+                Some(own) => own.parts(),
+                None => (settings, tapped.reborrow()),
+            };
+            let Some(profile) = build(&capture, settings, symbolizer, procs, tables) else {
+                continue;
             };
             let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
         }
         self.release_guests(released, &mut tapped);
     }
+}
+
+/// Builds ended `capture`'s profile from its tap in `tables` (the
+/// daemon's, or its own probes'), as `settings` build the files.
+fn build(
+    capture: &Running,
+    settings: &Settings,
+    symbolizer: &mut Symbolizer,
+    procs: &mut ProcessTable,
+    tables: Tapped<'_>,
+) -> Option<pprof_proto::Profile> {
+    let Tapped {
+        cpu, heap, waits, ..
+    } = tables;
+    let time_nanos = capture
+        .started
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let span = (time_nanos, capture.started_at.elapsed().as_nanos() as i64);
+    let profile = match capture.kind {
+        ProfileKind::Cpu => {
+            let tap = cpu.taps.take(capture.id)?;
+            // A window of the tap's samples, with the label sets they name.
+            let mut window = CpuWindow {
+                samples: tap.rows,
+                ..CpuWindow::default()
+            };
+            std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
+            if let Some(events) = &capture.events {
+                tracing::debug!(target: "profilerd::session",
+                    "on-demand capture {} ended: {} threads sampled, {} missed",
+                    capture.id, events.threads(), events.threads_missed);
+            }
+            let profile =
+                build_cpu_profile(settings, symbolizer, procs, &mut window, capture.hz, span);
+            std::mem::swap(&mut window.go_labels, &mut cpu.go_labels);
+            profile
+        }
+        ProfileKind::Heap => {
+            let rows = heap.take_tap(capture.id);
+            heap_profile_of(settings, symbolizer, procs, heap, rows, span)
+        }
+        kind @ (ProfileKind::Block | ProfileKind::Mutex | ProfileKind::Offcpu) => {
+            let rows = match kind {
+                ProfileKind::Block => waits.block.take_tap(capture.id),
+                ProfileKind::Offcpu => waits.offcpu.take_tap(capture.id),
+                _ => waits.mutex.take_tap(capture.id),
+            };
+            build_wait_profile(
+                kind,
+                settings,
+                symbolizer,
+                procs,
+                &mut cpu.go_labels,
+                &rows,
+                span.0,
+                span.1,
+            )
+        }
+        ProfileKind::Goroutine => return None,
+    };
+    Some(profile)
+}
+
+/// Whether `capture` needs probes of its own: a type the daemon does not
+/// collect, or a heap, block or mutex rate other than the daemon's (a CPU
+/// rate of its own is had on events of its own, `open_events`).
+fn needs_own_probes(capture: &Capture, settings: &Settings) -> bool {
+    let other_rate = capture.rate.is_some_and(|rate| {
+        !matches!(rate, AskedRate::Hz(_)) && !rate.is_daemons(&Rates::of(settings))
+    });
+    capture.kind != ProfileKind::Goroutine
+        && (!settings.profiles.contains(&capture.kind) || other_rate)
 }
 
 /// Opens capture `id`'s own CPU-clock events at `hz` on the threads of

@@ -6,6 +6,7 @@
 mod captures;
 mod events;
 mod notify;
+mod own_probes;
 mod summary;
 mod targets;
 mod window;
@@ -40,6 +41,7 @@ use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::captures::{Captures, Tapped};
 use crate::session::events::take_proc_events;
+use crate::session::own_probes::LoadContext;
 use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
 };
@@ -255,6 +257,8 @@ struct Session {
     /// one is (kept at each tick).
     index_targets: Option<watch::Sender<Targets>>,
     captures: Captures,
+    /// What this kernel offers, for the probes captures load of their own.
+    features: KernelFeatures,
 }
 
 impl Session {
@@ -369,6 +373,7 @@ impl Session {
             capture_requests,
             index_targets,
             captures: Captures::default(),
+            features,
         };
         Ok((session, rings))
     }
@@ -536,6 +541,13 @@ impl Session {
         self.read_wait_events(rings.wait_events.get_mut());
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
+        self.captures
+            .read_own(
+                &mut self.symbolizer.python,
+                &mut self.procs,
+                &mut self.unwinder,
+            )
+            .await;
         self.captures.tick(Tapped {
             probes: &mut self.probes,
             cpu: &mut self.window.cpu,
@@ -612,6 +624,12 @@ impl Session {
     /// captures.rs).
     fn start_capture(&mut self, capture: Capture) {
         let targets = self.targets();
+        // Known, with their runtimes, before probes of a capture's own
+        // are told how to walk them.
+        for &pid in &capture.pids {
+            self.procs.ensure(pid);
+        }
+        self.watch_python();
         self.captures.start(
             capture,
             &self.settings,
@@ -621,6 +639,11 @@ impl Session {
                 cpu: &mut self.window.cpu,
                 heap: &mut self.heap,
                 waits: &mut self.waits,
+            },
+            LoadContext {
+                features: &self.features,
+                go_exes: &mut self.go_exes,
+                python: &self.symbolizer.python,
             },
         );
     }
@@ -633,6 +656,13 @@ impl Session {
         self.add_waiting_samples();
         self.read_heap_events(rings.heap_events.get_mut());
         self.read_wait_events(rings.wait_events.get_mut());
+        self.captures
+            .read_own(
+                &mut self.symbolizer.python,
+                &mut self.procs,
+                &mut self.unwinder,
+            )
+            .await;
         self.captures.finish_due(
             &self.settings,
             &mut self.symbolizer,

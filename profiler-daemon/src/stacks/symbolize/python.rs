@@ -158,11 +158,7 @@ impl PythonCodes {
             };
             if let Some(python) = &python {
                 tracing::debug!("process {tgid} runs CPython 3.{}", python.minor);
-                let mut runtime = python.runtime;
-                if self.uncached {
-                    runtime.flags |= profiler_common::py_flags::NO_THREAD_CACHE;
-                }
-                marks.push(PythonMark::Mark(tgid, runtime));
+                marks.push(PythonMark::Mark(tgid, self.kernel_runtime(python)));
                 self.stats.processes += 1;
             }
             self.procs.insert(
@@ -177,6 +173,22 @@ impl PythonCodes {
             );
         }
         marks
+    }
+
+    /// What the kernel is told of CPython process `python`.
+    fn kernel_runtime(&self, python: &PythonProcess) -> PyRuntime {
+        let mut runtime = python.runtime;
+        if self.uncached {
+            runtime.flags |= profiler_common::py_flags::NO_THREAD_CACHE;
+        }
+        runtime
+    }
+
+    /// The mark `watch` gave process `tgid`, if it runs a CPython whose
+    /// frames are read (for probes loaded later, such as a capture's own).
+    pub fn runtime_of(&self, tgid: u32) -> Option<PyRuntime> {
+        let python = self.procs.get(&tgid)?.python.as_ref()?;
+        Some(self.kernel_runtime(python))
     }
 
     /// Counts where a found interpreter's layout came from, and says once

@@ -1,0 +1,227 @@
+//! Probes of a capture's own (design 019, fifth part). A capture of a
+//! profile type the daemon does not collect, or at a rate other than the
+//! daemon's, loads the eBPF object once more with that type alone, at
+//! that rate, filtered to the capture's processes: what a second profilerd
+//! with `--pid` would attach, inside this one. Its records go to tables of
+//! its own, which the builders of the scheduled files turn into the
+//! capture's profile; the daemon's probes, windows and files never see
+//! them. Dropped at the capture's end (or when its client goes away), its
+//! programs, links and maps go with it.
+
+use std::time::Instant;
+
+use crate::bpf::check::probe_config;
+use crate::bpf::drain::CpuWindow;
+use crate::bpf::features::KernelFeatures;
+use crate::bpf::probes::{ProbeError, Probes};
+use crate::bpf::ring::Ring;
+use crate::bpf::uprobes::ExecMappings;
+use crate::config::{Settings, UnwindMode};
+use crate::model::profile_kind::ProfileKind;
+use crate::output::pprof_http::AskedRate;
+use crate::procs::go_runtime::{GoExecutables, fp_process};
+use crate::procs::process::ProcessTable;
+use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
+use crate::profiles::heap::{HeapTable, read_heap_events};
+use crate::profiles::waits::{Waits, read_wait_events};
+use crate::session::captures::Tapped;
+use crate::stacks::symbolize::python::PythonCodes;
+use crate::stacks::unwind::Unwinder;
+
+/// What loading a capture's probes looks up: the kernel's features, and
+/// how the processes' stacks are walked (Go's frame pointers, CPython's
+/// frames), as the daemon's own probes were told.
+pub(crate) struct LoadContext<'a> {
+    pub(crate) features: &'a KernelFeatures,
+    pub(crate) go_exes: &'a mut GoExecutables,
+    pub(crate) python: &'a PythonCodes,
+}
+
+/// A capture's probes and the tables its records go to.
+pub(crate) struct OwnProbes {
+    /// The daemon's settings with the capture's type, processes and rate:
+    /// its profile is built (and rescaled) by them.
+    pub(crate) settings: Settings,
+    probes: Probes,
+    /// Process events: read and let go, the daemon's own probes keeping
+    /// the process table.
+    events: Ring,
+    stack_samples: Ring,
+    heap_events: Ring,
+    wait_events: Ring,
+    cpu: CpuWindow,
+    heap: HeapTable,
+    waits: Waits,
+    waiting: WaitingSamples,
+    /// How long the load and attach took (said in the log; the
+    /// benchmark's figure).
+    pub(crate) load_ms: f64,
+}
+
+impl OwnProbes {
+    /// Loads `kind`'s programs for `pids` at `rate` (the daemon's where
+    /// none), attached and live when this returns.
+    pub(crate) fn load(
+        settings: &Settings,
+        kind: ProfileKind,
+        pids: &[u32],
+        rate: Option<AskedRate>,
+        context: LoadContext<'_>,
+    ) -> Result<Self, ProbeError> {
+        let started = Instant::now();
+        let settings = capture_settings(settings, kind, pids, rate);
+        let mut config = probe_config(&settings, context.features, &[kind]);
+        // The daemon's own programs say why they skip or drop; these are
+        // the same programs.
+        config.kernel_log = false;
+        let mut probes = Probes::load(&config)?;
+        for &pid in pids {
+            probes.add_target(pid)?;
+            if settings.unwind == UnwindMode::Auto
+                && let Some(go) = context.go_exes.get(pid)
+            {
+                probes.mark_frame_pointer_process(pid, fp_process(pid, go));
+            }
+            if settings.stack_switches.python_frames
+                && let Some(runtime) = context.python.runtime_of(pid)
+            {
+                probes.mark_python_process(pid, runtime);
+            }
+            if let Some(mappings) = ExecMappings::read(pid) {
+                for links in probes.uprobe_links() {
+                    links.attach_mappings(&mappings);
+                }
+            }
+        }
+        let ring =
+            |ring: Option<Ring>, name: &'static str| ring.ok_or(ProbeError::MissingMap(name));
+        let events = ring(probes.take_proc_events(), "PROC_EVENTS")?;
+        let stack_samples = ring(probes.take_stack_samples(), "STACK_SAMPLES")?;
+        let heap_events = ring(probes.take_heap_events(), "HEAP_EVENTS")?;
+        let wait_events = ring(probes.take_wait_events(), "WAIT_EVENTS")?;
+        let waits = Waits::new(&settings, probes.take_walk_hints());
+        Ok(OwnProbes {
+            settings,
+            probes,
+            events,
+            stack_samples,
+            heap_events,
+            wait_events,
+            cpu: CpuWindow::default(),
+            heap: HeapTable::default(),
+            waits,
+            waiting: WaitingSamples::default(),
+            load_ms: started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// Reads what the probes hold into the tables; `last`: the capture
+    /// ends, and samples still waiting for their image's event are taken
+    /// as of the image known.
+    pub(crate) async fn read(
+        &mut self,
+        python: &mut PythonCodes,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+        last: bool,
+    ) {
+        while self.events.next().is_some() {}
+        drain_once(&mut self.probes, procs, &mut self.cpu).await;
+        read_stack_samples(
+            &mut self.stack_samples,
+            python,
+            procs,
+            unwinder,
+            &mut self.cpu,
+            &mut self.waiting,
+        );
+        if last {
+            self.waiting.add_known(procs, unwinder, &mut self.cpu, true);
+        }
+        read_heap_events(
+            &mut self.heap_events,
+            python,
+            procs,
+            &mut self.probes,
+            unwinder,
+            &mut self.heap,
+        );
+        read_wait_events(
+            &mut self.wait_events,
+            python,
+            procs,
+            unwinder,
+            &mut self.waits,
+        );
+    }
+
+    /// Its settings and tables, where the capture's tap is opened and
+    /// built from.
+    pub(crate) fn parts(&mut self) -> (&Settings, Tapped<'_>) {
+        (
+            &self.settings,
+            Tapped {
+                probes: &mut self.probes,
+                cpu: &mut self.cpu,
+                heap: &mut self.heap,
+                waits: &mut self.waits,
+            },
+        )
+    }
+}
+
+impl Drop for OwnProbes {
+    /// Detaches every probe before the programs and maps are let go: the
+    /// uprobe links are closed off the session's thread, as the daemon's.
+    fn drop(&mut self) {
+        self.probes.stop_sampling();
+    }
+}
+
+/// The daemon's `settings` as a capture of `kind` of `pids` at `rate`
+/// would have them.
+fn capture_settings(
+    settings: &Settings,
+    kind: ProfileKind,
+    pids: &[u32],
+    rate: Option<AskedRate>,
+) -> Settings {
+    let mut own = settings.clone();
+    own.profiles = vec![kind];
+    own.pids = pids.to_vec();
+    own.command = Vec::new();
+    match rate {
+        Some(AskedRate::Hz(hz)) => own.cpu_frequency = hz,
+        Some(AskedRate::HeapBytes(bytes)) => own.heap_sample_bytes = bytes,
+        Some(AskedRate::Block(rate)) => own.block_rate = rate,
+        Some(AskedRate::MutexFraction(n)) => own.mutex_fraction = n,
+        None => {}
+    }
+    own
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_capture_is_built_by_its_own_type_processes_and_rate() {
+        let daemon = Settings::parse_from(["profilerd", "--profiles", "cpu"]).expect("settings");
+        let own = capture_settings(
+            &daemon,
+            ProfileKind::Block,
+            &[7, 9],
+            Some(AskedRate::Block(Duration::from_millis(1))),
+        );
+        assert_eq!(own.profiles, vec![ProfileKind::Block]);
+        assert_eq!(own.pids, vec![7, 9]);
+        assert!(own.command.is_empty());
+        assert_eq!(own.block_rate, Duration::from_millis(1));
+        assert_eq!(own.heap_sample_bytes, daemon.heap_sample_bytes);
+        let heap = capture_settings(&daemon, ProfileKind::Heap, &[7], None);
+        assert_eq!(heap.heap_sample_bytes, daemon.heap_sample_bytes);
+        let cpu = capture_settings(&daemon, ProfileKind::Cpu, &[7], Some(AskedRate::Hz(999)));
+        assert_eq!(cpu.cpu_frequency, 999);
+    }
+}
