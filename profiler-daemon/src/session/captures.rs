@@ -2,7 +2,9 @@
 //! gathers its processes' samples of one profile type beside the windows
 //! (a tap: `model::taps`) for the seconds asked, then is built into a
 //! profile the way a window's is and sent to the waiting request. The
-//! windows and their files are untouched.
+//! windows and their files are untouched. A capture of a type the daemon
+//! does not collect, or at a rate of its own, taps the tables of probes of
+//! its own instead (own_probes.rs).
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,15 +13,15 @@ use tokio::sync::oneshot;
 use crate::bpf::capture_events::CaptureEvents;
 use crate::bpf::drain::CpuWindow;
 use crate::bpf::probes::Probes;
-use crate::bpf::uprobes::ExecMappings;
 use crate::config::Settings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::{AskedRate, Capture, MAX_CAPTURES, Rates, Refusal};
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::build_cpu_profile;
-use crate::profiles::heap::{HeapTable, heap_profile_of};
-use crate::profiles::waits::{Waits, build_wait_profile};
+use crate::profiles::heap::heap_profile_of;
+use crate::profiles::waits::build_wait_profile;
 use crate::session::own_probes::{LoadContext, OwnProbes};
+use crate::session::tapped::Tapped;
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
@@ -43,85 +45,6 @@ struct Running {
     started_at: Instant,
     ends: Instant,
     reply: oneshot::Sender<Result<Vec<u8>, Refusal>>,
-}
-
-/// Where the taps of each profile type are.
-pub(crate) struct Tapped<'a> {
-    /// The CPU sampler's program, for captures' own events.
-    pub(crate) probes: &'a mut Probes,
-    pub(crate) cpu: &'a mut CpuWindow,
-    pub(crate) heap: &'a mut HeapTable,
-    pub(crate) waits: &'a mut Waits,
-}
-
-impl Tapped<'_> {
-    /// The same tables, borrowed again.
-    fn reborrow(&mut self) -> Tapped<'_> {
-        Tapped {
-            probes: self.probes,
-            cpu: self.cpu,
-            heap: self.heap,
-            waits: self.waits,
-        }
-    }
-
-    /// Opens capture `id`'s tap of type `kind` on `pids`.
-    fn open(&mut self, kind: ProfileKind, id: u64, pids: Vec<u32>) {
-        match kind {
-            ProfileKind::Cpu => self.cpu.taps.open(id, pids),
-            ProfileKind::Heap => self.heap.taps.open(id, pids),
-            ProfileKind::Block => self.waits.block.taps.open(id, pids),
-            ProfileKind::Offcpu => self.waits.offcpu.taps.open(id, pids),
-            ProfileKind::Mutex => self.waits.mutex.taps.open(id, pids),
-            // Refused before (`Captures::start`).
-            ProfileKind::Goroutine => {}
-        }
-    }
-
-    /// Makes `guests` (processes there for captures only) known to every
-    /// window: their rows go to the taps that name them alone.
-    fn set_guests(&mut self, guests: &[u32]) {
-        self.cpu.taps.set_guests(guests);
-        self.heap.taps.set_guests(guests);
-        self.waits.block.taps.set_guests(guests);
-        self.waits.offcpu.taps.set_guests(guests);
-        self.waits.mutex.taps.set_guests(guests);
-    }
-
-    /// Has the probes cover `pid`, which the schedule does not profile,
-    /// for a capture: in the target table as `CAPTURED`, its allocator and
-    /// condition-wait files attached.
-    fn add_guest(&mut self, pid: u32) -> Result<(), Refusal> {
-        self.probes.add_captured(pid).map_err(|e| {
-            Refusal::Unavailable(format!("cannot follow process {pid} for the capture: {e}"))
-        })?;
-        if let Some(mappings) = ExecMappings::read(pid) {
-            for links in self.probes.uprobe_links() {
-                links.attach_mappings(&mappings);
-            }
-        }
-        Ok(())
-    }
-
-    /// Lets go of guest `pid`: out of the target table, its own probes
-    /// and its live allocations forgotten.
-    fn release_guest(&mut self, pid: u32) {
-        self.probes.remove_captured(pid);
-        let gone = self.heap.forget_process(pid);
-        self.probes.forget_live(pid, &gone);
-        for links in self.probes.uprobe_links() {
-            links.forget_process(pid);
-        }
-    }
-
-    /// Ends the taps of the captures `gone` names, of every type.
-    fn drop_ids(&mut self, gone: &[u64]) {
-        self.cpu.taps.drop_ids(gone);
-        self.heap.taps.drop_ids(gone);
-        self.waits.block.taps.drop_ids(gone);
-        self.waits.offcpu.taps.drop_ids(gone);
-        self.waits.mutex.taps.drop_ids(gone);
-    }
 }
 
 /// The captures under way (at most MAX_CAPTURES).

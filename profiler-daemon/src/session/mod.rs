@@ -8,6 +8,7 @@ mod events;
 mod notify;
 mod own_probes;
 mod summary;
+mod tapped;
 mod targets;
 mod window;
 
@@ -39,12 +40,13 @@ use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
-use crate::session::captures::{Captures, Tapped};
+use crate::session::captures::Captures;
 use crate::session::events::take_proc_events;
 use crate::session::own_probes::LoadContext;
 use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
 };
+use crate::session::tapped::Tapped;
 use crate::session::targets::{
     check_privileges, kernel_log_readable, process_start, recv_opt, sleep_opt, start_command,
     wait_child, watch_ring,

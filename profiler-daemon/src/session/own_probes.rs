@@ -24,7 +24,7 @@ use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
-use crate::session::captures::Tapped;
+use crate::session::tapped::Tapped;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
