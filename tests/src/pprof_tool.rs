@@ -192,6 +192,26 @@ pub fn top_of_index(file: &Path, sample_index: &str) -> String {
     )
 }
 
+/// `go tool pprof -proto URL` (PPROF_TMPDIR and HOME in `tmp`): the
+/// profile as fetched, decoded.
+pub fn fetch_with_pprof(url: &str, tmp: &Path) -> pprof_proto::Profile {
+    let fetched = Command::new(go_binary())
+        .args(["tool", "pprof", "-proto", url])
+        .env("PPROF_TMPDIR", tmp)
+        .env("HOME", tmp)
+        .output()
+        .expect("running go tool pprof");
+    assert!(
+        fetched.status.success(),
+        "go tool pprof {url}: {}",
+        String::from_utf8_lossy(&fetched.stderr)
+    );
+    let file = tmp.join("fetched.pb.gz");
+    std::fs::write(&file, &fetched.stdout).expect("writing the fetched profile");
+    check_readable(&file, true);
+    pprof_proto::decode(&fetched.stdout).expect("decoding the fetched profile")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

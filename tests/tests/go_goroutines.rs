@@ -8,11 +8,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use profiler_tests::daemon::require_root;
+use std::time::{Duration, Instant};
+
+use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::http::get;
+use profiler_tests::pprof_tool::{current_go_binary, fetch_with_pprof};
 use profiler_tests::profiles::{FlatSample, flatten, read_profiles};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
-    GoBuild, WholeLife, Workload, field, go_builds, profile_whole_life,
+    GoBuild, Running, WholeLife, Workload, field, go_builds, profile_whole_life,
 };
 
 /// The workload's parked goroutines: (site, count, wait reason on Go 1.19,
@@ -258,6 +262,74 @@ fn goroutines_agree_with_go_to_the_goroutine() {
             "{version}: goroutines read{diag}"
         );
     }
+}
+
+/// `/debug/pprof/goroutine?pid=P` (`go tool pprof` fetching it) from a
+/// daemon that does not collect goroutine profiles: the goroutines of a
+/// stripped current-Go program, per site exactly as runtime/pprof counted
+/// them the same moment; a process that is not Go gets a one-line 400.
+#[test]
+fn goroutines_on_demand_agree_with_runtime_pprof() {
+    require_root();
+    let tmp = temp_dir();
+    let go = current_go_binary();
+    let exe = Workload::GoGoroutinesStripped.build_with_go(tmp.path(), "goroutines_demand", &go);
+    let own = tmp.path().join("own.pprof");
+    let out = tmp.path().join("out");
+    let mut daemon = Daemon::start(&[
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--profiles",
+        "cpu",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    daemon.wait_ready();
+    let addr = daemon.metrics_addr();
+    let mut program = Running::start(
+        &exe,
+        &["4", own.to_str().expect("UTF-8 path"), "--wait-stdin"],
+    );
+    let pid = program.pid();
+    program.release();
+    // Its goroutines are parked once it has written Go's own profile
+    // (then its dump), and stay so for its 4 s.
+    let dump = own.with_extension("pprof.txt");
+    let by = Instant::now() + Duration::from_secs(20);
+    while !dump.exists() {
+        assert!(
+            Instant::now() < by,
+            "the program wrote no profile of its own"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ours = flatten(&fetch_with_pprof(
+        &format!("http://{addr}/debug/pprof/goroutine?pid={pid}"),
+        tmp.path(),
+    ));
+    let theirs = flatten(
+        &pprof_proto::decode(&std::fs::read(&own).expect("Go's profile"))
+            .expect("Go's profile decodes"),
+    );
+    let (status, _, body) = get(
+        addr,
+        &format!("/debug/pprof/goroutine?pid={}", std::process::id()),
+    );
+    let report = program.finish(Duration::from_secs(30));
+    let (ours, theirs) = (per_site(&ours), per_site(&theirs));
+    println!("goroutines on demand: {ours:?}; runtime/pprof {theirs:?}; {report}");
+    for &(site, count, _, _) in &SITES {
+        assert_eq!(
+            (ours.get(site).copied(), theirs.get(site).copied()),
+            (Some(count), Some(count)),
+            "goroutines at {site} on demand, and runtime/pprof's\n{}",
+            daemon.describe()
+        );
+    }
+    assert_eq!(status, 400, "a process that is not Go: {body}");
+    assert_eq!(body.trim_end().lines().count(), 1, "{body}");
+    daemon.signal(libc::SIGINT);
+    daemon.wait_success(Duration::from_secs(20));
 }
 
 /// Whether it is the main goroutine's sample (`main.main` itself, not a

@@ -16,7 +16,7 @@ use std::time::Duration;
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::flame_graph::FlameGraph;
 use profiler_tests::http::{get, get_with};
-use profiler_tests::pprof_tool::{check_readable, go_binary};
+use profiler_tests::pprof_tool::fetch_with_pprof;
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, of_pid, read_profiles};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
@@ -319,26 +319,6 @@ fn bpf_descriptors(pid: u32, prefix: &str) -> usize {
                 .is_ok_and(|target| target.to_string_lossy().starts_with(prefix))
         })
         .count()
-}
-
-/// `go tool pprof -proto URL` (PPROF_TMPDIR and HOME in `tmp`): the
-/// profile as fetched, decoded.
-fn fetch_with_pprof(url: &str, tmp: &std::path::Path) -> pprof_proto::Profile {
-    let fetched = Command::new(go_binary())
-        .args(["tool", "pprof", "-proto", url])
-        .env("PPROF_TMPDIR", tmp)
-        .env("HOME", tmp)
-        .output()
-        .expect("running go tool pprof");
-    assert!(
-        fetched.status.success(),
-        "go tool pprof {url}: {}",
-        String::from_utf8_lossy(&fetched.stderr)
-    );
-    let file = tmp.join("fetched.pb.gz");
-    std::fs::write(&file, &fetched.stdout).expect("writing the fetched profile");
-    check_readable(&file, true);
-    pprof_proto::decode(&fetched.stdout).expect("decoding the fetched profile")
 }
 
 /// `values[index]` summed over the samples whose stack holds `site`.

@@ -252,10 +252,6 @@ pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
                 index(server, &listed),
             )
         }
-        "/debug/pprof/goroutine" => refuse(
-            StatusCode::NOT_FOUND,
-            "not served on demand: goroutine profiles are in the scheduled files",
-        ),
         path => match path.strip_prefix("/debug/pprof/").and_then(kind_of_path) {
             Some(kind) => profile(server, kind, req.uri().query().unwrap_or("")).await,
             None => refuse(
@@ -274,6 +270,7 @@ fn kind_of_path(name: &str) -> Option<ProfileKind> {
         "block" => Some(ProfileKind::Block),
         "mutex" => Some(ProfileKind::Mutex),
         "offcpu" => Some(ProfileKind::Offcpu),
+        "goroutine" => Some(ProfileKind::Goroutine),
         _ => None,
     }
 }
@@ -326,6 +323,13 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
     };
     for (key, value) in form_urlencoded::parse(query.as_bytes()) {
         match (&*key, kind) {
+            ("seconds", ProfileKind::Goroutine) => {
+                return Err(
+                    "seconds: the goroutine profile is of the goroutines now (a difference \
+                     over seconds is not taken)"
+                        .into(),
+                );
+            }
             ("seconds", _) => {
                 seconds = Some(whole("seconds", &value, 1, MAX_CAPTURE_SECONDS)?);
             }
@@ -395,9 +399,9 @@ fn parse_query(kind: ProfileKind, query: &str, rates: &Rates) -> Result<ProfileQ
             );
         }
     }
-    // Go's heap endpoint without `seconds` answers at once.
+    // Go's heap and goroutine endpoints without `seconds` answer at once.
     let default = match kind {
-        ProfileKind::Heap => 0,
+        ProfileKind::Heap | ProfileKind::Goroutine => 0,
         _ => DEFAULT_CAPTURE_SECONDS,
     };
     Ok(ProfileQuery {
@@ -427,7 +431,8 @@ fn daemons_rate(kind: ProfileKind, rates: &Rates) -> String {
         ProfileKind::Block | ProfileKind::Offcpu => {
             humantime::format_duration(rates.block_rate).to_string()
         }
-        ProfileKind::Mutex | ProfileKind::Goroutine => format!("1 in {}", rates.mutex_fraction),
+        ProfileKind::Mutex => format!("1 in {}", rates.mutex_fraction),
+        ProfileKind::Goroutine => String::new(),
     }
 }
 
@@ -578,7 +583,8 @@ fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
 }
 
 /// The profile types served on demand: those the daemon collects, and
-/// the others for chosen processes, on probes of their own.
+/// the others for chosen processes, on probes of their own; goroutines,
+/// read from memory, always.
 fn served(_server: &PprofServer) -> impl Iterator<Item = ProfileKind> {
     [
         ProfileKind::Cpu,
@@ -586,19 +592,26 @@ fn served(_server: &PprofServer) -> impl Iterator<Item = ProfileKind> {
         ProfileKind::Block,
         ProfileKind::Mutex,
         ProfileKind::Offcpu,
+        ProfileKind::Goroutine,
     ]
     .into_iter()
 }
 
-/// Whether the daemon collects `kind` (`--profiles`).
+/// Whether the daemon collects `kind` (`--profiles`), or, for
+/// goroutines, needs nothing collected to answer.
 fn collected(server: &PprofServer, kind: ProfileKind) -> bool {
-    server.profiles.contains(&kind)
+    kind == ProfileKind::Goroutine || server.profiles.contains(&kind)
 }
 
 /// The query of a link to a capture of `kind` (the heap's: the in-use set
-/// now, as Go's default, where the daemon collects it).
+/// now, as Go's default, where the daemon collects it; goroutines now).
 fn link_query(server: &PprofServer, kind: ProfileKind) -> String {
-    match kind == ProfileKind::Heap && collected(server, kind) {
+    let now = match kind {
+        ProfileKind::Heap => collected(server, kind),
+        ProfileKind::Goroutine => true,
+        _ => false,
+    };
+    match now {
         true => String::new(),
         false => format!("seconds={INDEX_CAPTURE_SECONDS}&amp;"),
     }
@@ -611,7 +624,8 @@ fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> 
     let drawn = served(server).find(|&kind| collected(server, kind));
     for (pid, comm) in listed {
         let mut links = String::new();
-        for kind in served(server) {
+        // Goroutines are listed once, for every Go process.
+        for kind in served(server).filter(|&k| k != ProfileKind::Goroutine) {
             links += &format!(
                 "<a href=\"/debug/pprof/{path}?{q}pid={pid}\">{name}</a> ",
                 path = path_of(kind),
@@ -640,7 +654,8 @@ fn index(server: &PprofServer, (listed, more): &(Vec<(u32, String)>, usize)) -> 
     let header = header(server);
     format!(
         "{header}<h2>Processes ({count})</h2>\n\
-         <p>Each link captures {s} s of that process (the heap's: its in-use set now).</p>\n\
+         <p>Each link captures {s} s of that process (the heap's, where it is collected: its \
+         in-use set now; the goroutines': those now).</p>\n\
          <table id=\"processes\">\n<tr><th>pid</th><th>command</th><th>profiles</th><th></th></tr>\n\
          {rows}</table>\n{more_line}</body></html>\n",
         count = listed.len() + more,
@@ -661,7 +676,14 @@ fn header(server: &PprofServer) -> String {
             }
             ProfileKind::Block => "time blocked in waits",
             ProfileKind::Offcpu => "time off the CPU",
-            _ => "delay charged to the waker",
+            ProfileKind::Goroutine => {
+                endpoints += "<tr><td><a href=\"/debug/pprof/goroutine?format=svg\">goroutine</a>\
+                              </td><td>the live goroutines of Go processes now, by stack, state, \
+                              wait reason and labels (no <code>seconds</code>; read from their \
+                              memory, whatever <code>--profiles</code> says)</td></tr>\n";
+                continue;
+            }
+            ProfileKind::Mutex => "delay charged to the waker",
         };
         let rate = format!(
             "<code>{name}</code> (the daemon's {own}; another with <code>pid</code>{max})",
@@ -839,7 +861,11 @@ mod tests {
         for kind in [ProfileKind::Cpu, ProfileKind::Heap, ProfileKind::Mutex] {
             assert_eq!(kind_of_path(path_of(kind)), Some(kind));
         }
-        assert_eq!(kind_of_path("goroutine"), None);
+        assert_eq!(kind_of_path("goroutine"), Some(ProfileKind::Goroutine));
+        let goroutines = q(ProfileKind::Goroutine, "pid=4").expect("goroutines");
+        assert_eq!((goroutines.seconds, goroutines.rate), (0, None), "now");
+        let err = q(ProfileKind::Goroutine, "seconds=5").expect_err("seconds");
+        assert!(err.contains("goroutines now"), "{err}");
     }
 
     #[test]

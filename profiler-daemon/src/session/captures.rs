@@ -296,7 +296,13 @@ impl Captures {
             .filter(|r| gone.contains(&r.id))
             .flat_map(|r| r.guests.clone())
             .collect();
-        self.running.retain(|r| !gone.contains(&r.id));
+        for running in std::mem::take(&mut self.running) {
+            match (gone.contains(&running.id), running.own) {
+                (true, Some(own)) => own.let_go(running.id),
+                (true, None) => {}
+                (false, own) => self.running.push(Running { own, ..running }),
+            }
+        }
         tapped.drop_ids(&gone);
         self.release_guests(released, &mut tapped);
     }
@@ -319,6 +325,9 @@ impl Captures {
         for mut capture in due {
             if capture.reply.is_closed() {
                 tapped.drop_ids(&[capture.id]);
+                if let Some(own) = capture.own.take() {
+                    own.let_go(capture.id);
+                }
                 continue;
             }
             let mut own = capture.own.take();
@@ -326,10 +335,13 @@ impl Captures {
                 Some(own) => own.parts(),
                 None => (settings, tapped.reborrow()),
             };
-            let Some(profile) = build(&capture, settings, symbolizer, procs, tables) else {
-                continue;
-            };
-            let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
+            let profile = build(&capture, settings, symbolizer, procs, tables);
+            if let Some(profile) = profile {
+                let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
+            }
+            if let Some(own) = own {
+                own.let_go(capture.id);
+            }
         }
         self.release_guests(released, &mut tapped);
     }

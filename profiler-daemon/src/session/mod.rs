@@ -13,7 +13,7 @@ mod targets;
 mod window;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
@@ -28,7 +28,7 @@ use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
-use crate::output::pprof_http::{Capture, Targets};
+use crate::output::pprof_http::{Capture, Refusal, Targets};
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
@@ -38,6 +38,7 @@ use crate::procs::go_runtime::{self, GoExecutables};
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
+use crate::profiles::goroutine::build_goroutine_profile;
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::captures::Captures;
@@ -625,6 +626,10 @@ impl Session {
     /// Starts a `/debug/pprof/profile` capture, or refuses it (see
     /// captures.rs).
     fn start_capture(&mut self, capture: Capture) {
+        if capture.kind == ProfileKind::Goroutine {
+            self.goroutines_now(capture);
+            return;
+        }
         let targets = self.targets();
         // Known, with their runtimes, before probes of a capture's own
         // are told how to walk them.
@@ -648,6 +653,41 @@ impl Session {
                 python: &self.symbolizer.python,
             },
         );
+    }
+
+    /// Answers `/debug/pprof/goroutine`: the goroutines of the Go
+    /// processes named (every one profiled when none), read now from
+    /// their memory, as the goroutine files are; a named process that is
+    /// not Go is refused.
+    fn goroutines_now(&mut self, capture: Capture) {
+        if let Some(pid) = capture
+            .pids
+            .iter()
+            .copied()
+            .find(|&pid| self.go_exes.get(pid).is_none())
+        {
+            let _ = capture.reply.send(Err(Refusal::Unavailable(format!(
+                "process {pid} runs no Go runtime this daemon reads: it has no goroutines to list"
+            ))));
+            return;
+        }
+        let pids = match capture.pids.is_empty() {
+            true => self.targets().unwrap_or_else(all_pids),
+            false => capture.pids,
+        };
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let profile = build_goroutine_profile(
+            &self.settings,
+            &mut self.symbolizer,
+            &mut self.procs,
+            &mut self.goroutines,
+            &pids,
+            now,
+            0,
+        );
+        let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
     }
 
     /// Ends the captures that are due, with every sample taken until now.

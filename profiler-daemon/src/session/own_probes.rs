@@ -24,9 +24,15 @@ use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
+use crate::session::summary::LOSSES;
 use crate::session::tapped::Tapped;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
+
+/// Bytes of each of a capture's rings at most: they carry the records of
+/// the processes named, not of the node as the daemon's do (a 16 MiB
+/// wait ring was 16 of the 40 MiB such a capture held).
+const CAPTURE_RING_BYTES: u32 = 4 << 20;
 
 /// What loading a capture's probes looks up: the kernel's features, and
 /// how the processes' stacks are walked (Go's frame pointers, CPython's
@@ -74,6 +80,14 @@ impl OwnProbes {
         // The daemon's own programs say why they skip or drop; these are
         // the same programs.
         config.kernel_log = false;
+        let limits = &mut config.limits;
+        for bytes in [
+            &mut limits.stack_samples_bytes,
+            &mut limits.heap_events_bytes,
+            &mut limits.wait_events_bytes,
+        ] {
+            *bytes = (*bytes).min(CAPTURE_RING_BYTES);
+        }
         let mut probes = Probes::load(&config)?;
         for &pid in pids {
             probes.add_target(pid)?;
@@ -167,6 +181,24 @@ impl OwnProbes {
                 waits: &mut self.waits,
             },
         )
+    }
+}
+
+impl OwnProbes {
+    /// Lets capture `id`'s probes go: what they lost is logged, and they
+    /// are detached and freed off the session's thread (closing a uprobe
+    /// or tracepoint link waits for the kernel: 0.5-0.8 s for the futex
+    /// programs', during which the session would read no ring).
+    pub(crate) fn let_go(self: Box<Self>, id: u64) {
+        let counters = self.probes.counters();
+        for (index, what) in LOSSES {
+            let lost = counters[index as usize];
+            if lost > 0 {
+                tracing::warn!(target: "profilerd::session",
+                    "on-demand capture {id}: {what}: {lost}");
+            }
+        }
+        tokio::task::spawn_blocking(move || drop(self));
     }
 }
 

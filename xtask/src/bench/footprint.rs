@@ -211,7 +211,7 @@ fn ring_rss_kib(pid: u32) -> Result<u64> {
 
 /// What the kernel charges for the daemon's BPF maps: memlock of each map
 /// (by id) once, from its descriptors' fdinfo.
-fn bpf_memlock(pid: u32) -> Result<u64> {
+pub(super) fn bpf_memlock(pid: u32) -> Result<u64> {
     let mut seen = HashSet::new();
     let mut total = 0;
     for entry in fs::read_dir(format!("/proc/{pid}/fdinfo"))? {

@@ -15,6 +15,14 @@
 //! capture: until its profile is answered), its BPF programs' runs and
 //! time (the kernel's run-time statistics, from its programs' fdinfo),
 //! and perf record's CPU (user+sys, from wait4).
+//!
+//! Then what probes of a capture's own cost (a type the daemon does not
+//! collect): a daemon taking CPU samples only is asked, in turn, for a
+//! 2 s heap, block, mutex and off-CPU capture of a sleeping process;
+//! per type, the load as the daemon logs it, the time to the answer, and
+//! during the capture against before it: BPF descriptors, the BPF maps'
+//! memory (memlock) and the daemon's resident set; and that each comes
+//! back after.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -26,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use super::footprint::bpf_memlock;
 use super::harness::{Bench, Daemon, bpftrace_figures, build_c, median, spread};
 
 const ROUNDS: usize = 3;
@@ -86,7 +95,165 @@ pub fn measure(bin: &Path, work: &Path, seconds: u64) -> Result<String> {
             runs.push((setup, run));
         }
     }
-    Ok(report(&runs, seconds))
+    let mut out = report(&runs, seconds);
+    out += &measure_own_probes(bin, work)?;
+    Ok(out)
+}
+
+/// The types a capture loads probes of its own for, in the second table.
+const OWN_KINDS: [&str; 4] = ["heap", "block", "mutex", "offcpu"];
+/// The length of those captures.
+const OWN_SECONDS: u64 = 2;
+
+/// One own-probes capture's figures.
+#[derive(Default, Clone, Copy)]
+struct OwnRun {
+    load_ms: f64,
+    answer_ms: f64,
+    /// BPF descriptors, map memory (bytes) and RSS (KiB): before, during
+    /// and after the capture.
+    fds: [u64; 3],
+    memlock: [u64; 3],
+    rss_kib: [u64; 3],
+}
+
+fn measure_own_probes(bin: &Path, work: &Path) -> Result<String> {
+    let out = work.join("profiles");
+    let args: Vec<String> = [
+        "--output-dir",
+        &out.display().to_string(),
+        "--cpu-frequency",
+        "99",
+        "--profiles",
+        "cpu",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut daemon = Daemon::start(bin, &args)?;
+    if let Some(why) = daemon.wait_ready()? {
+        bail!("profilerd exited: {why}");
+    }
+    let addr = server_address(&mut daemon)?.context("the daemon logged no address")?;
+    let mut sleeper = Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .context("starting sleep")?;
+    let pid = sleeper.id();
+    let mut runs: Vec<(&str, OwnRun)> = Vec::new();
+    let result = (|| -> Result<()> {
+        for round in 0..ROUNDS {
+            for kind in OWN_KINDS {
+                eprintln!("round {}/{ROUNDS}: {kind} on probes of its own", round + 1);
+                runs.push((kind, own_once(&mut daemon, addr, kind, pid)?));
+            }
+        }
+        Ok(())
+    })();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let (status, _) = daemon.finish(Duration::ZERO)?;
+    let _ = fs::remove_dir_all(&out);
+    result?;
+    if !status.success() {
+        bail!("profilerd exited with {status}");
+    }
+    Ok(own_report(&runs))
+}
+
+fn own_once(daemon: &mut Daemon, addr: SocketAddr, kind: &str, pid: u32) -> Result<OwnRun> {
+    let figures = |daemon: &Daemon| -> Result<(u64, u64, u64)> {
+        let pid = daemon.pid();
+        let fds = fs::read_dir(format!("/proc/{pid}/fd"))?
+            .flatten()
+            .filter(|fd| {
+                fs::read_link(fd.path())
+                    .is_ok_and(|t| t.to_string_lossy().starts_with("anon_inode:bpf"))
+            })
+            .count() as u64;
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        Ok((fds, bpf_memlock(pid)?, rss))
+    };
+    let before = figures(daemon)?;
+    let asked = Instant::now();
+    let path = format!("/debug/pprof/{kind}?seconds={OWN_SECONDS}&pid={pid}");
+    let capture = std::thread::spawn(move || http_get(addr, &path));
+    let started = format!("{kind} of pid {pid} for {OWN_SECONDS} s on probes of its own");
+    let by = Instant::now() + Duration::from_secs(10);
+    let line = loop {
+        if let Some(line) = daemon
+            .drain(Duration::from_millis(20))
+            .into_iter()
+            .find(|l| l.contains(&started))
+        {
+            break line;
+        }
+        if Instant::now() > by {
+            bail!("the {kind} capture did not start on probes of its own");
+        }
+    };
+    let load_ms: f64 = line
+        .split("loaded in ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .context("no load time in the log")?;
+    let during = figures(daemon)?;
+    let body = capture
+        .join()
+        .map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
+    let answer_ms = asked.elapsed().as_secs_f64() * 1e3;
+    pprof_proto::decode(&body).context("decoding the capture")?;
+    // The uprobe links close off the session's thread.
+    std::thread::sleep(Duration::from_millis(500));
+    let after = figures(daemon)?;
+    Ok(OwnRun {
+        load_ms,
+        answer_ms,
+        fds: [before.0, during.0, after.0],
+        memlock: [before.1, during.1, after.1],
+        rss_kib: [before.2, during.2, after.2],
+    })
+}
+
+fn own_report(runs: &[(&str, OwnRun)]) -> String {
+    let mut out = format!(
+        "\n# Probes of a capture's own: a {OWN_SECONDS} s capture of a type the daemon does not \
+         collect\n\n\
+         A daemon taking CPU samples only (99 Hz, every process), asked for each type in turn \
+         of a sleeping process, {ROUNDS} rounds; median (min–max). During: the figure while \
+         the capture runs, less the one before it; after: the same once it answered.\n\n\
+         | type | load and attach (ms) | answer after (ms) | BPF descriptors during / after | \
+         BPF maps during / after (KiB) | daemon RSS during / after (KiB) |\n\
+         |---|---|---|---|---|---|\n"
+    );
+    for kind in OWN_KINDS {
+        let of = |f: &dyn Fn(&OwnRun) -> f64| -> Vec<f64> {
+            runs.iter()
+                .filter(|(k, _)| *k == kind)
+                .map(|(_, r)| f(r))
+                .collect()
+        };
+        let delta = |v: [u64; 3], i: usize| v[i] as f64 - v[0] as f64;
+        let _ = writeln!(
+            out,
+            "| {kind} | {} | {} | +{:.0} / {:+.0} | +{:.0} / {:+.0} | +{:.0} / {:+.0} |",
+            spread(&of(&|r| r.load_ms)),
+            spread(&of(&|r| r.answer_ms)),
+            median(&of(&|r| delta(r.fds, 1))),
+            median(&of(&|r| delta(r.fds, 2))),
+            median(&of(&|r| delta(r.memlock, 1) / 1024.0)),
+            median(&of(&|r| delta(r.memlock, 2) / 1024.0)),
+            median(&of(&|r| delta(r.rss_kib, 1))),
+            median(&of(&|r| delta(r.rss_kib, 2))),
+        );
+    }
+    out
 }
 
 fn run_once(bin: &Path, burner: &Path, work: &Path, setup: Setup, seconds: u64) -> Result<Run> {
