@@ -59,6 +59,7 @@ pub fn probe_config(
         uprobe_multi: features.uprobe_multi,
         uprobe_session: features.uprobe_session,
         futex2_tracepoints: features.futex2_tracepoints,
+        map_caps: Vec::new(),
     }
 }
 

@@ -7,13 +7,14 @@ mod captures;
 mod events;
 mod notify;
 mod own_probes;
+mod rings;
 mod summary;
 mod tapped;
 mod targets;
 mod window;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use tokio::io::unix::AsyncFd;
@@ -22,13 +23,12 @@ use tokio::sync::{mpsc, watch};
 
 use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
-use crate::bpf::log::KernelLog;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
-use crate::output::pprof_http::{Capture, Refusal, Targets};
+use crate::output::pprof_http::{Capture, Targets};
 use crate::output::publish::{Publisher, start_outputs};
 use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
@@ -38,12 +38,12 @@ use crate::procs::go_runtime::{self, GoExecutables};
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
-use crate::profiles::goroutine::build_goroutine_profile;
 use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
-use crate::session::captures::Captures;
+use crate::session::captures::{Captures, goroutines_now};
 use crate::session::events::take_proc_events;
 use crate::session::own_probes::LoadContext;
+use crate::session::rings::Rings;
 use crate::session::summary::{
     Losses, describe, log_go_summary, log_run_stats, log_summary, observe,
 };
@@ -182,6 +182,9 @@ pub async fn run(settings: Settings) -> Result<()> {
             Some(capture) = recv_opt(&mut s.capture_requests) => {
                 s.start_capture(capture);
             }
+            _ = sleep_opt(s.captures.next_own_read().map(|at| at.saturating_duration_since(Instant::now()))) => {
+                s.read_own().await;
+            }
             _ = sleep_opt(s.captures.next_end().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 s.finish_captures(&mut rings).await;
             }
@@ -198,32 +201,6 @@ pub async fn run(settings: Settings) -> Result<()> {
         let _ = child.try_wait();
     }
     Ok(())
-}
-
-/// The rings the session waits on.
-struct Rings {
-    events: AsyncFd<Ring>,
-    stack_samples: AsyncFd<Ring>,
-    heap_events: AsyncFd<Ring>,
-    wait_events: AsyncFd<Ring>,
-    kernel_log: Option<AsyncFd<KernelLog>>,
-}
-
-impl Rings {
-    /// The size and high-water mark of each ring, by which its default
-    /// size is judged (docs/BENCHMARKS.md, "Ring sizes").
-    fn log_fill(&self) {
-        let fill = |ring: &AsyncFd<Ring>| {
-            format!("{}/{}", ring.get_ref().peak_fill(), ring.get_ref().size())
-        };
-        tracing::info!(target: "profilerd::session",
-            process_events = fill(&self.events),
-            stack_samples = fill(&self.stack_samples),
-            heap_events = fill(&self.heap_events),
-            wait_events = fill(&self.wait_events),
-            "ring peak fill (bytes waiting at most / size)"
-        );
-    }
 }
 
 /// Everything the session keeps between events, apart from its rings.
@@ -544,13 +521,7 @@ impl Session {
         self.read_wait_events(rings.wait_events.get_mut());
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
-        self.captures
-            .read_own(
-                &mut self.symbolizer.python,
-                &mut self.procs,
-                &mut self.unwinder,
-            )
-            .await;
+        self.read_own().await;
         self.captures.tick(Tapped {
             probes: &mut self.probes,
             cpu: &mut self.window.cpu,
@@ -655,39 +626,32 @@ impl Session {
         );
     }
 
-    /// Answers `/debug/pprof/goroutine`: the goroutines of the Go
-    /// processes named (every one profiled when none), read now from
-    /// their memory, as the goroutine files are; a named process that is
-    /// not Go is refused.
+    /// Reads the records of the captures' own probes.
+    async fn read_own(&mut self) {
+        self.captures
+            .read_own(
+                &mut self.symbolizer.python,
+                &mut self.procs,
+                &mut self.unwinder,
+            )
+            .await;
+        self.settle_budget();
+    }
+
+    /// Answers `/debug/pprof/goroutine` (captures.rs).
     fn goroutines_now(&mut self, capture: Capture) {
-        if let Some(pid) = capture
-            .pids
-            .iter()
-            .copied()
-            .find(|&pid| self.go_exes.get(pid).is_none())
-        {
-            let _ = capture.reply.send(Err(Refusal::Unavailable(format!(
-                "process {pid} runs no Go runtime this daemon reads: it has no goroutines to list"
-            ))));
-            return;
-        }
-        let pids = match capture.pids.is_empty() {
+        let every = match capture.pids.is_empty() {
             true => self.targets().unwrap_or_else(all_pids),
-            false => capture.pids,
+            false => Vec::new(),
         };
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i64);
-        let profile = build_goroutine_profile(
+        goroutines_now(
+            capture,
+            every,
             &self.settings,
             &mut self.symbolizer,
             &mut self.procs,
-            &mut self.goroutines,
-            &pids,
-            now,
-            0,
+            (&mut self.goroutines, &mut self.go_exes),
         );
-        let _ = capture.reply.send(Ok(pprof_proto::encode_gzip(&profile)));
     }
 
     /// Ends the captures that are due, with every sample taken until now.
@@ -698,13 +662,7 @@ impl Session {
         self.add_waiting_samples();
         self.read_heap_events(rings.heap_events.get_mut());
         self.read_wait_events(rings.wait_events.get_mut());
-        self.captures
-            .read_own(
-                &mut self.symbolizer.python,
-                &mut self.procs,
-                &mut self.unwinder,
-            )
-            .await;
+        self.read_own().await;
         self.captures.finish_due(
             &self.settings,
             &mut self.symbolizer,

@@ -29,10 +29,29 @@ use crate::session::tapped::Tapped;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
-/// Bytes of each of a capture's rings at most: they carry the records of
-/// the processes named, not of the node as the daemon's do (a 16 MiB
-/// wait ring was 16 of the 40 MiB such a capture held).
+/// Bytes of a capture's wait and stack-copy rings at most: they carry
+/// the records of the processes named, not of the node as the daemon's
+/// do (a 16 MiB wait ring was 16 of the 40 MiB a block capture held).
+/// The heap ring keeps the daemon's size: a capture at a rate of its own
+/// may sample far more often than the daemon (4 MiB read every 25 ms lost
+/// 18% of a 64 KiB capture of a process allocating 800 MB/s; 8 MiB, 0.5%).
 const CAPTURE_RING_BYTES: u32 = 4 << 20;
+
+/// Maps kept per thread, process or parked goroutine, held to what the
+/// processes of a capture need (its CPU events cover 4,096 threads at
+/// most): at the node's sizes they were 24 of those 40 MiB. An entry
+/// evicted from these LRU maps costs a longer stack copy (`STACK_TOPS`),
+/// a fresh sampling draw (`HEAP_THREADS`, unbiased), a new look-up
+/// (`PY_THREADS`) or a wait not charged (`GO_PARKED`, `FUTEX_WAKERS`).
+const CAPTURE_MAP_CAPS: [(&str, u32); 7] = [
+    ("STACK_TOPS", 4096),
+    ("HEAP_THREADS", 4096),
+    ("PY_THREADS", 4096),
+    ("SEEN", 4096),
+    ("FORKED", 4096),
+    ("FUTEX_WAKERS", 4096),
+    ("GO_PARKED", 16384),
+];
 
 /// What loading a capture's probes looks up: the kernel's features, and
 /// how the processes' stacks are walked (Go's frame pointers, CPython's
@@ -80,14 +99,28 @@ impl OwnProbes {
         // The daemon's own programs say why they skip or drop; these are
         // the same programs.
         config.kernel_log = false;
+        // Not derived from the node's CPUs and rate, as the daemon's are.
         let limits = &mut config.limits;
-        for bytes in [
-            &mut limits.stack_samples_bytes,
-            &mut limits.heap_events_bytes,
-            &mut limits.wait_events_bytes,
+        for (bytes, derived) in [
+            (
+                &mut limits.stack_samples_bytes,
+                &mut limits.derived.stack_samples,
+            ),
+            (
+                &mut limits.heap_events_bytes,
+                &mut limits.derived.heap_events,
+            ),
+            (
+                &mut limits.wait_events_bytes,
+                &mut limits.derived.wait_events,
+            ),
         ] {
-            *bytes = (*bytes).min(CAPTURE_RING_BYTES);
+            *bytes = match std::mem::replace(derived, false) {
+                true => CAPTURE_RING_BYTES,
+                false => (*bytes).min(CAPTURE_RING_BYTES),
+            };
         }
+        config.map_caps = CAPTURE_MAP_CAPS.to_vec();
         let mut probes = Probes::load(&config)?;
         for &pid in pids {
             probes.add_target(pid)?;
@@ -190,15 +223,23 @@ impl OwnProbes {
     /// or tracepoint link waits for the kernel: 0.5-0.8 s for the futex
     /// programs', during which the session would read no ring).
     pub(crate) fn let_go(self: Box<Self>, id: u64) {
-        let counters = self.probes.counters();
-        for (index, what) in LOSSES {
-            let lost = counters[index as usize];
-            if lost > 0 {
-                tracing::warn!(target: "profilerd::session",
-                    "on-demand capture {id}: {what}: {lost}");
-            }
+        for lost in self.losses() {
+            tracing::warn!(target: "profilerd::session", "on-demand capture {id}: {lost}");
         }
         tokio::task::spawn_blocking(move || drop(self));
+    }
+
+    /// What its programs lost, one line each ("<what>: <count>"): the
+    /// capture's profile carries them as comments (`go tool pprof
+    /// -comments`), as a sampling it could not keep up with is no answer
+    /// to take at its word.
+    pub(crate) fn losses(&self) -> Vec<String> {
+        let counters = self.probes.counters();
+        LOSSES
+            .iter()
+            .filter(|&&(index, _)| counters[index as usize] > 0)
+            .map(|&(index, what)| format!("{what}: {}", counters[index as usize]))
+            .collect()
     }
 }
 

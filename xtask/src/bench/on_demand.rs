@@ -209,9 +209,14 @@ fn own_once(daemon: &mut Daemon, addr: SocketAddr, kind: &str, pid: u32) -> Resu
         .map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
     let answer_ms = asked.elapsed().as_secs_f64() * 1e3;
     pprof_proto::decode(&body).context("decoding the capture")?;
-    // The uprobe links close off the session's thread.
-    std::thread::sleep(Duration::from_millis(500));
-    let after = figures(daemon)?;
+    // The probes are let go off the session's thread: until their
+    // descriptors are back to where they were (5 s at most).
+    let by = Instant::now() + Duration::from_secs(5);
+    let mut after = figures(daemon)?;
+    while after.0 > before.0 && Instant::now() < by {
+        std::thread::sleep(Duration::from_millis(50));
+        after = figures(daemon)?;
+    }
     Ok(OwnRun {
         load_ms,
         answer_ms,

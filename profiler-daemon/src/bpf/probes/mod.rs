@@ -102,6 +102,9 @@ pub struct ProbeConfig {
     /// The futex_wait, futex_wake and futex_waitv system calls have
     /// tracepoints (Linux 6.7).
     pub futex2_tracepoints: bool,
+    /// Maps held to fewer entries than the object gives them (a capture's
+    /// own probes: sized for its processes, not the node's).
+    pub map_caps: Vec<(&'static str, u32)>,
 }
 
 /// One buffer's worth of drained data.
@@ -234,6 +237,9 @@ impl Probes {
         // wrap; only the kernel reads and writes it.
         loader.allow_unsupported_maps();
         for (name, size) in limits.map_sizes() {
+            loader.map_max_entries(name, size);
+        }
+        for &(name, size) in &config.map_caps {
             loader.map_max_entries(name, size);
         }
         // Preallocated maps of profile types that are off: nothing uses
