@@ -374,7 +374,7 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
 
     // The guest's own allocator probes, attached for the capture.
     let links_during = std::cell::Cell::new(0);
-    let (heap_pid, _) = heap_on_demand(&daemon, addr, tmp.path(), false, &|| {
+    let (heap_pid, _) = heap_on_demand(&daemon, addr, tmp.path(), (&[""], false), &|| {
         links_during.set(bpf_links(daemon.pid()));
     });
     // Block probes of the capture's own: programs, maps and links that
@@ -439,18 +439,19 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
     }
 }
 
-/// A heap capture of heap_sites (built in `tmp`), open before it
-/// allocates and ending while it holds its leak, fetched from `addr` with
-/// `go tool pprof`, beside another heap_sites: per site, the capture's
-/// allocations are what the program counted, and its in-use set is the
-/// held leak; with `at_once`, so is the in-use set of a capture of no
-/// time taken after. `while_open` runs once the capture is open. Returns
-/// the program's pid and its lines.
+/// Heap captures of heap_sites (built in `tmp`), one per entry of
+/// `rates` (a `heap_sample_bytes`, or none for the daemon's), at once,
+/// open before it allocates and ending while it holds its leak, fetched
+/// from `addr` with `go tool pprof`, beside another heap_sites: per site,
+/// each capture's allocations are what the program counted, and its
+/// in-use set is the held leak; with `at_once`, so is the in-use set of a
+/// capture of no time taken after. `while_open` runs once the captures
+/// are open. Returns the program's pid and its lines.
 fn heap_on_demand(
     daemon: &Daemon,
     addr: SocketAddr,
     tmp: &Path,
-    at_once: bool,
+    (rates, at_once): (&[&str], bool),
     while_open: &dyn Fn(),
 ) -> (u32, Vec<HeapSiteLine>) {
     // The heap: a capture open before the program allocates, which ends
@@ -463,13 +464,27 @@ fn heap_on_demand(
     let pid = heap.pid();
     // Long enough for the program's work under the probes (a uprobe hit
     // per allocator call: seconds for its 0.9 million calls).
-    let url = format!("http://{addr}/debug/pprof/heap?seconds={HEAP_CAPTURE_S}&pid={pid}");
-    let dir = tmp.join("heap");
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let capture = std::thread::spawn(move || fetch_with_pprof(&url, &dir));
+    let captures: Vec<_> = rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| {
+            let query = match rate.is_empty() {
+                true => String::new(),
+                false => format!("&heap_sample_bytes={rate}"),
+            };
+            let url =
+                format!("http://{addr}/debug/pprof/heap?seconds={HEAP_CAPTURE_S}&pid={pid}{query}");
+            let dir = tmp.join(format!("heap{i}"));
+            std::fs::create_dir_all(&dir).expect("a directory");
+            std::thread::spawn(move || fetch_with_pprof(&url, &dir))
+        })
+        .collect();
     let opened = format!("heap of pid {pid} for {HEAP_CAPTURE_S} s");
     let opened_at = std::time::Instant::now();
-    daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
+    // A line each, each taken by one wait.
+    for _ in rates {
+        daemon.wait_log(Duration::from_secs(30), |l| l.contains(&opened));
+    }
     while_open();
     // The daemon attaches its Go probes to `go tool pprof` as it starts;
     // the program's burst of allocations, beside that, can fill the heap
@@ -487,7 +502,10 @@ fn heap_on_demand(
     // burst (both at once could fill the heap ring, a loss the daemon
     // counts but these ratios would not survive).
     noise.release();
-    let profile = capture.join().expect("the heap capture");
+    let profiles: Vec<_> = captures
+        .into_iter()
+        .map(|c| c.join().expect("the heap capture"))
+        .collect();
     // Now, while the leak is held: the in-use set alone.
     let now = at_once
         .then(|| fetch_with_pprof(&format!("http://{addr}/debug/pprof/heap?pid={pid}"), tmp));
@@ -495,32 +513,13 @@ fn heap_on_demand(
     let stdout = heap.finish(Duration::from_secs(60));
     let _ = noise.finish(Duration::from_secs(60));
     let truth = parse_heap_site_lines(&stdout);
-    let samples = flatten(&profile);
-    let others: Vec<u32> = samples
-        .iter()
-        .map(FlatSample::pid)
-        .filter(|&p| p != pid)
-        .collect();
-    assert!(others.is_empty(), "samples of other processes: {others:?}");
-    println!(
-        "heap on demand, pid {pid}, {HEAP_CAPTURE_S} s, the work done {work_s:.1} s in ({held}):"
-    );
-    let mut worst: f64 = 0.0;
-    for HeapSiteLine {
-        name, calls, bytes, ..
-    } in &truth
-    {
-        let got = site_value(&samples, name, 1);
-        let ratio = got as f64 / (*bytes).max(1) as f64;
-        println!("  {name}: {calls} calls, {bytes} B; alloc_space {got} ({ratio:.3})");
-        worst = worst.max((ratio - 1.0).abs());
+    for (profile, rate) in profiles.iter().zip(rates) {
+        let rate = match rate.is_empty() {
+            true => "the daemon's rate".to_owned(),
+            false => format!("{rate} B"),
+        };
+        check_heap_capture(daemon, addr, pid, (profile, &rate), &truth, work_s, &held);
     }
-    assert!(
-        worst <= HEAP_TOLERANCE,
-        "a site's allocations are off by {worst:.3}; the daemon's losses:\n{}\n{}",
-        losses(addr),
-        daemon.describe()
-    );
     let leak_live = truth
         .iter()
         .find(|t| t.name == HEAP_LEAK)
@@ -530,8 +529,12 @@ fn heap_on_demand(
         .filter(|t| t.name != HEAP_LEAK)
         .map(|t| t.bytes)
         .sum();
-    let mut in_use = vec![("at the capture's end", &profile)];
-    in_use.extend(now.as_ref().map(|now| ("now", now)));
+    let mut in_use: Vec<(String, &pprof_proto::Profile)> = profiles
+        .iter()
+        .zip(rates)
+        .map(|(p, rate)| (format!("at the end of the capture at {rate:?}"), p))
+        .collect();
+    in_use.extend(now.as_ref().map(|now| ("now".to_owned(), now)));
     for (what, p) in in_use {
         let samples = flatten(p);
         let leak = site_value(&samples, HEAP_LEAK, 3) as f64 / leak_live.max(1) as f64;
@@ -558,6 +561,55 @@ fn heap_on_demand(
         );
     }
     (pid, truth)
+}
+
+/// One heap capture (`profile`, at `rate`) of heap_sites `pid`: nothing
+/// of another process, and per site the allocations the program counted
+/// (`truth`).
+fn check_heap_capture(
+    daemon: &Daemon,
+    addr: SocketAddr,
+    pid: u32,
+    (profile, rate): (&pprof_proto::Profile, &str),
+    truth: &[HeapSiteLine],
+    work_s: f64,
+    held: &str,
+) {
+    let samples = flatten(profile);
+    let others: Vec<u32> = samples
+        .iter()
+        .map(FlatSample::pid)
+        .filter(|&p| p != pid)
+        .collect();
+    assert!(others.is_empty(), "samples of other processes: {others:?}");
+    // What the capture's own probes lost, as its comments say.
+    let comments: Vec<&str> = profile
+        .comment
+        .iter()
+        .filter_map(|&i| profile.string_table.get(i as usize))
+        .map(String::as_str)
+        .collect();
+    println!(
+        "heap on demand at {rate}, pid {pid}, {HEAP_CAPTURE_S} s, the work done {work_s:.1} s in \
+         ({held}); comments {comments:?}:"
+    );
+    let mut worst: f64 = 0.0;
+    for HeapSiteLine {
+        name, calls, bytes, ..
+    } in truth
+    {
+        let got = site_value(&samples, name, 1);
+        let ratio = got as f64 / (*bytes).max(1) as f64;
+        println!("  {name}: {calls} calls, {bytes} B; alloc_space {got} ({ratio:.3})");
+        worst = worst.max((ratio - 1.0).abs());
+    }
+    assert!(
+        worst <= HEAP_TOLERANCE,
+        "at {rate}: a site's allocations are off by {worst:.3}; the capture's losses {comments:?}; \
+         the daemon's:\n{}\n{}",
+        losses(addr),
+        daemon.describe()
+    );
 }
 
 /// Block captures of block_sites (built in `tmp`) over its whole run, one
@@ -641,7 +693,8 @@ fn heap_and_block_on_demand_agree_with_what_the_programs_measured() {
     let out = tmp.path().join("out");
     let (mut daemon, addr) = http_daemon(&out, &HEAP_AND_BLOCK);
 
-    let (pid, truth) = heap_on_demand(&daemon, addr, tmp.path(), true, &|| {});
+    // At the daemon's rate, and at a rate of its own beside it.
+    let (pid, truth) = heap_on_demand(&daemon, addr, tmp.path(), (&["", "24576"], true), &|| {});
     // At the daemon's rate, and at a rate of its own beside it.
     let (block_pid, sites) = block_on_demand(&daemon, addr, tmp.path(), &["", "1ms"], &|| {});
 

@@ -50,20 +50,11 @@ struct Running {
     reply: oneshot::Sender<Result<Vec<u8>, Refusal>>,
 }
 
-/// How often the rings of captures' own probes are read. They are read
-/// on a timer, not woken as the daemon's are: read every 100 ms, half
-/// of a 64 KiB heap capture of a process allocating 800 MB/s (12,000
-/// records a second, with their stack copies) was lost; every 25 ms
-/// with the daemon's 8 MiB heap ring, 0.5%.
-const OWN_READ_PERIOD: Duration = Duration::from_millis(25);
-
 /// The captures under way (at most MAX_CAPTURES).
 #[derive(Default)]
 pub(crate) struct Captures {
     running: Vec<Running>,
     next_id: u64,
-    /// When the own probes' rings were last read.
-    own_read_at: Option<Instant>,
 }
 
 impl Captures {
@@ -162,7 +153,7 @@ impl Captures {
             true => match OwnProbes::load(settings, kind, &capture.pids, capture.rate, context) {
                 Ok(own) => Some(Box::new(own)),
                 Err(e) => {
-                    let why = format!("{:#}", anyhow::Error::from(e));
+                    let why = format!("{e:#}");
                     let why = why.lines().next().unwrap_or_default().to_owned();
                     let _ = capture.reply.send(Err(Refusal::Unavailable(format!(
                         "cannot load {} probes for the capture: {why}",
@@ -252,13 +243,30 @@ impl Captures {
         }
     }
 
-    /// When the own probes' rings are read next, if any capture has
-    /// probes of its own.
-    pub(crate) fn next_own_read(&self) -> Option<Instant> {
-        self.running.iter().any(|r| r.own.is_some()).then(|| {
-            self.own_read_at
-                .map_or_else(Instant::now, |at| at + OWN_READ_PERIOD)
+    /// Ready when a ring of a capture's own probes has records to read
+    /// (never, when no capture has probes of its own).
+    pub(crate) async fn own_readable(&self) {
+        std::future::poll_fn(|cx| {
+            for own in self.running.iter().filter_map(|r| r.own.as_deref()) {
+                if own.poll_readable(cx).is_ready() {
+                    return std::task::Poll::Ready(());
+                }
+            }
+            std::task::Poll::Pending
         })
+        .await
+    }
+
+    /// Reads the records in the rings of the captures' own probes.
+    pub(crate) fn read_own_rings(
+        &mut self,
+        python: &mut PythonCodes,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+    ) {
+        for own in self.running.iter_mut().filter_map(|r| r.own.as_deref_mut()) {
+            own.read_rings(python, procs, unwinder);
+        }
     }
 
     /// When the next capture ends.
@@ -288,7 +296,6 @@ impl Captures {
         unwinder: &mut Unwinder,
     ) {
         let now = Instant::now();
-        self.own_read_at = Some(now);
         for running in &mut self.running {
             let last = running.ends <= now;
             if let Some(own) = running.own.as_deref_mut() {

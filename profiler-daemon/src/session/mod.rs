@@ -182,8 +182,9 @@ pub async fn run(settings: Settings) -> Result<()> {
             Some(capture) = recv_opt(&mut s.capture_requests) => {
                 s.start_capture(capture);
             }
-            _ = sleep_opt(s.captures.next_own_read().map(|at| at.saturating_duration_since(Instant::now()))) => {
-                s.read_own().await;
+            _ = s.captures.own_readable() => {
+                s.captures.read_own_rings(&mut s.symbolizer.python, &mut s.procs, &mut s.unwinder);
+                s.settle_budget();
             }
             _ = sleep_opt(s.captures.next_end().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 s.finish_captures(&mut rings).await;

@@ -8,7 +8,10 @@
 //! them. Dropped at the capture's end (or when its client goes away), its
 //! programs, links and maps go with it.
 
+use std::task::{Context, Poll};
 use std::time::Instant;
+
+use tokio::io::unix::AsyncFd;
 
 use crate::bpf::check::probe_config;
 use crate::bpf::drain::CpuWindow;
@@ -26,16 +29,19 @@ use crate::profiles::heap::{HeapTable, read_heap_events};
 use crate::profiles::waits::{Waits, read_wait_events};
 use crate::session::summary::LOSSES;
 use crate::session::tapped::Tapped;
+use crate::session::targets::watch_ring;
 use crate::stacks::symbolize::python::PythonCodes;
 use crate::stacks::unwind::Unwinder;
 
 /// Bytes of a capture's wait and stack-copy rings at most: they carry
 /// the records of the processes named, not of the node as the daemon's
 /// do (a 16 MiB wait ring was 16 of the 40 MiB a block capture held).
-/// The heap ring keeps the daemon's size: a capture at a rate of its own
-/// may sample far more often than the daemon (4 MiB read every 25 ms lost
-/// 18% of a 64 KiB capture of a process allocating 800 MB/s; 8 MiB, 0.5%).
 const CAPTURE_RING_BYTES: u32 = 4 << 20;
+/// Bytes of a capture's heap ring: a capture at a rate of its own may
+/// sample far more often than the daemon. A 64 KiB capture of a Python
+/// loop allocating 800 MB/s (12,000 records a second), its rings read
+/// every 25 ms, lost 7-18% from 4 MiB, none from 8 MiB.
+const CAPTURE_HEAP_RING_BYTES: u32 = 8 << 20;
 
 /// Maps kept per thread, process or parked goroutine, held to what the
 /// processes of a capture need (its CPU events cover 4,096 threads at
@@ -71,9 +77,12 @@ pub(crate) struct OwnProbes {
     /// Process events: read and let go, the daemon's own probes keeping
     /// the process table.
     events: Ring,
-    stack_samples: Ring,
-    heap_events: Ring,
-    wait_events: Ring,
+    /// Watched, as the daemon's are (read on a 25 ms timer instead, a
+    /// 32 KiB heap capture of heap_sites lost 4,161 records from an 8 MiB
+    /// ring, when the daemon's woken ring at 16 KiB lost none).
+    stack_samples: AsyncFd<Ring>,
+    heap_events: AsyncFd<Ring>,
+    wait_events: AsyncFd<Ring>,
     cpu: CpuWindow,
     heap: HeapTable,
     waits: Waits,
@@ -92,7 +101,7 @@ impl OwnProbes {
         pids: &[u32],
         rate: Option<AskedRate>,
         context: LoadContext<'_>,
-    ) -> Result<Self, ProbeError> {
+    ) -> anyhow::Result<Self> {
         let started = Instant::now();
         let settings = capture_settings(settings, kind, pids, rate);
         let mut config = probe_config(&settings, context.features, &[kind]);
@@ -120,6 +129,8 @@ impl OwnProbes {
                 false => (*bytes).min(CAPTURE_RING_BYTES),
             };
         }
+        limits.derived.heap_events = false;
+        limits.heap_events_bytes = CAPTURE_HEAP_RING_BYTES;
         config.map_caps = CAPTURE_MAP_CAPS.to_vec();
         let mut probes = Probes::load(&config)?;
         for &pid in pids {
@@ -140,12 +151,12 @@ impl OwnProbes {
                 }
             }
         }
-        let ring =
-            |ring: Option<Ring>, name: &'static str| ring.ok_or(ProbeError::MissingMap(name));
-        let events = ring(probes.take_proc_events(), "PROC_EVENTS")?;
-        let stack_samples = ring(probes.take_stack_samples(), "STACK_SAMPLES")?;
-        let heap_events = ring(probes.take_heap_events(), "HEAP_EVENTS")?;
-        let wait_events = ring(probes.take_wait_events(), "WAIT_EVENTS")?;
+        let events = probes
+            .take_proc_events()
+            .ok_or(ProbeError::MissingMap("PROC_EVENTS"))?;
+        let stack_samples = watch_ring(probes.take_stack_samples(), "capture's stack sample")?;
+        let heap_events = watch_ring(probes.take_heap_events(), "capture's heap event")?;
+        let wait_events = watch_ring(probes.take_wait_events(), "capture's wait event")?;
         let waits = Waits::new(&settings, probes.take_walk_hints());
         Ok(OwnProbes {
             settings,
@@ -162,9 +173,9 @@ impl OwnProbes {
         })
     }
 
-    /// Reads what the probes hold into the tables; `last`: the capture
-    /// ends, and samples still waiting for their image's event are taken
-    /// as of the image known.
+    /// Reads what the probes hold into the tables (every tick, and at the
+    /// capture's end); `last`: the capture ends, and samples still waiting
+    /// for their image's event are taken as of the image known.
     pub(crate) async fn read(
         &mut self,
         python: &mut PythonCodes,
@@ -174,19 +185,30 @@ impl OwnProbes {
     ) {
         while self.events.next().is_some() {}
         drain_once(&mut self.probes, procs, &mut self.cpu).await;
+        self.read_rings(python, procs, unwinder);
+        if last {
+            self.waiting.add_known(procs, unwinder, &mut self.cpu, true);
+        }
+    }
+
+    /// Reads the records in its rings into the tables (when one is
+    /// readable).
+    pub(crate) fn read_rings(
+        &mut self,
+        python: &mut PythonCodes,
+        procs: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+    ) {
         read_stack_samples(
-            &mut self.stack_samples,
+            self.stack_samples.get_mut(),
             python,
             procs,
             unwinder,
             &mut self.cpu,
             &mut self.waiting,
         );
-        if last {
-            self.waiting.add_known(procs, unwinder, &mut self.cpu, true);
-        }
         read_heap_events(
-            &mut self.heap_events,
+            self.heap_events.get_mut(),
             python,
             procs,
             &mut self.probes,
@@ -194,12 +216,24 @@ impl OwnProbes {
             &mut self.heap,
         );
         read_wait_events(
-            &mut self.wait_events,
+            self.wait_events.get_mut(),
             python,
             procs,
             unwinder,
             &mut self.waits,
         );
+    }
+
+    /// Ready when one of its rings has records to read (its readiness
+    /// cleared: they are read next).
+    pub(crate) fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
+        for ring in [&self.stack_samples, &self.heap_events, &self.wait_events] {
+            if let Poll::Ready(Ok(mut guard)) = ring.poll_read_ready(cx) {
+                guard.clear_ready();
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
     }
 
     /// Its settings and tables, where the capture's tap is opened and
