@@ -247,11 +247,7 @@ fn check_cpu_capture(
     let (measured_a, measured_b) = (field(report, "a_ns") as f64, field(report, "b_ns") as f64);
     let measured = measured_a / (measured_a + measured_b).max(1.0);
     let samples = flatten(profile);
-    let others: Vec<u32> = samples
-        .iter()
-        .map(FlatSample::pid)
-        .filter(|&p| p != pid)
-        .collect();
+    let others = other_pids(&samples, pid);
     let (a, b) = (cpu_in(&samples, "burn_a"), cpu_in(&samples, "burn_b"));
     let share = a as f64 / (a + b).max(1) as f64;
     let duration_s = profile.duration_nanos as f64 / 1e9;
@@ -464,21 +460,12 @@ fn heap_on_demand(
     let pid = heap.pid();
     // Long enough for the program's work under the probes (a uprobe hit
     // per allocator call: seconds for its 0.9 million calls).
-    let captures: Vec<_> = rates
-        .iter()
-        .enumerate()
-        .map(|(i, rate)| {
-            let query = match rate.is_empty() {
-                true => String::new(),
-                false => format!("&heap_sample_bytes={rate}"),
-            };
-            let url =
-                format!("http://{addr}/debug/pprof/heap?seconds={HEAP_CAPTURE_S}&pid={pid}{query}");
-            let dir = tmp.join(format!("heap{i}"));
-            std::fs::create_dir_all(&dir).expect("a directory");
-            std::thread::spawn(move || fetch_with_pprof(&url, &dir))
-        })
-        .collect();
+    let captures = fetch_at_rates(
+        addr,
+        tmp,
+        &format!("heap?seconds={HEAP_CAPTURE_S}&pid={pid}"),
+        ("heap_sample_bytes", rates),
+    );
     let opened = format!("heap of pid {pid} for {HEAP_CAPTURE_S} s");
     let opened_at = std::time::Instant::now();
     // A line each, each taken by one wait.
@@ -563,6 +550,41 @@ fn heap_on_demand(
     (pid, truth)
 }
 
+/// The pids of `samples` other than `pid`.
+fn other_pids(samples: &[FlatSample], pid: u32) -> Vec<u32> {
+    samples
+        .iter()
+        .map(FlatSample::pid)
+        .filter(|&p| p != pid)
+        .collect()
+}
+
+/// `/debug/pprof/PATH_QUERY` fetched with `go tool pprof` (each in a
+/// directory of its own under `tmp`), once per entry of `rates`: with
+/// `NAME=RATE`, or as it is for an empty one; all at once, each on a
+/// thread of its own.
+fn fetch_at_rates(
+    addr: SocketAddr,
+    tmp: &Path,
+    path_query: &str,
+    (name, rates): (&str, &[&str]),
+) -> Vec<std::thread::JoinHandle<pprof_proto::Profile>> {
+    rates
+        .iter()
+        .enumerate()
+        .map(|(i, rate)| {
+            let query = match rate.is_empty() {
+                true => String::new(),
+                false => format!("&{name}={rate}"),
+            };
+            let url = format!("http://{addr}/debug/pprof/{path_query}{query}");
+            let dir = tmp.join(format!("{name}-{i}"));
+            std::fs::create_dir_all(&dir).expect("a directory");
+            std::thread::spawn(move || fetch_with_pprof(&url, &dir))
+        })
+        .collect()
+}
+
 /// One heap capture (`profile`, at `rate`) of heap_sites `pid`: nothing
 /// of another process, and per site the allocations the program counted
 /// (`truth`).
@@ -576,11 +598,7 @@ fn check_heap_capture(
     held: &str,
 ) {
     let samples = flatten(profile);
-    let others: Vec<u32> = samples
-        .iter()
-        .map(FlatSample::pid)
-        .filter(|&p| p != pid)
-        .collect();
+    let others = other_pids(&samples, pid);
     assert!(others.is_empty(), "samples of other processes: {others:?}");
     // What the capture's own probes lost, as its comments say.
     let comments: Vec<&str> = profile
@@ -627,20 +645,12 @@ fn block_on_demand(
     let block_exe = Workload::BlockSites.build(tmp, "demand_block");
     let mut block = Running::start(&block_exe, &["--wait-stdin", "--rounds", "100"]);
     let block_pid = block.pid();
-    let captures: Vec<_> = rates
-        .iter()
-        .enumerate()
-        .map(|(i, rate)| {
-            let query = match rate.is_empty() {
-                true => String::new(),
-                false => format!("&block_rate={rate}"),
-            };
-            let url = format!("http://{addr}/debug/pprof/block?seconds=5&pid={block_pid}{query}");
-            let dir = tmp.join(format!("block{i}"));
-            std::fs::create_dir_all(&dir).expect("a directory");
-            std::thread::spawn(move || fetch_with_pprof(&url, &dir))
-        })
-        .collect();
+    let captures = fetch_at_rates(
+        addr,
+        tmp,
+        &format!("block?seconds=5&pid={block_pid}"),
+        ("block_rate", rates),
+    );
     let opened = format!("block of pid {block_pid} for 5 s");
     daemon.wait_log(Duration::from_secs(30), |l| {
         l.contains(&opened) && (rates.len() == 1 || l.contains("probes of its own"))

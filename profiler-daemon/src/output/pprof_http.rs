@@ -586,15 +586,7 @@ fn list_processes(targets: Option<&[u32]>) -> (Vec<(u32, String)>, usize) {
 /// the others for chosen processes, on probes of their own; goroutines,
 /// read from memory, always.
 fn served(_server: &PprofServer) -> impl Iterator<Item = ProfileKind> {
-    [
-        ProfileKind::Cpu,
-        ProfileKind::Heap,
-        ProfileKind::Block,
-        ProfileKind::Mutex,
-        ProfileKind::Offcpu,
-        ProfileKind::Goroutine,
-    ]
-    .into_iter()
+    ProfileKind::ALL.into_iter()
 }
 
 /// Whether the daemon collects `kind` (`--profiles`), or, for
