@@ -85,7 +85,7 @@ impl Captures {
 
 impl Captures {
     /// Starts `capture` (a tap of its type), or refuses it: goroutines
-    /// (in the scheduled files only), MAX_CAPTURES running already, or
+    /// (answered at once, `goroutines_now`), MAX_CAPTURES running already, or
     /// probes that cannot be had. A capture of a type the daemon does not
     /// collect, or at a rate other than the daemon's (heap, block, mutex),
     /// loads probes of its own for its processes (`own_probes.rs`); those
@@ -120,7 +120,7 @@ impl Captures {
             && (asked_hz.is_some_and(|hz| hz != settings.cpu_frequency) || uncovered.is_some());
         let refusal = if kind == ProfileKind::Goroutine {
             Some(Refusal::Unavailable(
-                "goroutine profiles are in the scheduled files only".into(),
+                "goroutine profiles are answered at once (goroutines_now), not captured".into(),
             ))
         } else if self.running.len() >= MAX_CAPTURES {
             let first = self.running.iter().map(|r| r.ends).min();
@@ -225,7 +225,6 @@ impl Captures {
             (None, None) => tapped.open(kind, id, capture.pids),
         }
         let has_guests = !guests.is_empty();
-        let hz = own.as_ref().map_or(hz, |own| own.settings.cpu_frequency);
         self.running.push(Running {
             id,
             kind,

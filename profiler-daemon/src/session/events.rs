@@ -152,10 +152,7 @@ pub(crate) fn new_image(
     {
         // Read once, for every set of links and then the snapshot.
         if let Some(maps) = read_maps(event.tgid) {
-            let mappings = ExecMappings::of(event.tgid, &maps);
-            for links in probes.uprobe_links() {
-                links.attach_mappings(&mappings);
-            }
+            probes.attach_files(&ExecMappings::of(event.tgid, &maps));
             procs.offer_maps(event.tgid, maps);
         }
         if event.kind == proc_event::EXEC && exec_rescan.len() < MAX_PROCESSES {

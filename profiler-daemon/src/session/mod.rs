@@ -25,7 +25,6 @@ use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::{Capture, Targets};
@@ -297,12 +296,7 @@ impl Session {
         // as processes exec.
         if probes.uprobe_links().next().is_some() {
             for &pid in every_pid.iter().chain(&settings.pids) {
-                let Some(mappings) = ExecMappings::read(pid) else {
-                    continue;
-                };
-                for links in probes.uprobe_links() {
-                    links.attach_mappings(&mappings);
-                }
+                probes.attach_files_of(pid);
             }
         }
         let events = watch_ring(probes.take_proc_events(), "process events")?;
@@ -531,12 +525,7 @@ impl Session {
         });
         self.publish_targets();
         for pid in self.exec_rescan.drain(..) {
-            let Some(mappings) = ExecMappings::read(pid) else {
-                continue;
-            };
-            for links in self.probes.uprobe_links() {
-                links.attach_mappings(&mappings);
-            }
+            self.probes.attach_files_of(pid);
         }
         self.procs.settle();
         self.symbolizer.watch_perf_maps(&self.procs);

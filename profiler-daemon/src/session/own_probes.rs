@@ -18,7 +18,6 @@ use crate::bpf::drain::CpuWindow;
 use crate::bpf::features::KernelFeatures;
 use crate::bpf::probes::{ProbeError, Probes};
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::ExecMappings;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::AskedRate;
@@ -116,10 +115,6 @@ impl OwnProbes {
                 &mut limits.derived.stack_samples,
             ),
             (
-                &mut limits.heap_events_bytes,
-                &mut limits.derived.heap_events,
-            ),
-            (
                 &mut limits.wait_events_bytes,
                 &mut limits.derived.wait_events,
             ),
@@ -145,11 +140,7 @@ impl OwnProbes {
             {
                 probes.mark_python_process(pid, runtime);
             }
-            if let Some(mappings) = ExecMappings::read(pid) {
-                for links in probes.uprobe_links() {
-                    links.attach_mappings(&mappings);
-                }
-            }
+            probes.attach_files_of(pid);
         }
         let events = probes
             .take_proc_events()

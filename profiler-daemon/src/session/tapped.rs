@@ -5,7 +5,6 @@
 
 use crate::bpf::drain::CpuWindow;
 use crate::bpf::probes::Probes;
-use crate::bpf::uprobes::ExecMappings;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::Refusal;
 use crate::profiles::heap::HeapTable;
@@ -61,11 +60,7 @@ impl Tapped<'_> {
         self.probes.add_captured(pid).map_err(|e| {
             Refusal::Unavailable(format!("cannot follow process {pid} for the capture: {e}"))
         })?;
-        if let Some(mappings) = ExecMappings::read(pid) {
-            for links in self.probes.uprobe_links() {
-                links.attach_mappings(&mappings);
-            }
-        }
+        self.probes.attach_files_of(pid);
         Ok(())
     }
 

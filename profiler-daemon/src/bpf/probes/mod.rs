@@ -27,7 +27,7 @@ use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
 use crate::bpf::ring::Ring;
-use crate::bpf::uprobes::{AttachMode, LinkProgram, PreparedProgram, UprobeLinks};
+use crate::bpf::uprobes::{AttachMode, ExecMappings, LinkProgram, PreparedProgram, UprobeLinks};
 
 mod drain;
 mod error;
@@ -739,6 +739,21 @@ impl Probes {
             .chain(self.go_heap.iter_mut())
             .chain(self.go_parks.iter_mut())
             .chain(self.cond_parks.iter_mut())
+    }
+
+    /// Attaches every set of uprobe links to the files in `mappings`
+    /// that they probe.
+    pub fn attach_files(&mut self, mappings: &ExecMappings) {
+        for links in self.uprobe_links() {
+            links.attach_mappings(mappings);
+        }
+    }
+
+    /// The same for the files process `pid` maps now (none if it is gone).
+    pub fn attach_files_of(&mut self, pid: u32) {
+        if let Some(mappings) = ExecMappings::read(pid) {
+            self.attach_files(&mappings);
+        }
     }
 
     /// Removes a process's sampled addresses from the kernel's live map
