@@ -84,9 +84,14 @@ pub mod counter {
     /// Off-CPU switch-outs of threads marked deep that found no slot in
     /// `OFFCPU_DEEP_STACKS`: parked with the usual copy instead.
     pub const OFFCPU_DEEP_FULL: u32 = 32;
+    /// Under `[debug] time_go_labels`: the ns CPU samples spent reading
+    /// goroutines' label sets (`bpf_ktime_get_ns` around it), and the
+    /// readings timed. 0 otherwise.
+    pub const GO_LABEL_READ_NS: u32 = 33;
+    pub const GO_LABEL_READS: u32 = 34;
     /// Number of counters (at most 64: the daemon logs each loss once by a
     /// bit of a `u64`).
-    pub const COUNT: u32 = 33;
+    pub const COUNT: u32 = 35;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -97,6 +97,17 @@ pub(crate) static USE_STACK_TOPS: u8 = 1;
 #[unsafe(no_mangle)]
 pub(crate) static LONG_RECORDS: u8 = 1;
 
+/// A goroutine's `g.m` and `g.labels` read at once (go_labels.rs): the
+/// same labels for two reads fewer per sample; 0 reads them one by one,
+/// to compare.
+#[unsafe(no_mangle)]
+pub(crate) static GO_LABELS_ONE_READ: u8 = 1;
+
+/// 1: CPU samples time their reading of a goroutine's labels
+/// (`GO_LABEL_READ_NS`), to measure it apart from the rest of the sample.
+#[unsafe(no_mangle)]
+pub(crate) static TIME_GO_LABELS: u8 = 0;
+
 #[inline(always)]
 pub(crate) fn global<T: Copy>(v: &T) -> T {
     // SAFETY: as for global_u8.

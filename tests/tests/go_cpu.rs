@@ -53,11 +53,16 @@ struct Run {
 /// Runs the workload `exe ARGS` under `--pid` for its whole life (it waits
 /// on stdin until the daemon is ready) and reads the profiles.
 fn profile(exe: &Path, args: &[&str], out: &Path) -> Run {
+    profile_with(exe, args, out, &[])
+}
+
+/// [`profile`] with more daemon arguments.
+fn profile_with(exe: &Path, args: &[&str], out: &Path, extra: &[&str]) -> Run {
     let WholeLife {
         pid,
         report,
         daemon,
-    } = profile_whole_life(exe, args, out, hz(), &[]);
+    } = profile_whole_life(exe, args, out, hz(), extra);
     let files = read_profiles(out, "cpu");
     let samples: Vec<FlatSample> = flatten_all(&files)
         .into_iter()
@@ -217,18 +222,36 @@ fn spin_caller_share(samples: &[FlatSample]) -> f64 {
 /// Go 1.19, a list in current Go). profilerd's split of the handlers, by
 /// stack and by label, is held against the program's own measure and
 /// against the CPU profile Go's runtime/pprof wrote of the same run.
+///
+/// Go 1.19's run is repeated with `[debug] go_labels_one_read = false`
+/// (a goroutine's `g.m` and `g.labels` read one by one, not at once): the
+/// same checks hold of it.
 #[test]
 fn go_handlers_keep_their_callers_and_labels() {
     require_root();
     let tmp = temp_dir();
-    for (version, go) in go_versions() {
-        let tag = version.replace(' ', "_");
+    let one_by_one = tmp.path().join("one-by-one.toml");
+    std::fs::write(&one_by_one, "[debug]\ngo_labels_one_read = false\n").expect("a config");
+    let one_by_one = one_by_one.to_str().expect("UTF-8 path");
+    let [go119, current] = go_versions();
+    let runs = [
+        (go119.0.to_string(), go119.1.clone(), &[][..]),
+        (current.0.to_string(), current.1, &[][..]),
+        (
+            format!("{}, labels read one by one", go119.0),
+            go119.1,
+            &["--config", one_by_one][..],
+        ),
+    ];
+    for (version, go, extra) in runs {
+        let tag = version.replace([' ', ','], "_");
         let exe = Workload::GoHandlers.build_with_go(tmp.path(), &format!("handlers_{tag}"), &go);
         let own = tmp.path().join(format!("own-{tag}.pprof"));
-        let run = profile(
+        let run = profile_with(
             &exe,
             &["4", own.to_str().expect("UTF-8 path")],
             &tmp.path().join(format!("out-handlers-{tag}")),
+            extra,
         );
         let bytes = std::fs::read(&own).expect("the workload's own profile");
         let theirs = flatten(&pprof_proto::decode(&bytes).expect("Go's own profile decodes"));

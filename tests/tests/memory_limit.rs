@@ -20,8 +20,8 @@ use profiler_tests::profiles::read_profiles;
 use profiler_tests::{pause, temp_dir};
 
 const ALL_PROFILES: &str = "cpu,heap,block,mutex,offcpu";
-/// How long the daemon runs through the load: four 10 s windows.
-const RUN: Duration = Duration::from_secs(40);
+/// How long the daemon runs through the load: three 10 s windows.
+const RUN: Duration = Duration::from_secs(30);
 
 /// The memory limit `deploy/` ships, in bytes: the unit's `MemoryMax=`,
 /// which must equal the DaemonSet's `limits: memory:`.

@@ -51,4 +51,8 @@ func main() {
 	}
 	close(ping)
 	fmt.Printf("pid=%d rounds=%d\n", os.Getpid(), rounds)
+	os.Stdout.Sync()
+	// Alive a while after the report: the bench reads its threads' CPU
+	// time then, which an exited thread no longer shows.
+	time.Sleep(time.Second)
 }

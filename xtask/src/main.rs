@@ -418,9 +418,23 @@ fn test(quick: bool) -> Result<()> {
             "--release",
             "--package",
             "profiler-tests",
+            // Not the doctests (there are none), whose harness would refuse
+            // `-Z` below.
+            "--tests",
             "--",
             "--test-threads=1",
+            "-Z",
+            "unstable-options",
+            "--report-time",
         ])
+        // Each test's time in the log, to see where the suite's time goes:
+        // libtest takes `--report-time` from a stable toolchain only with
+        // RUSTC_BOOTSTRAP set, and set for cargo itself it would rebuild
+        // everything (it is in the fingerprints), so only the runner has it.
+        .env(
+            "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+            "env RUSTC_BOOTSTRAP=1",
+        )
         .env("PROFILERD_BIN", root().join("target/release/profilerd"))
         .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
         .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))?;

@@ -16,6 +16,8 @@
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
+//! go_labels_one_read = true  # a goroutine's g.m and g.labels read at once, not one by one
+//! time_go_labels = false # CPU samples time their reading of goroutine labels (go_label_read_ns in the summary)
 //! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
 //! python_caches = true   # a thread's state remembered by the kernel, code objects by the daemon
 //! executable_cache = true  # a new process's executable known by file identity, not read again to tell if it is Go
@@ -60,6 +62,15 @@ pub struct StackSwitches {
     /// feature, not an optimization: switched off only to measure what
     /// reading them costs (`cargo xtask bench --go`).
     pub go_labels: bool,
+    /// A goroutine's `g.m` and `g.labels` are read at once when it is the
+    /// one its M runs (go_labels.rs in the kernel): the same labels for
+    /// two reads fewer per sample.
+    pub go_labels_one_read: bool,
+    /// CPU samples time their reading of a goroutine's labels
+    /// (`go_label_read_ns` and `go_label_reads` in the summary): an
+    /// instrument, off by default, to measure that reading apart from
+    /// the rest of a sample (`cargo xtask bench --go --go-tables labels`).
+    pub time_go_labels: bool,
     /// CPython processes' Python frames are read. A feature: switched
     /// off to measure what reading them costs, or to see such a process
     /// as a native profiler does (with `-X perf`, by its trampolines).
@@ -86,6 +97,8 @@ impl Default for StackSwitches {
             release_file_pages: true,
             go_special_kinds: true,
             go_labels: true,
+            go_labels_one_read: true,
+            time_go_labels: false,
             python_frames: true,
             python_caches: true,
             executable_cache: true,
@@ -106,6 +119,8 @@ pub struct DebugTable {
     release_file_pages: Option<bool>,
     go_special_kinds: Option<bool>,
     go_labels: Option<bool>,
+    go_labels_one_read: Option<bool>,
+    time_go_labels: Option<bool>,
     python_frames: Option<bool>,
     python_caches: Option<bool>,
     executable_cache: Option<bool>,
@@ -126,6 +141,8 @@ impl DebugTable {
             release_file_pages: self.release_file_pages.unwrap_or(d.release_file_pages),
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
             go_labels: self.go_labels.unwrap_or(d.go_labels),
+            go_labels_one_read: self.go_labels_one_read.unwrap_or(d.go_labels_one_read),
+            time_go_labels: self.time_go_labels.unwrap_or(d.time_go_labels),
             python_frames: self.python_frames.unwrap_or(d.python_frames),
             python_caches: self.python_caches.unwrap_or(d.python_caches),
             executable_cache: self.executable_cache.unwrap_or(d.executable_cache),

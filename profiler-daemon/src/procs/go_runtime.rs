@@ -19,7 +19,9 @@ use crate::procs::go_code;
 const G_M: u16 = 48;
 /// The runtime layout of the Go executable process `tgid` runs: None when
 /// it is not a Go executable; labels not read (`NONE`) for a release whose
-/// layout is not known.
+/// layout is not known. What [`GoExecutables::get`] answers, read anew
+/// (the tests' reference).
+#[cfg(test)]
 pub fn go_executable(tgid: u32) -> Option<GoRuntime> {
     read_executable(tgid).and_then(layout_of)
 }
@@ -71,6 +73,10 @@ pub struct GoExecutableStats {
     pub reads: u64,
     /// Answers taken from what an earlier read found.
     pub hits: u64,
+    /// Go executables read whose release has no label layout here (before
+    /// 1.18, or newer than the table): their goroutines' labels are not
+    /// read. Each is logged once, when read.
+    pub labels_unknown: u64,
 }
 
 impl GoExecutables {
@@ -87,7 +93,9 @@ impl GoExecutables {
     pub fn get(&mut self, tgid: u32) -> Option<GoRuntime> {
         if !self.cached {
             self.stats.reads += 1;
-            return go_executable(tgid);
+            let read = read_executable(tgid);
+            self.note_unknown_layout(tgid, read);
+            return read.and_then(layout_of);
         }
         let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
         let id = (
@@ -103,7 +111,9 @@ impl GoExecutables {
         self.stats.reads += 1;
         // Not kept when unreadable (the process went): another process may
         // read it.
-        let found = layout_of(read_executable(tgid)?);
+        let read = read_executable(tgid);
+        self.note_unknown_layout(tgid, read);
+        let found = layout_of(read?);
         if self.known.len() >= EXECUTABLES_KEPT {
             self.known.clear();
         }
@@ -112,6 +122,30 @@ impl GoExecutables {
     }
 }
 
+impl GoExecutables {
+    /// Counts and logs a Go executable whose labels have no layout here.
+    fn note_unknown_layout(&mut self, tgid: u32, read: Option<(bool, Option<u32>)>) {
+        let Some((true, minor)) = read else {
+            return;
+        };
+        if minor.is_some_and(|minor| runtime_layout(minor) != GoRuntime::default()) {
+            return;
+        }
+        self.stats.labels_unknown += 1;
+        let release = minor.map_or("a Go release before 1.18".to_string(), |m| {
+            format!("go1.{m}")
+        });
+        tracing::info!(
+            "pid {tgid}: built by {release}, whose goroutine layout is not known here \
+             (1.{KNOWN_FIRST} to 1.{KNOWN_LAST} are): its CPU samples carry no pprof labels"
+        );
+    }
+}
+
+/// The first and last Go releases [`runtime_layout`] knows.
+const KNOWN_FIRST: u32 = 18;
+const KNOWN_LAST: u32 = 27;
+
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and
 /// `g.labels` as the DWARF of a binary built by each of go1.19.8,
 /// 1.21.13, 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and 1.27.3 gives them
@@ -119,12 +153,12 @@ impl GoExecutables {
 /// them); the labels changed from a map to a sorted list in Go 1.24.
 pub fn runtime_layout(minor: u32) -> GoRuntime {
     let (m_curg, g_labels, labels_form) = match minor {
-        18..=20 => (192, 360, go_labels_form::MAP),
+        KNOWN_FIRST..=20 => (192, 360, go_labels_form::MAP),
         21..=22 => (192, 344, go_labels_form::MAP),
         23 => (192, 352, go_labels_form::MAP),
         24 => (192, 352, go_labels_form::LIST),
         25 => (184, 344, go_labels_form::LIST),
-        26..=27 => (184, 352, go_labels_form::LIST),
+        26..=KNOWN_LAST => (184, 352, go_labels_form::LIST),
         _ => return GoRuntime::default(),
     };
     GoRuntime {
@@ -283,6 +317,30 @@ mod tests {
             drop(child.stdin.take());
             let _ = child.wait();
         }
+    }
+
+    /// A Go executable of a release without a label layout is counted;
+    /// one with a layout, or not Go, is not.
+    #[test]
+    fn releases_without_a_layout_are_counted() {
+        let mut exes = GoExecutables::new(true);
+        for read in [
+            Some((true, Some(19))),
+            Some((true, Some(KNOWN_LAST))),
+            Some((false, None)),
+            None,
+        ] {
+            exes.note_unknown_layout(1, read);
+        }
+        assert_eq!(exes.stats.labels_unknown, 0);
+        for read in [
+            Some((true, Some(17))),
+            Some((true, Some(KNOWN_LAST + 1))),
+            Some((true, None)),
+        ] {
+            exes.note_unknown_layout(1, read);
+        }
+        assert_eq!(exes.stats.labels_unknown, 3);
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub(crate) fn log_go_summary(
         go_park_window_failures = parks.resume_failures,
         go_waits_outlasting_windows = c[counter::GO_WAITS_OUTLASTING_WINDOWS as usize],
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
+        go_label_read_ns = c[counter::GO_LABEL_READ_NS as usize],
+        go_label_reads = c[counter::GO_LABEL_READS as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
         go_rates_assumed,
@@ -150,6 +152,7 @@ pub(crate) fn log_go_summary(
         goroutine_lists_not_found = goroutines.no_goroutine_list,
         executables_read = executables.reads,
         executables_known_already = executables.hits,
+        go_label_layouts_unknown = executables.labels_unknown,
         "go label summary"
     );
 }

@@ -27,8 +27,8 @@ use profiler_common::{
 };
 
 use crate::{
-    counters::count,
-    globals::STACK_SAMPLES_RING,
+    counters::{count, count_n},
+    globals::{STACK_SAMPLES_RING, TIME_GO_LABELS, global_u8},
     go_labels::go_label_set,
     klog::{self, klog, why},
     maps::wake_flag,
@@ -234,10 +234,26 @@ fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
         // and read after the walk, unchanged.
         let process = unsafe { &*PENDING_SAMPLE.get_ptr(0).ok_or(0u32)? }.process;
         key.leaf_words = leaf_words(&process, regs.sp);
-        key.go_labels = go_label_set::<true>(&process.go, regs.r14);
+        key.go_labels = timed_label_set(&process.go, regs.r14);
     }
     add_count(active, &key);
     Ok(0)
+}
+
+/// [`go_label_set`], timed under `[debug] time_go_labels`.
+#[inline(always)]
+fn timed_label_set(go: &profiler_common::GoRuntime, g: u64) -> u64 {
+    if global_u8(&TIME_GO_LABELS) == 0 {
+        return go_label_set::<true>(go, g);
+    }
+    // SAFETY: a helper without arguments.
+    let start = unsafe { bpf_ktime_get_ns() };
+    let id = go_label_set::<true>(go, g);
+    // SAFETY: as above.
+    let took = unsafe { bpf_ktime_get_ns() }.wrapping_sub(start);
+    count_n(counter::GO_LABEL_READ_NS, took);
+    count(counter::GO_LABEL_READS);
+    id
 }
 
 /// `py_sample`, tail-called by `cpu_sample` for a sample of a CPython

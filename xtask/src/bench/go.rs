@@ -25,7 +25,7 @@ use anyhow::{Context, Result, bail};
 use super::harness::{Daemon, median, parse_bpf_line_of, spread, task_cpu_ns};
 
 const ROUNDS: usize = 5;
-const HZ: &str = "499";
+pub(super) const HZ: &str = "499";
 
 /// What a run profiles and how its work is counted.
 struct Mode<'a> {
@@ -40,6 +40,8 @@ struct Mode<'a> {
     empty_probe: Option<u64>,
     /// The daemon's `--interval`.
     interval: &'a str,
+    /// GOMAXPROCS for the workload (Go's default, the CPUs, when None).
+    gomaxprocs: Option<&'a str>,
 }
 
 const CPU: Mode<'static> = Mode {
@@ -48,6 +50,7 @@ const CPU: Mode<'static> = Mode {
     program: "cpu_sample",
     empty_probe: None,
     interval: "10s",
+    gomaxprocs: None,
 };
 
 const BLOCK: Mode<'static> = Mode {
@@ -56,6 +59,7 @@ const BLOCK: Mode<'static> = Mode {
     program: "go_park_probe",
     empty_probe: None,
     interval: "10s",
+    gomaxprocs: None,
 };
 
 const GOROUTINE: Mode<'static> = Mode {
@@ -64,6 +68,7 @@ const GOROUTINE: Mode<'static> = Mode {
     program: "",
     empty_probe: None,
     interval: "1s",
+    gomaxprocs: None,
 };
 
 const HEAP: Mode<'static> = Mode {
@@ -72,6 +77,7 @@ const HEAP: Mode<'static> = Mode {
     program: "go_heap_probe",
     empty_probe: None,
     interval: "10s",
+    gomaxprocs: None,
 };
 
 /// One profiled or bare run of a workload.
@@ -98,7 +104,7 @@ struct RunFigures {
 }
 
 /// The tables `measure` makes, in order; `only` (empty: all) chooses.
-const TABLES: [&str; 4] = ["cpu", "heap", "channels", "goroutines"];
+const TABLES: [&str; 5] = ["cpu", "labels", "heap", "channels", "goroutines"];
 
 pub fn measure(
     root: &Path,
@@ -131,6 +137,9 @@ pub fn measure(
     let mut out = "# Go programs profiled from outside\n".to_string();
     if wanted("cpu") {
         out += &measure_cpu(root, bin, work, seconds, &gos, &cpu_labels_off)?;
+    }
+    if wanted("labels") {
+        out += &super::go_label_ab::measure(root, bin, work, seconds, &gos)?;
     }
     if wanted("heap") {
         out += &measure_heap(root, bin, work, seconds, &gos)?;
@@ -284,14 +293,31 @@ fn measure_channels(
          | Go | round trips/s bare | profiled, default budget | slowdown | CPU per round trip bare | profiled | more CPU | go_park_probe ns/run | runs per second | profiled, no budget | slowdown | CPU bare | profiled | more CPU | ns/run | runs per second |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
+    // One P: the two goroutines take turns on one thread, so no thread
+    // spins looking for work and the CPU per round trip is a steady
+    // measure of what the probes add to each hand-off.
+    let one_p = Mode {
+        gomaxprocs: Some("1"),
+        ..BLOCK
+    };
+    let mut one_p_table = String::from(
+        "\nThe same with `GOMAXPROCS=1` (the goroutines take turns on one thread: \
+         no thread spins for work, and the CPU per round trip is steady), bare and on \
+         the default budget, alternately in the same rounds.\n\n\
+         | Go | round trips/s bare | profiled, default budget | slowdown | CPU per round trip bare | profiled | more CPU | go_park_probe ns/run | runs per second |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
     for (version, go) in gos {
         let exe = build(go, root, work, "go_pingpong.go")?;
         let (mut bare, mut profiled, mut every) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut bare_one_p, mut profiled_one_p) = (Vec::new(), Vec::new());
         for round in 0..ROUNDS {
             eprintln!("bench --go: channels, {version}, round {}", round + 1);
             bare.push(run(&exe, &[], None, &BLOCK, work, seconds)?);
             profiled.push(run(&exe, &[], Some(bin), &BLOCK, work, seconds)?);
             every.push(run(&exe, &[], Some(bin), &block_unlimited, work, seconds)?);
+            bare_one_p.push(run(&exe, &[], None, &one_p, work, seconds)?);
+            profiled_one_p.push(run(&exe, &[], Some(bin), &one_p, work, seconds)?);
         }
         let unlimited_columns = profiled_columns(&bare, &every, seconds);
         out += &format!(
@@ -301,8 +327,12 @@ fn measure_channels(
                 .split_once(" | ")
                 .map_or(unlimited_columns.as_str(), |(_, rest)| rest)
         );
+        one_p_table += &format!(
+            "| {version} | {} |\n",
+            profiled_columns(&bare_one_p, &profiled_one_p, seconds)
+        );
     }
-    Ok(out)
+    Ok(out + &one_p_table)
 }
 
 /// The allocation-heavy run: `go_heap.go` at Go's default
@@ -431,7 +461,7 @@ fn profiled_columns(bare: &[RunFigures], profiled: &[RunFigures], seconds: u64) 
 }
 
 /// `go build` of a workload of tests/workloads into `work`.
-fn build(go: &Path, root: &Path, work: &Path, source: &str) -> Result<PathBuf> {
+pub(super) fn build(go: &Path, root: &Path, work: &Path, source: &str) -> Result<PathBuf> {
     let tag = go.to_string_lossy().replace('/', "_");
     let exe = work.join(format!("{}-{tag}", source.trim_end_matches(".go")));
     let status = Command::new(go)
@@ -468,6 +498,7 @@ fn run(
             .arg(seconds.to_string())
             .args(args)
             .arg("--wait-stdin")
+            .envs(mode.gomaxprocs.map(|n| ("GOMAXPROCS", n)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

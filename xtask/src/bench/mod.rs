@@ -30,6 +30,7 @@ use anyhow::{Context, Result};
 pub mod cpu;
 pub mod footprint;
 pub mod go;
+mod go_label_ab;
 pub mod harness;
 pub mod heap;
 pub mod on_demand;
