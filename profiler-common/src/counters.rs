@@ -89,9 +89,13 @@ pub mod counter {
     /// readings timed. 0 otherwise.
     pub const GO_LABEL_READ_NS: u32 = 33;
     pub const GO_LABEL_READS: u32 = 34;
+    /// Go runtime futex calls (made in the process's `runtime.futex`) whose
+    /// kept wait or wake-up the kernel did not send: the daemon would drop
+    /// them (`go_runtime_futexes`).
+    pub const GO_RUNTIME_FUTEXES_SKIPPED: u32 = 35;
     /// Number of counters (at most 64: the daemon logs each loss once by a
     /// bit of a `u64`).
-    pub const COUNT: u32 = 35;
+    pub const COUNT: u32 = 36;
 }
 
 /// Index of the one-element `CONTROL` array entries.

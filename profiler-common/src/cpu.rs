@@ -140,13 +140,17 @@ pub struct SampleKey {
 /// A process whose stacks the kernel walks by frame pointers (value of
 /// `FP_PROCESSES`): the address range of its executable's code, for
 /// [`SampleKey::leaf_words`] (both 0: no range, no words), and for a Go
-/// process where its goroutines' pprof labels are.
+/// process where its goroutines' pprof labels are, and the code of its
+/// `runtime.futex` (both 0: none), whose futex calls are the runtime's
+/// own and never in a block or mutex profile.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FpProcess {
     pub text_start: u64,
     pub text_end: u64,
     pub go: crate::GoRuntime,
+    pub futex_start: u64,
+    pub futex_end: u64,
 }
 
 impl FpProcess {

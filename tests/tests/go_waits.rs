@@ -57,18 +57,53 @@ fn off(ours: i64, theirs: i64) -> f64 {
     (ours as f64 / (theirs as f64).max(1.0) - 1.0).abs()
 }
 
+/// Each Go release, built and stripped; and go1.19 again with `[debug]
+/// go_runtime_futexes_in_kernel = false`: the runtime's own futex waits
+/// and wake-ups then reach the daemon, which drops them, where by default
+/// the kernel sends none. The same checks hold of both.
 #[test]
 fn goroutine_waits_agree_with_go_and_with_the_program() {
     require_root();
     let tmp = temp_dir();
-    for GoBuild {
-        what: version,
-        tag,
-        go,
-        workload,
-    } in go_builds(Workload::GoContention, Workload::GoContentionStripped)
+    let sent = tmp.path().join("futexes-sent.toml");
+    std::fs::write(&sent, "[debug]\ngo_runtime_futexes_in_kernel = false\n").expect("a config");
+    let sent = sent.to_str().expect("UTF-8 path");
+    let skipped = tmp.path().join("futexes-skipped.toml");
+    std::fs::write(&skipped, "[debug]\ngo_runtime_futexes_in_kernel = true\n").expect("a config");
+    let skipped = skipped.to_str().expect("UTF-8 path");
+    let mut builds: Vec<(GoBuild, bool)> =
+        go_builds(Workload::GoContention, Workload::GoContentionStripped)
+            .into_iter()
+            .map(|build| (build, true))
+            .collect();
+    let first = &builds[0].0;
+    let again = GoBuild {
+        what: format!("{}, runtime futexes sent", first.what),
+        tag: format!("{}_futexes_sent", first.tag),
+        go: first.go.clone(),
+        workload: first.workload,
+    };
+    builds.push((again, false));
+    let mut built: Vec<(std::path::PathBuf, Workload, std::path::PathBuf)> = Vec::new();
+    for (
+        GoBuild {
+            what: version,
+            tag,
+            go,
+            workload,
+        },
+        futexes_in_kernel,
+    ) in builds
     {
-        let exe = workload.build_with_go(tmp.path(), &format!("waits_{tag}"), &go);
+        // One build per toolchain and form: the last run takes the first's.
+        let exe = match built.iter().find(|(g, w, _)| *g == go && *w == workload) {
+            Some((_, _, exe)) => exe.clone(),
+            None => {
+                let exe = workload.build_with_go(tmp.path(), &format!("waits_{tag}"), &go);
+                built.push((go.clone(), workload, exe.clone()));
+                exe
+            }
+        };
         let own = tmp.path().join(format!("own-{tag}.pprof"));
         let out = tmp.path().join(format!("out-{tag}"));
         let WholeLife {
@@ -87,7 +122,28 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
                 "1ns",
                 "--mutex-fraction",
                 "1",
+                "--config",
+                if futexes_in_kernel { skipped } else { sent },
             ],
+        );
+        // Every wait and wake-up is kept at these rates: Go's idle threads'
+        // futex sleeps among them, which the kernel leaves out (counted)
+        // or, switched off, sends for the daemon to drop.
+        let (in_kernel, dropped) = (
+            daemon.summary_field("go_runtime_futexes_skipped"),
+            daemon.summary_field("go_runtime_futexes"),
+        );
+        println!(
+            "{version}: runtime futexes skipped by the kernel {in_kernel}, dropped by the daemon {dropped}"
+        );
+        assert!(
+            if futexes_in_kernel {
+                in_kernel > 0 && dropped <= in_kernel / 10
+            } else {
+                in_kernel == 0 && dropped > 0
+            },
+            "{version}: Go runtime futexes skipped in the kernel {in_kernel}, dropped by the daemon {dropped}{}",
+            daemon.describe()
         );
         check_napper_off_cpu(&version, &out, pid, &report, &daemon);
         let files = read_profiles(&out, "block");

@@ -18,6 +18,7 @@
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
 //! go_labels_one_read = true  # a goroutine's g.m and g.labels read at once, not one by one
 //! time_go_labels = false # CPU samples time their reading of goroutine labels (go_label_read_ns in the summary)
+//! go_runtime_futexes_in_kernel = true  # the kernel sends no kept wait or wake-up made in a Go process's runtime.futex
 //! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
 //! python_caches = true   # a thread's state remembered by the kernel, code objects by the daemon
 //! executable_cache = true  # a new process's executable known by file identity, not read again to tell if it is Go
@@ -71,6 +72,11 @@ pub struct StackSwitches {
     /// instrument, off by default, to measure that reading apart from
     /// the rest of a sample (`cargo xtask bench --go --go-tables labels`).
     pub time_go_labels: bool,
+    /// The kernel knows each Go process's `runtime.futex` and sends none
+    /// of the waits and wake-ups made in it (the runtime's own, which the
+    /// daemon drops by that leaf frame): the same profiles without their
+    /// stacks' cost. Off, they are sent and dropped by the daemon.
+    pub go_runtime_futexes_in_kernel: bool,
     /// CPython processes' Python frames are read. A feature: switched
     /// off to measure what reading them costs, or to see such a process
     /// as a native profiler does (with `-X perf`, by its trampolines).
@@ -99,6 +105,7 @@ impl Default for StackSwitches {
             go_labels: true,
             go_labels_one_read: true,
             time_go_labels: false,
+            go_runtime_futexes_in_kernel: true,
             python_frames: true,
             python_caches: true,
             executable_cache: true,
@@ -121,6 +128,7 @@ pub struct DebugTable {
     go_labels: Option<bool>,
     go_labels_one_read: Option<bool>,
     time_go_labels: Option<bool>,
+    go_runtime_futexes_in_kernel: Option<bool>,
     python_frames: Option<bool>,
     python_caches: Option<bool>,
     executable_cache: Option<bool>,
@@ -143,6 +151,9 @@ impl DebugTable {
             go_labels: self.go_labels.unwrap_or(d.go_labels),
             go_labels_one_read: self.go_labels_one_read.unwrap_or(d.go_labels_one_read),
             time_go_labels: self.time_go_labels.unwrap_or(d.time_go_labels),
+            go_runtime_futexes_in_kernel: self
+                .go_runtime_futexes_in_kernel
+                .unwrap_or(d.go_runtime_futexes_in_kernel),
             python_frames: self.python_frames.unwrap_or(d.python_frames),
             python_caches: self.python_caches.unwrap_or(d.python_caches),
             executable_cache: self.executable_cache.unwrap_or(d.executable_cache),

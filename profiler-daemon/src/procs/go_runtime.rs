@@ -58,8 +58,19 @@ fn read_executable(tgid: u32) -> Option<(bool, Option<u32>)> {
 pub struct GoExecutables {
     known: foldhash::HashMap<ExecutableId, Option<GoRuntime>>,
     cached: bool,
+    /// Where executables keep `runtime.futex` (its code in the file's
+    /// addresses, and the file's first segment), by (device, inode); None
+    /// when `[debug] go_runtime_futexes_in_kernel = false`.
+    futex_ranges: Option<foldhash::HashMap<(u64, u64), Option<FutexRange>>>,
     pub stats: GoExecutableStats,
 }
+
+/// `runtime.futex`'s start and end, and the first segment's address, in
+/// an executable's own addresses.
+type FutexRange = (u64, u64, u64);
+
+/// Executables whose `runtime.futex` is kept (emptied when full).
+const FUTEX_RANGES_KEPT: usize = 256;
 
 /// (device, inode, size, modification time in ns)
 type ExecutableId = (u64, u64, u64, i128);
@@ -80,10 +91,14 @@ pub struct GoExecutableStats {
 }
 
 impl GoExecutables {
-    pub fn new(cached: bool) -> Self {
+    /// `cached`: `[debug] executable_cache`; `futexes_in_kernel`: `[debug]
+    /// go_runtime_futexes_in_kernel` (the kernel told where each Go
+    /// process's `runtime.futex` is, so that it sends none of its waits).
+    pub fn new(cached: bool, futexes_in_kernel: bool) -> Self {
         Self {
             known: Default::default(),
             cached,
+            futex_ranges: futexes_in_kernel.then(Default::default),
             stats: GoExecutableStats::default(),
         }
     }
@@ -241,32 +256,69 @@ pub(crate) fn load_bias_of(tgid: u32, first: u64) -> Option<u64> {
     start.checked_sub(first & !0xfff)
 }
 
-/// The kernel's entry for Go process `tgid`: its code range (from its
-/// first to its last executable mapping of the file /proc/PID/exe names;
-/// empty when the mappings cannot be read) and its runtime layout.
-pub fn fp_process(tgid: u32, go: GoRuntime) -> FpProcess {
-    let (text_start, text_end) = executable_code_range(tgid).unwrap_or((0, 0));
-    FpProcess {
-        text_start,
-        text_end,
-        go,
+impl GoExecutables {
+    /// The kernel's entry for Go process `tgid`, of runtime layout `go`:
+    /// its code range (from its first to its last executable mapping of
+    /// the file /proc/PID/exe names) and, unless switched off, where its
+    /// `runtime.futex` is; each empty when not known.
+    pub fn fp_process(&mut self, tgid: u32, go: GoRuntime) -> FpProcess {
+        let mut process = FpProcess {
+            go,
+            ..FpProcess::default()
+        };
+        let Ok(exe) = std::fs::metadata(format!("/proc/{tgid}/exe")) else {
+            return process;
+        };
+        let futex = self.futex_ranges.as_mut().and_then(|ranges| {
+            if ranges.len() >= FUTEX_RANGES_KEPT {
+                ranges.clear();
+            }
+            *ranges
+                .entry((exe.dev(), exe.ino()))
+                .or_insert_with(|| futex_range_in_file(tgid))
+        });
+        let Some(maps) = Process::new(tgid as i32).ok().and_then(|p| p.maps().ok()) else {
+            return process;
+        };
+        let ours = |map: &&procfs::process::MemoryMap| {
+            map.inode == exe.ino() && matches!(map.pathname, MMapPath::Path(_))
+        };
+        let (start, end) = maps
+            .iter()
+            .filter(ours)
+            .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
+            .fold((u64::MAX, 0), |(lo, hi), map| {
+                (lo.min(map.address.0), hi.max(map.address.1))
+            });
+        if start < end {
+            (process.text_start, process.text_end) = (start, end);
+        }
+        // What the process added to the file's addresses (0 unless built
+        // position-independent), from the mapping of the file's start.
+        let bias = |first: u64| {
+            let mapped = maps.iter().filter(ours).find(|map| map.offset == 0)?;
+            mapped.address.0.checked_sub(first & !0xfff)
+        };
+        if let Some((futex_start, futex_end, first)) = futex
+            && let Some(bias) = bias(first)
+        {
+            process.futex_start = futex_start.wrapping_add(bias);
+            process.futex_end = futex_end.wrapping_add(bias);
+        }
+        process
     }
 }
 
-fn executable_code_range(tgid: u32) -> Option<(u64, u64)> {
-    let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
-    let maps = Process::new(tgid as i32).ok()?.maps().ok()?;
-    let (start, end) = maps
-        .iter()
-        .filter(|map| {
-            map.perms.contains(MMPermissions::EXECUTE)
-                && map.inode == exe.ino()
-                && matches!(map.pathname, MMapPath::Path(_))
-        })
-        .fold((u64::MAX, 0), |(lo, hi), map| {
-            (lo.min(map.address.0), hi.max(map.address.1))
-        });
-    (start < end).then_some((start, end))
+/// `runtime.futex`'s code in process `tgid`'s executable (from the
+/// pclntab, which stripping keeps), and the file's first segment.
+fn futex_range_in_file(tgid: u32) -> Option<FutexRange> {
+    let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
+    // SAFETY: a read-only private mapping of an executable file, which is
+    // replaced rather than rewritten while mapped.
+    let map = unsafe { memmap2::Mmap::map(&exe) }.ok()?;
+    let file = object::File::parse(&*map).ok()?;
+    let (start, len) = Pclntab::of_file(&file)?.function_named("runtime.futex")?;
+    Some((start, start.checked_add(len)?, first_segment(&file)?))
 }
 
 #[cfg(test)]
@@ -299,8 +351,8 @@ mod tests {
         pids.push(std::process::id());
         // Kernel threads have no executable.
         pids.retain(|pid| std::fs::metadata(format!("/proc/{pid}/exe")).is_ok());
-        let mut cached = GoExecutables::new(true);
-        let mut uncached = GoExecutables::new(false);
+        let mut cached = GoExecutables::new(true, true);
+        let mut uncached = GoExecutables::new(false, true);
         for round in 0..2 {
             for &pid in &pids {
                 let direct = go_executable(pid);
@@ -312,7 +364,18 @@ mod tests {
         assert!(cached.stats.reads < pids.len() as u64, "{:?}", cached.stats);
         assert_eq!(uncached.stats.hits, 0);
         if let Some(child) = go_child.as_mut() {
-            assert!(cached.get(child.id()).is_some(), "gofmt read as Go");
+            let go = cached.get(child.id()).expect("gofmt read as Go");
+            // Its runtime.futex lies in its code; switched off, unknown.
+            let process = cached.fp_process(child.id(), go);
+            assert!(
+                process.text_start <= process.futex_start
+                    && process.futex_start < process.futex_end
+                    && process.futex_end <= process.text_end,
+                "{process:?}"
+            );
+            let unknown = GoExecutables::new(true, false).fp_process(child.id(), go);
+            assert_eq!((unknown.futex_start, unknown.futex_end), (0, 0));
+            assert_eq!(unknown.text_start, process.text_start);
             assert!(go_executable(child.id()).is_some(), "gofmt read as Go");
             drop(child.stdin.take());
             let _ = child.wait();
@@ -323,7 +386,7 @@ mod tests {
     /// one with a layout, or not Go, is not.
     #[test]
     fn releases_without_a_layout_are_counted() {
-        let mut exes = GoExecutables::new(true);
+        let mut exes = GoExecutables::new(true, true);
         for read in [
             Some((true, Some(19))),
             Some((true, Some(KNOWN_LAST))),

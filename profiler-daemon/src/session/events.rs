@@ -7,7 +7,7 @@ use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::UnwindMode;
-use crate::procs::go_runtime::{GoExecutables, fp_process};
+use crate::procs::go_runtime::GoExecutables;
 use crate::procs::process::{ProcessTable, is_process, read_maps};
 use crate::profiles::heap::HeapTable;
 use crate::profiles::records::read_record;
@@ -172,6 +172,6 @@ pub(crate) fn new_image(
     if unwind == UnwindMode::Auto
         && let Some(go) = go_exes.get(event.tgid)
     {
-        probes.mark_frame_pointer_process(event.tgid, fp_process(event.tgid, go));
+        probes.mark_frame_pointer_process(event.tgid, go_exes.fp_process(event.tgid, go));
     }
 }

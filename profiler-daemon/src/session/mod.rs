@@ -33,7 +33,7 @@ use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
-use crate::procs::go_runtime::{self, GoExecutables};
+use crate::procs::go_runtime::GoExecutables;
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
@@ -326,7 +326,10 @@ impl Session {
             wait_events,
             kernel_log,
         };
-        let go_exes = GoExecutables::new(settings.stack_switches.executable_cache);
+        let go_exes = GoExecutables::new(
+            settings.stack_switches.executable_cache,
+            settings.stack_switches.go_runtime_futexes_in_kernel,
+        );
         let session = Session {
             settings,
             probes,
@@ -393,8 +396,8 @@ impl Session {
         };
         for pid in pids {
             if let Some(go) = self.go_exes.get(pid) {
-                self.probes
-                    .mark_frame_pointer_process(pid, go_runtime::fp_process(pid, go));
+                let process = self.go_exes.fp_process(pid, go);
+                self.probes.mark_frame_pointer_process(pid, process);
             }
         }
     }

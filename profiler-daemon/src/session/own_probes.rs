@@ -21,7 +21,7 @@ use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::AskedRate;
-use crate::procs::go_runtime::{GoExecutables, fp_process};
+use crate::procs::go_runtime::GoExecutables;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
@@ -133,7 +133,7 @@ impl OwnProbes {
             if settings.unwind == UnwindMode::Auto
                 && let Some(go) = context.go_exes.get(pid)
             {
-                probes.mark_frame_pointer_process(pid, fp_process(pid, go));
+                probes.mark_frame_pointer_process(pid, context.go_exes.fp_process(pid, go));
             }
             if settings.stack_switches.python_frames
                 && let Some(runtime) = context.python.runtime_of(pid)

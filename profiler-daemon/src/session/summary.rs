@@ -139,6 +139,7 @@ pub(crate) fn log_go_summary(
         go_rates_assumed,
         go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
             .load(std::sync::atomic::Ordering::Relaxed),
+        go_runtime_futexes_skipped = c[counter::GO_RUNTIME_FUTEXES_SKIPPED as usize],
         go_runtime_futexes = crate::profiles::waits::GO_RUNTIME_FUTEXES
             .load(std::sync::atomic::Ordering::Relaxed),
         go_label_sets_full = c[counter::GO_LABEL_SETS_FULL as usize],

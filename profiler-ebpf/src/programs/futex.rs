@@ -27,6 +27,7 @@ use crate::{
     klog::{self, klog, why},
     maps::wake_flag,
     process::is_target,
+    stack::{fp_process, task_user_ip},
     task_storage::TaskStorage,
     waits::{WAIT_EVENTS, send_wait_stack},
 };
@@ -159,6 +160,9 @@ fn begin_wake(uaddr: u64) {
     let Some(tgid) = futex_caller() else {
         return;
     };
+    if in_go_runtime_futex(tgid) {
+        return;
+    }
     // SAFETY: plain helpers.
     let (now, cpu) = unsafe { (bpf_ktime_get_ns(), bpf_get_smp_processor_id()) };
     let Some(wake_id) = next_wake_id(cpu) else {
@@ -251,7 +255,10 @@ fn try_futex_exit(ctx: TracePointContext) -> Result<u32, u32> {
         let waited = now.saturating_sub(call.start_ns);
         // SAFETY: plain helper.
         let random = unsafe { bpf_get_prandom_u32() };
-        if global_u8(&BLOCK_ON) != 0 && keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
+        if global_u8(&BLOCK_ON) != 0
+            && keep_block_event(waited, global(&BLOCK_RATE_NS), random)
+            && !in_go_runtime_futex(tgid)
+        {
             send_wait_stack(&ctx, wait_event::BLOCK, tgid, tid, waited, call.uaddr);
         }
         if global_u8(&MUTEX_ON) != 0
@@ -307,6 +314,28 @@ fn try_futex_exit(ctx: TracePointContext) -> Result<u32, u32> {
         );
     }
     Ok(0)
+}
+
+/// Whether the current thread's futex call is made in its Go process's
+/// `runtime.futex` (an idle M's sleep, or the wake-up that hands it work):
+/// the runtime's own, which the daemon drops by that leaf frame and Go's
+/// profiles never show. Asked only of what is about to cost a stack (a
+/// kept wait, a kept wake-up), so that other calls pay nothing; counted.
+#[inline(always)]
+fn in_go_runtime_futex(tgid: u32) -> bool {
+    let Some(process) = fp_process(tgid) else {
+        return false;
+    };
+    // SAFETY: a map value, valid during this run.
+    let (start, end) = unsafe { ((*process).futex_start, (*process).futex_end) };
+    if end <= start {
+        return false;
+    }
+    let skip = task_user_ip().is_some_and(|ip| ip >= start && ip < end);
+    if skip {
+        count(counter::GO_RUNTIME_FUTEXES_SKIPPED);
+    }
+    skip
 }
 
 /// The WAKER_TIMES slot of a futex word.

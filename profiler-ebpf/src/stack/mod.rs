@@ -115,6 +115,17 @@ pub(crate) struct UserRegs {
     pub(crate) r14: u64,
 }
 
+/// The current task's user instruction pointer as saved on entering the
+/// kernel (in a system call: just past its `syscall` instruction).
+#[inline(always)]
+pub(crate) fn task_user_ip() -> Option<u64> {
+    // SAFETY: plain helpers; the pointer is only read through
+    // bpf_probe_read_kernel.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs };
+    // SAFETY: the address of a field, read by the helper, which checks it.
+    unsafe { bpf_probe_read_kernel(core::ptr::addr_of!((*regs).rip)) }.ok()
+}
+
 /// The current task's user registers as saved on entering the kernel.
 #[inline(always)]
 pub(crate) fn task_user_regs() -> Option<UserRegs> {

@@ -483,6 +483,34 @@ pub(super) fn build(go: &Path, root: &Path, work: &Path, source: &str) -> Result
     Ok(exe)
 }
 
+/// Starts `exe SECONDS ARGS --wait-stdin` (GOMAXPROCS as given) and
+/// waits for its "ready" line; the work starts at a byte on its stdin.
+pub(super) fn start_workload(
+    exe: &Path,
+    seconds: u64,
+    args: &[&str],
+    gomaxprocs: Option<&str>,
+) -> Result<(super::harness::Reaped, BufReader<std::process::ChildStdout>)> {
+    let mut child = super::harness::Reaped(
+        Command::new(exe)
+            .arg(seconds.to_string())
+            .args(args)
+            .arg("--wait-stdin")
+            .envs(gomaxprocs.map(|n| ("GOMAXPROCS", n)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?,
+    );
+    let mut stdout = BufReader::new(child.0.stdout.take().context("workload stdout")?);
+    let mut line = String::new();
+    stdout.read_line(&mut line)?;
+    if !line.starts_with("ready ") {
+        bail!("unexpected workload output {line:?}");
+    }
+    Ok((child, stdout))
+}
+
 /// Runs `exe SECONDS ARGS --wait-stdin`, under the daemon `bin` when
 /// given, and reads its report and the daemon's statistics.
 fn run(
@@ -493,24 +521,8 @@ fn run(
     work: &Path,
     seconds: u64,
 ) -> Result<RunFigures> {
-    let mut child = super::harness::Reaped(
-        Command::new(exe)
-            .arg(seconds.to_string())
-            .args(args)
-            .arg("--wait-stdin")
-            .envs(mode.gomaxprocs.map(|n| ("GOMAXPROCS", n)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?,
-    );
+    let (mut child, mut stdout) = start_workload(exe, seconds, args, mode.gomaxprocs)?;
     let pid = child.0.id();
-    let mut stdout = BufReader::new(child.0.stdout.take().context("workload stdout")?);
-    let mut line = String::new();
-    stdout.read_line(&mut line)?;
-    if !line.starts_with("ready ") {
-        bail!("unexpected workload output {line:?}");
-    }
     let daemon = match bin {
         Some(bin) => {
             let out = work.join("go-profiles");

@@ -13,9 +13,9 @@
 //! over the labeled samples' share of the runs, is the reading's cost per
 //! labeled sample.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -125,23 +125,9 @@ struct AbRun {
 fn one_run(exe: &Path, bin: &Path, work: &Path, phases: u64, extra: &[&str]) -> Result<AbRun> {
     let own = work.join("own.pprof");
     let seconds = WARM_UP_S + 2 + phases * (PHASE_MS + 50) / 1000;
-    let mut child = super::harness::Reaped(
-        Command::new(exe)
-            .arg(seconds.to_string())
-            .arg(&own)
-            .arg("--wait-stdin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?,
-    );
+    let own_arg = own.to_string_lossy().into_owned();
+    let (mut child, mut stdout) = super::go::start_workload(exe, seconds, &[&own_arg], None)?;
     let pid = child.0.id();
-    let mut stdout = BufReader::new(child.0.stdout.take().context("workload stdout")?);
-    let mut line = String::new();
-    stdout.read_line(&mut line)?;
-    if !line.starts_with("ready ") {
-        bail!("unexpected workload output {line:?}");
-    }
     let out = work.join("go-profiles");
     let args: Vec<String> = [
         "--pid",
