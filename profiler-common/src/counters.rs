@@ -93,9 +93,16 @@ pub mod counter {
     /// kept wait or wake-up the kernel did not send: the daemon would drop
     /// them (`go_runtime_futexes`).
     pub const GO_RUNTIME_FUTEXES_SKIPPED: u32 = 35;
+    /// Go samples whose goroutine was told running by its own words (the
+    /// sample's stack pointer within its stack, its status running or in a
+    /// system call), without reading its M.
+    pub const GO_LABELS_OWN_STACK: u32 = 36;
+    /// Labeled samples (Go 1.23 and before) whose label map was known by
+    /// its header, its bucket not read again.
+    pub const GO_LABEL_MAP_CACHE_HITS: u32 = 37;
     /// Number of counters (at most 64: the daemon logs each loss once by a
     /// bit of a `u64`).
-    pub const COUNT: u32 = 36;
+    pub const COUNT: u32 = 38;
 }
 
 /// Index of the one-element `CONTROL` array entries.

@@ -33,9 +33,12 @@ pub struct GoRuntime {
     pub m_curg: u16,
     /// `g.labels`.
     pub g_labels: u16,
+    /// `g.atomicstatus` (0: not known, and a goroutine is not told running
+    /// by its own words).
+    pub g_status: u16,
     /// One of [`go_labels_form`].
     pub labels_form: u8,
-    pub _pad: [u8; 3],
+    pub _pad: u8,
 }
 
 /// A goroutine's label set as the kernel recorded it.

@@ -97,11 +97,18 @@ pub(crate) static USE_STACK_TOPS: u8 = 1;
 #[unsafe(no_mangle)]
 pub(crate) static LONG_RECORDS: u8 = 1;
 
-/// A goroutine's `g.m` and `g.labels` read at once (go_labels.rs): the
-/// same labels for two reads fewer per sample; 0 reads them one by one,
-/// to compare.
+/// A goroutine read at once from its start through `g.labels`, and told
+/// running by its own stack bounds and status (go_labels.rs): the same
+/// labels for two or three reads fewer per sample; 0 reads the goroutine,
+/// its M and the M's goroutine one by one, to compare.
 #[unsafe(no_mangle)]
 pub(crate) static GO_LABELS_ONE_READ: u8 = 1;
+
+/// A Go 1.23-and-before label map's id remembered per CPU by its address
+/// and header (go_labels.rs): the same id for one read fewer and no hash;
+/// 0 reads its bucket every time, to compare.
+#[unsafe(no_mangle)]
+pub(crate) static GO_LABEL_MAP_CACHE: u8 = 1;
 
 /// 1: CPU samples time their reading of a goroutine's labels
 /// (`GO_LABEL_READ_NS`), to measure it apart from the rest of the sample.

@@ -117,13 +117,15 @@ fn check_sample_programs(settings: &Settings, features: &KernelFeatures) {
 fn reason(error: &str) -> String {
     const TAIL: usize = 120;
     let line = error.lines().next().unwrap_or("loading failed");
-    let Some((head, log)) = line.split_once(" Verifier output: ") else {
+    // The log runs over many lines: its reason is on the last ones.
+    let Some((head, log)) = error.split_once(" Verifier output: ") else {
         return line.to_string();
     };
+    let log = log.split_whitespace().collect::<Vec<_>>().join(" ");
     let log = log
         .split(" verification time")
         .next()
-        .unwrap_or(log)
+        .unwrap_or(&log)
         .trim_end();
     let start = log
         .char_indices()
@@ -261,5 +263,8 @@ mod tests {
             "{r}"
         );
         assert_eq!(reason("tracefs missing\nmore"), "tracefs missing");
+        // As the kernel writes it: one instruction a line.
+        let r = reason(&error.replace(" 0: ", "\n0: ").replace(" 306: ", "\n306: "));
+        assert!(r.ends_with("use unsigned or 'var &= const'"), "{r}");
     }
 }

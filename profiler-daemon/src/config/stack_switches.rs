@@ -16,7 +16,8 @@
 //! release_file_pages = true # a window's objects symbolized one at a time, their files' pages let go of after each
 //! go_special_kinds = true   # a Go object's free seen at freeSpecial by its record's kind, not also at mProf_Free
 //! go_labels = true       # Go goroutines' pprof labels read in the kernel (off: to measure what reading them costs)
-//! go_labels_one_read = true  # a goroutine's g.m and g.labels read at once, not one by one
+//! go_labels_one_read = true  # a goroutine read at once and told running by its own stack, not through its M
+//! go_label_map_cache = true  # a Go 1.23-and-before label map's id known by its header, its bucket not read again
 //! time_go_labels = false # CPU samples time their reading of goroutine labels (go_label_read_ns in the summary)
 //! go_runtime_futexes_in_kernel = true  # the kernel sends no kept wait or wake-up made in a Go process's runtime.futex
 //! python_frames = true   # CPython's frames read in the kernel (off: its processes profiled natively, as perf sees them)
@@ -63,10 +64,15 @@ pub struct StackSwitches {
     /// feature, not an optimization: switched off only to measure what
     /// reading them costs (`cargo xtask bench --go`).
     pub go_labels: bool,
-    /// A goroutine's `g.m` and `g.labels` are read at once when it is the
-    /// one its M runs (go_labels.rs in the kernel): the same labels for
-    /// two reads fewer per sample.
+    /// A goroutine is read at once from its start through `g.labels`, and
+    /// told running by its own stack bounds and status (go_labels.rs in
+    /// the kernel): the same labels for two or three reads fewer per
+    /// sample than reading it, its M and the M's goroutine one by one.
     pub go_labels_one_read: bool,
+    /// A label map (Go 1.23 and before) is known again by its address and
+    /// header, and its id remembered per CPU: the same id for one read
+    /// fewer and no hash per sample.
+    pub go_label_map_cache: bool,
     /// CPU samples time their reading of a goroutine's labels
     /// (`go_label_read_ns` and `go_label_reads` in the summary): an
     /// instrument, off by default, to measure that reading apart from
@@ -104,6 +110,7 @@ impl Default for StackSwitches {
             go_special_kinds: true,
             go_labels: true,
             go_labels_one_read: true,
+            go_label_map_cache: true,
             time_go_labels: false,
             go_runtime_futexes_in_kernel: true,
             python_frames: true,
@@ -127,6 +134,7 @@ pub struct DebugTable {
     go_special_kinds: Option<bool>,
     go_labels: Option<bool>,
     go_labels_one_read: Option<bool>,
+    go_label_map_cache: Option<bool>,
     time_go_labels: Option<bool>,
     go_runtime_futexes_in_kernel: Option<bool>,
     python_frames: Option<bool>,
@@ -150,6 +158,7 @@ impl DebugTable {
             go_special_kinds: self.go_special_kinds.unwrap_or(d.go_special_kinds),
             go_labels: self.go_labels.unwrap_or(d.go_labels),
             go_labels_one_read: self.go_labels_one_read.unwrap_or(d.go_labels_one_read),
+            go_label_map_cache: self.go_label_map_cache.unwrap_or(d.go_label_map_cache),
             time_go_labels: self.time_go_labels.unwrap_or(d.time_go_labels),
             go_runtime_futexes_in_kernel: self
                 .go_runtime_futexes_in_kernel

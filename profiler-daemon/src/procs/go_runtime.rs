@@ -180,8 +180,20 @@ pub fn runtime_layout(minor: u32) -> GoRuntime {
         g_m: G_M,
         m_curg,
         g_labels,
+        g_status: g_status(minor).unwrap_or(0),
         labels_form,
-        _pad: [0; 3],
+        _pad: 0,
+    }
+}
+
+/// Where release 1.`minor` keeps `g.atomicstatus`, from the DWARF of the
+/// binaries `runtime_layout` names (the goroutine profile's layout reads
+/// it too); None for a release not read (1.18 and 1.20).
+pub fn g_status(minor: u32) -> Option<u16> {
+    match minor {
+        19 | 21 | 22 | 25..=27 => Some(144),
+        23 | 24 => Some(152),
+        _ => None,
     }
 }
 
@@ -412,6 +424,11 @@ mod tests {
         assert_eq!(runtime_layout(19).labels_form, go_labels_form::MAP);
         assert_eq!(runtime_layout(27).m_curg, 184);
         assert_eq!(runtime_layout(27).labels_form, go_labels_form::LIST);
+        // The status moved with 1.23's g.syscallbp; 1.20's was not read,
+        // so its goroutines are told running through their M only.
+        assert_eq!(runtime_layout(19).g_status, 144);
+        assert_eq!(runtime_layout(24).g_status, 152);
+        assert_eq!(runtime_layout(20).g_status, 0);
         assert_eq!(
             runtime_layout(40),
             GoRuntime::default(),

@@ -27,7 +27,7 @@ use crate::model::go_buildinfo;
 use crate::model::go_pclntab::Pclntab;
 use crate::model::text::display_name;
 use crate::procs::go_code;
-use crate::procs::go_runtime::{first_segment, load_bias_of, runtime_layout};
+use crate::procs::go_runtime::{first_segment, g_status, load_bias_of, runtime_layout};
 use crate::procs::memory::Memory;
 
 /// Goroutines read at most per process and window; the rest are counted
@@ -95,12 +95,13 @@ impl GoroutineLayout {
 /// 1.27.3 (`g.sched` at 56 in all; `gobuf.bp` at 48 until 1.24 and at 40
 /// from 1.25, which dropped `gobuf.ret`). None for a release not read.
 pub fn goroutine_layout(minor: u32) -> Option<GoroutineLayout> {
-    let (status, wait_reason, start_pc, sched_bp) = match minor {
-        19 => (144, 176, 312, 48),
-        21..=22 => (144, 176, 296, 48),
-        23..=24 => (152, 184, 304, 48),
-        25 => (144, 176, 296, 40),
-        26..=27 => (144, 176, 304, 40),
+    let status = usize::from(g_status(minor)?);
+    let (wait_reason, start_pc, sched_bp) = match minor {
+        19 => (176, 312, 48),
+        21..=22 => (176, 296, 48),
+        23..=24 => (184, 304, 48),
+        25 => (176, 296, 40),
+        26..=27 => (176, 304, 40),
         _ => return None,
     };
     let labels = runtime_layout(minor);

@@ -234,7 +234,7 @@ fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
         // and read after the walk, unchanged.
         let process = unsafe { &*PENDING_SAMPLE.get_ptr(0).ok_or(0u32)? }.process;
         key.leaf_words = leaf_words(&process, regs.sp);
-        key.go_labels = timed_label_set(&process.go, regs.r14);
+        key.go_labels = timed_label_set(&process.go, tgid, regs.r14, regs.sp);
     }
     add_count(active, &key);
     Ok(0)
@@ -242,13 +242,13 @@ fn try_go_sample(ctx: PerfEventContext) -> Result<u32, u32> {
 
 /// [`go_label_set`], timed under `[debug] time_go_labels`.
 #[inline(always)]
-fn timed_label_set(go: &profiler_common::GoRuntime, g: u64) -> u64 {
+fn timed_label_set(go: &profiler_common::GoRuntime, tgid: u32, g: u64, sp: u64) -> u64 {
     if global_u8(&TIME_GO_LABELS) == 0 {
-        return go_label_set::<true>(go, g);
+        return go_label_set::<true>(go, tgid, g, sp);
     }
     // SAFETY: a helper without arguments.
     let start = unsafe { bpf_ktime_get_ns() };
-    let id = go_label_set::<true>(go, g);
+    let id = go_label_set::<true>(go, tgid, g, sp);
     // SAFETY: as above.
     let took = unsafe { bpf_ktime_get_ns() }.wrapping_sub(start);
     count_n(counter::GO_LABEL_READ_NS, took);

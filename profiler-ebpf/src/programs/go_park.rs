@@ -146,7 +146,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         // park would be gone from the daemon's table after a long wait.
         let labels = match fp_process(tgid) {
             // SAFETY: a map value, valid during this run.
-            Some(process) => goroutine_label_set(unsafe { &(*process).go }, rax),
+            Some(process) => goroutine_label_set(unsafe { &(*process).go }, tgid, rax),
             None => 0,
         };
         send_go_block(tgid, &park, waited, labels);

@@ -130,8 +130,10 @@ pub(crate) fn park(ctx: &BtfTracePointContext, task: u64, now: u64) {
     // A Go thread's goroutine at the switch-out (R14 holds its g in Go
     // code and in the system calls Go makes); none for an idle thread.
     let go_labels = match (regs, fp_process(tgid)) {
-        // SAFETY: a map value, valid during this run.
-        (Some(regs), Some(process)) => go_label_set::<true>(unsafe { &(*process).go }, regs.r14),
+        (Some(regs), Some(process)) => {
+            // SAFETY: a map value, valid during this run.
+            go_label_set::<true>(unsafe { &(*process).go }, tgid, regs.r14, regs.sp)
+        }
         _ => 0,
     };
     // SAFETY: the thread's own map value (only this thread's switches and

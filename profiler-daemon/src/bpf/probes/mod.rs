@@ -221,6 +221,7 @@ impl Probes {
         let stack_tops = u8::from(switches.stack_tops);
         let long_records = u8::from(switches.long_records);
         let go_labels_one_read = u8::from(switches.go_labels_one_read);
+        let go_label_map_cache = u8::from(switches.go_label_map_cache);
         let time_go_labels = u8::from(switches.time_go_labels);
         // Off, both are 0, and the verifier drops every log site.
         let kernel_log = u8::from(config.kernel_log);
@@ -286,6 +287,7 @@ impl Probes {
             .override_global("USE_STACK_TOPS", &stack_tops, true)
             .override_global("LONG_RECORDS", &long_records, true)
             .override_global("GO_LABELS_ONE_READ", &go_labels_one_read, true)
+            .override_global("GO_LABEL_MAP_CACHE", &go_label_map_cache, true)
             .override_global("TIME_GO_LABELS", &time_go_labels, true)
             .override_global("KERNEL_LOG", &kernel_log, true)
             .override_global(aya_log::LEVEL, &log_level, true)
