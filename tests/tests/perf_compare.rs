@@ -204,6 +204,10 @@ fn label<'a>(p: &'a Profile, sample: &pprof_proto::Sample, key: &str) -> Option<
     })
 }
 
+/// CPython's evaluator, whose calls the daemon replaces by the Python
+/// frames they ran.
+const PYTHON_EVALUATOR: &str = "_PyEval_EvalFrameDefault";
+
 /// The leaf of every sample of every file.
 fn our_leaves(files: &[ProfileFile]) -> Vec<Leaf> {
     let mut leaves = Vec::new();
@@ -224,16 +228,36 @@ fn our_leaves(files: &[ProfileFile]) -> Vec<Leaf> {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0);
             let comm = label(p, sample, "thread").unwrap_or_default().to_string();
+            // A Python frame (no address, no mapping) at the leaf stands for
+            // the evaluator call it ran in, whose place the daemon gives
+            // it as `py-spy --native` does: perf names that call, in the
+            // interpreter's object (the executable or libpython, which
+            // the stack's native frames below it are in).
+            let python_leaf =
+                location.address == 0 && location.mapping_id == 0 && !location.line.is_empty();
+            let interpreter = |id: &u64| {
+                let mapping = mappings.get(&locations.get(id)?.mapping_id)?;
+                let name = s(mapping.filename);
+                let name = basename(&name);
+                (name.starts_with("python") || name.starts_with("libpython")).then_some(mapping.id)
+            };
+            let mapped = match python_leaf {
+                true => sample.location_id.iter().find_map(interpreter).unwrap_or(0),
+                false => location.mapping_id,
+            };
             leaves.push(Leaf {
                 pid,
                 comm,
                 address: location.address,
-                lines: location
-                    .line
-                    .iter()
-                    .filter_map(|l| functions.get(&l.function_id).map(|f| s(f.name)))
-                    .collect(),
-                mapping: mappings.get(&location.mapping_id).map(|m| MappingInfo {
+                lines: match python_leaf {
+                    true => vec![PYTHON_EVALUATOR.to_string()],
+                    false => location
+                        .line
+                        .iter()
+                        .filter_map(|l| functions.get(&l.function_id).map(|f| s(f.name)))
+                        .collect(),
+                },
+                mapping: mappings.get(&mapped).map(|m| MappingInfo {
                     path: s(m.filename),
                     start: m.memory_start,
                     file_offset: m.file_offset,

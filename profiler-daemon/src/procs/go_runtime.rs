@@ -8,7 +8,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use object::{Object, ObjectSegment, ObjectSymbol};
-use procfs::process::{MMPermissions, MMapPath, Process};
+use procfs::process::{MMPermissions, MMapPath, MemoryMaps, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
 use crate::model::go_buildinfo;
@@ -232,17 +232,27 @@ pub fn mem_profile_rate(tgid: u32, known: &mut RateAddresses) -> Option<u64> {
 /// `runtime.MemProfileRate`'s address in process `tgid`'s executable, and
 /// the executable's first segment's.
 fn rate_address(tgid: u32) -> Option<(u64, u64)> {
+    in_executable(tgid, |file| {
+        let address = file
+            .symbols()
+            .find(|s| s.name() == Ok("runtime.MemProfileRate"))
+            .map(|s| s.address())
+            .or_else(|| go_code::mem_profile_rate(file, &Pclntab::of_file(file)?))?;
+        Some((address, first_segment(file)?))
+    })
+}
+
+/// What `find` reads in process `tgid`'s executable, mapped and parsed.
+fn in_executable<T>(
+    tgid: u32,
+    find: impl FnOnce(&object::File<'_, &[u8]>) -> Option<T>,
+) -> Option<T> {
     let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
     // SAFETY: a read-only private mapping of an executable file, which is
     // replaced rather than rewritten while mapped.
     let map = unsafe { memmap2::Mmap::map(&exe) }.ok()?;
     let file = object::File::parse(&*map).ok()?;
-    let address = file
-        .symbols()
-        .find(|s| s.name() == Ok("runtime.MemProfileRate"))
-        .map(|s| s.address())
-        .or_else(|| go_code::mem_profile_rate(&file, &Pclntab::of_file(&file)?))?;
-    Some((address, first_segment(&file)?))
+    find(&file)
 }
 
 /// The address of the segment that maps the start of `file`.
@@ -260,9 +270,17 @@ pub(crate) fn first_segment<'d, R: object::ReadRef<'d>>(file: &object::File<'d, 
 pub(crate) fn load_bias_of(tgid: u32, first: u64) -> Option<u64> {
     let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
     let maps = Process::new(tgid as i32).ok()?.maps().ok()?;
+    bias_in(&maps, exe.ino(), first)
+}
+
+/// [`load_bias_of`] from the process's memory maps `maps`, its executable
+/// being inode `ino`: the mapping of the file's start against `first`.
+fn bias_in(maps: &MemoryMaps, ino: u64, first: u64) -> Option<u64> {
     let start = maps
         .iter()
-        .find(|map| map.inode == exe.ino() && map.offset == 0)?
+        .find(|map| {
+            map.inode == ino && map.offset == 0 && matches!(map.pathname, MMapPath::Path(_))
+        })?
         .address
         .0;
     start.checked_sub(first & !0xfff)
@@ -305,14 +323,8 @@ impl GoExecutables {
         if start < end {
             (process.text_start, process.text_end) = (start, end);
         }
-        // What the process added to the file's addresses (0 unless built
-        // position-independent), from the mapping of the file's start.
-        let bias = |first: u64| {
-            let mapped = maps.iter().filter(ours).find(|map| map.offset == 0)?;
-            mapped.address.0.checked_sub(first & !0xfff)
-        };
         if let Some((futex_start, futex_end, first)) = futex
-            && let Some(bias) = bias(first)
+            && let Some(bias) = bias_in(&maps, exe.ino(), first)
         {
             process.futex_start = futex_start.wrapping_add(bias);
             process.futex_end = futex_end.wrapping_add(bias);
@@ -324,13 +336,10 @@ impl GoExecutables {
 /// `runtime.futex`'s code in process `tgid`'s executable (from the
 /// pclntab, which stripping keeps), and the file's first segment.
 fn futex_range_in_file(tgid: u32) -> Option<FutexRange> {
-    let exe = std::fs::File::open(format!("/proc/{tgid}/exe")).ok()?;
-    // SAFETY: a read-only private mapping of an executable file, which is
-    // replaced rather than rewritten while mapped.
-    let map = unsafe { memmap2::Mmap::map(&exe) }.ok()?;
-    let file = object::File::parse(&*map).ok()?;
-    let (start, len) = Pclntab::of_file(&file)?.function_named("runtime.futex")?;
-    Some((start, start.checked_add(len)?, first_segment(&file)?))
+    in_executable(tgid, |file| {
+        let (start, len) = Pclntab::of_file(file)?.function_named("runtime.futex")?;
+        Some((start, start.checked_add(len)?, first_segment(file)?))
+    })
 }
 
 #[cfg(test)]

@@ -304,14 +304,7 @@ impl DaemonObjects {
     /// summary: a new thread of the workload has the daemon mark its
     /// process again, labels on, outside the phases.
     fn counter(&self, index: u32) -> Result<u64> {
-        let index = index.to_le_bytes();
-        let mut args = vec!["map", "lookup", "id"];
-        let id = self.counters.to_string();
-        args.push(&id);
-        let key = hex_words(&index);
-        args.extend(["key", "hex"]);
-        args.extend(key.iter().map(String::as_str));
-        let found = bpftool(&args)?;
+        let found = map_lookup(self.counters, &index.to_le_bytes())?;
         let mut total = 0;
         for cpu in found["values"]
             .as_array()
@@ -324,14 +317,7 @@ impl DaemonObjects {
     }
 
     fn lookup(&self, key: &[u8]) -> Result<Vec<u8>> {
-        let mut args = vec!["map", "lookup", "id"];
-        let id = self.fp_processes.to_string();
-        args.push(&id);
-        let key = hex_words(key);
-        args.push("key");
-        args.push("hex");
-        args.extend(key.iter().map(String::as_str));
-        byte_list(&bpftool(&args)?["value"])
+        byte_list(&map_lookup(self.fp_processes, key)?["value"])
     }
 
     fn update(&self, key: &[u8], value: &[u8]) -> Result<()> {
@@ -359,6 +345,15 @@ impl DaemonObjects {
 const GO_LABELED_SAMPLES: u32 = 25;
 const GO_LABEL_READ_NS: u32 = 33;
 const GO_LABEL_READS: u32 = 34;
+
+/// bpftool's answer for `key` in map `id`.
+fn map_lookup(id: u64, key: &[u8]) -> Result<serde_json::Value> {
+    let id = id.to_string();
+    let key = hex_words(key);
+    let mut args = vec!["map", "lookup", "id", &id, "key", "hex"];
+    args.extend(key.iter().map(String::as_str));
+    bpftool(&args)
+}
 
 /// bpftool's bytes ("0x1f", ...) of a key or value.
 fn byte_list(value: &serde_json::Value) -> Result<Vec<u8>> {
