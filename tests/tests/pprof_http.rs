@@ -387,18 +387,20 @@ fn processes_the_daemon_does_not_profile_are_captured_for_the_capture_only() {
         "the block capture was not on probes of its own\n{}",
         daemon.describe()
     );
-    // The probes the captures attached are let go (closed off the
-    // session's thread: give it a moment).
+    // The probes the captures attached are let go, links first, then
+    // their programs and maps (closed off the session's thread: give it a
+    // moment, for both).
     let mut links_after = bpf_links(daemon.pid());
+    let mut bpf_after = bpf_descriptors(daemon.pid(), "anon_inode:bpf");
     for _ in 0..50 {
-        if links_after == links_before {
+        if links_after == links_before && bpf_after == bpf_before {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
         links_after = bpf_links(daemon.pid());
+        bpf_after = bpf_descriptors(daemon.pid(), "anon_inode:bpf");
     }
     let links_during = links_during.get();
-    let bpf_after = bpf_descriptors(daemon.pid(), "anon_inode:bpf");
     let bpf_during = bpf_during.get();
     println!(
         "BPF links: {links_before} before the captures, {links_during} during the heap \
