@@ -63,10 +63,10 @@ struct Scratch {
     /// 8 keys and 8 values (16 bytes each).
     bucket: [u64; 33],
     /// A goroutine's words from its start through `g.labels` (see
-    /// `try_label_set`); 64 words of room, `G_SPAN_BYTES` read.
+    /// `running_labels`); 64 words of room, `G_SPAN_BYTES` read.
     g_span: [u64; 64],
     /// Label maps (Go 1.23 and before) whose id is known, by the map's
-    /// address (see `map_label_set`): the process, the map's address, its
+    /// address (see `map_headers`): the process, the map's address, its
     /// header's three words, the id.
     map_cache: [[u64; 6]; MAP_CACHE_SLOTS],
     record: GoLabels,
