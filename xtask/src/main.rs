@@ -15,6 +15,7 @@ mod deploy_check;
 mod empty_uprobe;
 mod fuzz;
 mod layout;
+mod lints;
 mod soak;
 mod vm;
 
@@ -393,23 +394,10 @@ fn test(quick: bool) -> Result<()> {
     // draw the same cases on every run here, so that the suite's verdict
     // does not depend on luck; `cargo test` elsewhere draws new ones (and
     // `cargo xtask fuzz` explores far more), and what they find is kept in
-    // proptest-regressions/ and re-run first.
-    let mut unit = cargo();
-    unit.args([
-        "test",
-        "--package",
-        "profiler-common",
-        "--package",
-        "profiler-daemon",
-        "--package",
-        "pprof-proto",
-        "--package",
-        "xtask",
-    ]);
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        unit.env("PROPTEST_RNG_SEED", PROPTEST_SEED);
-    }
-    run(&mut unit)?;
+    // proptest-regressions/ and re-run first. Unless `quick`, clippy lints
+    // these crates as their tests are built (see lints.rs).
+    let seed = std::env::var("PROPTEST_RNG_SEED").unwrap_or_else(|_| PROPTEST_SEED.into());
+    lints::unit_tests(!quick, &[("PROPTEST_RNG_SEED", &seed)])?;
     phase("unit tests");
     // End-to-end tests measure CPU shares: one at a time, on an idle machine.
     run(cargo()
@@ -442,37 +430,14 @@ fn test(quick: bool) -> Result<()> {
     Ok(())
 }
 
-/// fmt, the layout and both clippy runs (unless `quick`), then the release
-/// build; `phase` logs each one's end.
+/// fmt, the layout and the clippy runs of the crates without unit tests
+/// (unless `quick`), then the release build; `phase` logs each one's end.
 fn lint_and_build(quick: bool, phase: &dyn Fn(&str)) -> Result<()> {
     if !quick {
         run(cargo().args(["fmt", "--all", "--", "--check"]))?;
         layout::check(&root())?;
-        run(cargo().args([
-            "clippy",
-            "--workspace",
-            "--exclude",
-            "profiler-ebpf",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))?;
-        // The kernel crate only builds for the BPF target, with nightly.
-        run(Command::new("cargo")
-            .current_dir(root().join("profiler-ebpf"))
-            .args([
-                "+nightly",
-                "clippy",
-                "--release",
-                "--target",
-                "bpfel-unknown-none",
-                "-Z",
-                "build-std=core",
-                "--target-dir",
-            ])
-            .arg(root().join("target/bpf"))
-            .args(["--", "-D", "warnings"]))?;
+        // The unit-tested crates are linted as their tests are built.
+        lints::clippy_others()?;
         phase("formatting, layout and lints");
     }
     build(true)?;
