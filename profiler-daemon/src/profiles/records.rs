@@ -271,4 +271,26 @@ mod tests {
         assert_eq!(brief_frames(bytes(&r)), None);
         assert_eq!(brief_frames(&bytes(&r)[..BRIEF_FRAMES_OFFSET - 1]), None);
     }
+
+    /// Records borrowed in place are refused off their alignment, rather
+    /// than read through a misaligned reference; copied ones are read.
+    #[test]
+    fn misaligned_records_are_refused_in_place_and_copied_out() {
+        let frames: Vec<u64> = (1..=3).collect();
+        let r = brief_record::<8>(&frames);
+        // The same bytes one past an 8-byte boundary.
+        let mut shifted = vec![0u64; r.len() + 1];
+        let at = bytes(&shifted).as_ptr().align_offset(8) + 1;
+        let len = bytes(&r).len();
+        // SAFETY: within the words' own memory, which is one word longer.
+        let moved =
+            unsafe { std::slice::from_raw_parts_mut(shifted.as_mut_ptr().cast::<u8>(), len + 8) };
+        moved[at..at + len].copy_from_slice(bytes(&r));
+        let moved = &moved[at..at + len];
+        assert_eq!(brief_frames(bytes(&r)), Some(&frames[..]));
+        assert_eq!(brief_frames(moved), None);
+        assert!(record::<u64>(moved).is_none());
+        assert!(record::<u64>(bytes(&r)).is_some());
+        assert_eq!(read_record::<u64>(moved), read_record::<u64>(bytes(&r)));
+    }
 }
