@@ -15,8 +15,11 @@
  *   --hold-us U     length of a hold in microseconds (default 2000)
  *
  * Output on stdout, line buffered, after the work:
- *   holder holds=N hold_ns=H
- *     N holds measured to total H ns (lock to unlock)
+ *   holder holds=N hold_ns=H waited_ns=W
+ *     N holds measured to total H ns (lock to unlock); W ns the waiter had
+ *     waited by the unlocks that found it waiting (from its clock before
+ *     its lock to the holder's before the unlock): what a mutex profile
+ *     charges the unlock, without the waiter's wake-up after it
  *   waiter locks=L lock_ns=T blocked=B blocked_ns=BT
  *     L locks that took T ns in all; B of them found the mutex held (a
  *     pthread_mutex_trylock failed first, so the lock waited for an
@@ -54,6 +57,10 @@ static volatile uint64_t unlocks;
  * mutex held again when it woke and wait twice for one lock.) */
 static uint64_t waiter_done;
 
+/* When the waiter began a lock that found the mutex held (0: it is not
+ * waiting), and what the holder's unlocks found of it. */
+static uint64_t waiting_since, unlock_waited_ns;
+
 struct waiter_tally {
     uint64_t locks, lock_ns, blocked, blocked_ns;
 };
@@ -76,6 +83,9 @@ static void check(int err, const char *what)
 /* The unlock site: the wake-up of the waiter is made here. */
 NOINLINE void holder_unlock(void)
 {
+    uint64_t since = __atomic_load_n(&waiting_since, __ATOMIC_ACQUIRE);
+    if (since != 0)
+        unlock_waited_ns += clock_ns(CLOCK_MONOTONIC) - since;
     check(pthread_mutex_unlock(&mu), "pthread_mutex_unlock");
     unlocks++;
     __asm__ volatile("" ::: "memory");
@@ -90,9 +100,11 @@ NOINLINE uint64_t waiter_lock(int *blocked)
     uint64_t start = clock_ns(CLOCK_MONOTONIC);
     int err = pthread_mutex_trylock(&mu);
     *blocked = err == EBUSY;
-    if (*blocked)
+    if (*blocked) {
+        __atomic_store_n(&waiting_since, start, __ATOMIC_RELEASE);
         check(pthread_mutex_lock(&mu), "pthread_mutex_lock");
-    else
+        __atomic_store_n(&waiting_since, 0, __ATOMIC_RELEASE);
+    } else
         check(err, "pthread_mutex_trylock");
     return clock_ns(CLOCK_MONOTONIC) - start;
 }
@@ -186,7 +198,8 @@ int main(int argc, char **argv)
     check(pthread_join(w, NULL), "pthread_join");
     uint64_t end_ns = clock_ns(CLOCK_REALTIME);
 
-    printf("holder holds=%ld hold_ns=%llu\n", iterations, (unsigned long long)hold_ns_total);
+    printf("holder holds=%ld hold_ns=%llu waited_ns=%llu\n", iterations,
+           (unsigned long long)hold_ns_total, (unsigned long long)unlock_waited_ns);
     printf("waiter locks=%llu lock_ns=%llu blocked=%llu blocked_ns=%llu\n",
            (unsigned long long)tally.locks, (unsigned long long)tally.lock_ns,
            (unsigned long long)tally.blocked, (unsigned long long)tally.blocked_ns);
