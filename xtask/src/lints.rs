@@ -9,9 +9,9 @@
 //! workspace's own crates (cargo's `RUSTC_WORKSPACE_WRAPPER`, as `cargo
 //! clippy` sets it; the dependencies are built by rustc as for any test
 //! build), and a warning in cargo's messages fails the build as `-D
-//! warnings` would. Only the end-to-end test crate, whose tests run in the
-//! release profile, and the kernel crate, built for BPF, keep a clippy run
-//! of their own.
+//! warnings` would. The other crates (the end-to-end tests, whose tests
+//! run in the release profile) and the kernel crate, built for BPF, keep a
+//! clippy run of their own.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -20,20 +20,18 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 /// The crates whose unit tests `cargo xtask test` runs.
-pub const UNIT_TESTED: &[&str] = &["profiler-common", "profiler-daemon", "pprof-proto", "xtask"];
+const UNIT_TESTED: &[&str] = &["profiler-common", "profiler-daemon", "pprof-proto", "xtask"];
 
-/// Clippy over the crates not built by [`unit_test_build`]: the end-to-end
-/// tests and the kernel crate.
+/// Clippy over the crates not built by [`unit_test_build`]: every other
+/// member of the workspace (today the end-to-end tests), then the kernel
+/// crate.
 pub fn clippy_others() -> Result<()> {
-    crate::run(crate::cargo().args([
-        "clippy",
-        "--package",
-        "profiler-tests",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    let mut clippy = crate::cargo();
+    clippy.args(["clippy", "--workspace", "--exclude", "profiler-ebpf"]);
+    for package in UNIT_TESTED {
+        clippy.args(["--exclude", package]);
+    }
+    crate::run(clippy.args(["--all-targets", "--", "-D", "warnings"]))?;
     // The kernel crate only builds for the BPF target, with nightly.
     crate::run(
         Command::new("cargo")
