@@ -113,6 +113,11 @@ pub enum Workload {
     GoGoroutines,
     /// The same, linked without symbol table and DWARF (`-s -w`).
     GoGoroutinesStripped,
+    /// `go_alloc.go`: a program that links no profiler (its runtime
+    /// samples nothing unless it sets a rate), sites main.allocKiB and
+    /// main.allocQuarter with their bytes counted; exits as soon as it
+    /// is done; `SECONDS RATE [--wait-stdin]`.
+    GoAlloc,
 }
 
 /// The Go toolchains the tests build with: Debian's Go 1.19 and a current
@@ -165,7 +170,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 23] = [
+    pub const ALL: [Workload; 24] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -189,6 +194,7 @@ impl Workload {
         Workload::GoContentionStripped,
         Workload::GoGoroutines,
         Workload::GoGoroutinesStripped,
+        Workload::GoAlloc,
     ];
 
     /// Whether `go build` builds it.
@@ -205,6 +211,7 @@ impl Workload {
                 | Workload::GoContentionStripped
                 | Workload::GoGoroutines
                 | Workload::GoGoroutinesStripped
+                | Workload::GoAlloc
         )
     }
 
@@ -268,6 +275,7 @@ impl Workload {
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",
             Workload::GoContention | Workload::GoContentionStripped => "go_contention.go",
             Workload::GoGoroutines | Workload::GoGoroutinesStripped => "go_goroutines.go",
+            Workload::GoAlloc => "go_alloc.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")

@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use profiler_tests::daemon::require_root;
+use profiler_tests::http::{get, parse_exposition};
 use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
 use profiler_tests::workloads::{
     GoBuild, WholeLife, Workload, field, go_builds, go_versions, profile_whole_life,
@@ -281,6 +282,238 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path, config: Option<&Path
             "{what}: {}: the leaf in {at_leaf} of its {} bytes (runtime frames not hidden?){diag}",
             site.function,
             ours[1]
+        );
+    }
+}
+
+/// The sites of go_alloc.go: function, report field of all its bytes, of
+/// its bytes allocated while the rate was above 0, its objects' size.
+const ALLOC_SITES: [(&str, &str, &str, u64); 2] = [
+    ("main.allocKiB", "kib_bytes", "kib_sampled_bytes", 1024),
+    (
+        "main.allocQuarter",
+        "quarter_bytes",
+        "quarter_sampled_bytes",
+        256 * 1024,
+    ),
+];
+
+/// Runs go_alloc (built by `go`) for `seconds` at `rate` as the command
+/// of a heap profile with `extra` options, one window only (the last,
+/// built after the program exited), calling `meanwhile` with the metrics'
+/// address once the daemon is ready: the program's report, the daemon,
+/// and its samples with the profiles' comments.
+fn run_go_alloc(
+    dir: &Path,
+    exe: &Path,
+    (seconds, rate): (&str, u64),
+    extra: &[&str],
+    meanwhile: impl FnOnce(std::net::SocketAddr),
+) -> (
+    std::collections::BTreeMap<String, u64>,
+    profiler_tests::daemon::Daemon,
+    Vec<FlatSample>,
+    Vec<String>,
+) {
+    let out = dir.join("out");
+    let mut args = vec![
+        "--profiles",
+        "heap",
+        "--interval",
+        "60s",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    let rate = rate.to_string();
+    args.extend(["--", exe.to_str().expect("UTF-8 path"), seconds, &rate]);
+    let mut daemon = profiler_tests::daemon::Daemon::start(&args);
+    daemon.wait_ready();
+    meanwhile(daemon.metrics_addr());
+    daemon.wait_success(std::time::Duration::from_secs(30));
+    let report = profiler_tests::workloads::parse_report(&daemon.stdout_text(), "pid");
+    let files = read_profiles(&out, "heap");
+    let comments = files
+        .iter()
+        .flat_map(|f| {
+            f.profile
+                .comment
+                .iter()
+                .map(|&i| f.profile.string_table[i as usize].clone())
+        })
+        .collect();
+    (report, daemon, flatten_all(&files), comments)
+}
+
+/// Holds each site's allocated bytes against what the program counted in
+/// `report`: all of them, or (`sampled_only`) those allocated while its
+/// rate was above 0 (±15%, or 4 standard deviations of the samples
+/// expected at `rate`).
+fn check_alloc_sites(
+    what: &str,
+    samples: &[FlatSample],
+    report: &std::collections::BTreeMap<String, u64>,
+    sampled_only: bool,
+    rate: u64,
+    diag: &str,
+) {
+    for site in &ALLOC_SITES {
+        let (function, size) = (site.0, site.3);
+        let counted = field(report, if sampled_only { site.2 } else { site.1 });
+        let ours = values_of(samples, function);
+        let objects = counted / size;
+        let expected = objects as f64 * (1.0 - (-(size as f64) / rate as f64).exp());
+        let tolerance = TRUTH_TOLERANCE.max(4.0 / expected.max(1.0).sqrt());
+        println!(
+            "{what}: {function}: alloc_space {} against {counted} counted ({expected:.0} samples expected), alloc_objects {} against {objects}",
+            ours[1], ours[0]
+        );
+        assert!(
+            off(ours[1], counted as i64) <= tolerance && off(ours[0], objects as i64) <= tolerance,
+            "{what}: {function}: allocated {} bytes in {} objects, the program counted {counted} in {objects} (allowed ±{tolerance:.3}){diag}",
+            ours[1],
+            ours[0]
+        );
+    }
+}
+
+/// A Go program's own `MemProfileRate` (here 64 KiB, where Go's default is
+/// 512 KiB) holds for a window built after the program exited: it was
+/// read while the program ran and kept. Before, the rate could no longer
+/// be read then and Go's default was assumed: 8 times the bytes of the
+/// 1 KiB objects.
+#[test]
+fn a_programs_own_rate_holds_after_it_exits() {
+    require_root();
+    let tmp = temp_dir();
+    for (version, go) in go_versions() {
+        let tag = version.replace(' ', "_");
+        let exe = Workload::GoAlloc.build_with_go(tmp.path(), &format!("alloc_{tag}"), &go);
+        let dir = tmp.path().join(format!("own-rate-{tag}"));
+        let (report, daemon, samples, _) = run_go_alloc(&dir, &exe, ("2", 65_536), &[], |_| ());
+        let samples: Vec<FlatSample> = samples
+            .into_iter()
+            .filter(|s| s.pid() == field(&report, "pid") as u32)
+            .collect();
+        let diag = format!("\n{}", daemon.describe());
+        assert_eq!(field(&report, "rate_at_end"), 65_536, "{version}{diag}");
+        assert_eq!(
+            daemon.summary_field("go_rates_assumed"),
+            0,
+            "{version}: a window rescaled by an assumed rate{diag}"
+        );
+        check_alloc_sites(version, &samples, &report, false, 65_536, &diag);
+    }
+}
+
+/// A Go program that links no profiler samples nothing (its linker set
+/// `runtime.disableMemoryProfiling`): by default the daemon says so, once
+/// in its log naming the process and why, in the exit summary, in
+/// `/metrics` and in the heap profile's comments; asked to
+/// (`--go-heap-sampling force`), it sets the program's rate to
+/// `--heap-sample-bytes`, and the sites' bytes then agree with what the
+/// program allocated from then on.
+#[test]
+fn a_go_heap_the_runtime_does_not_sample_is_never_silent() {
+    require_root();
+    let tmp = temp_dir();
+    for (version, go) in go_versions() {
+        let tag = version.replace(' ', "_");
+        let exe = Workload::GoAlloc.build_with_go(tmp.path(), &format!("alloc_{tag}"), &go);
+        // Reported.
+        let dir = tmp.path().join(format!("report-{tag}"));
+        // /metrics counts the process once it is checked (some 250 ms
+        // after its start), while it runs.
+        let mut unsampled = 0.0;
+        let (report, daemon, samples, comments) = run_go_alloc(&dir, &exe, ("3", 0), &[], |addr| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while unsampled < 1.0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let (status, _, body) = get(addr, "/metrics");
+                assert_eq!(status, 200, "{body}");
+                unsampled = parse_exposition(&body).value(
+                    "profilerd_go_heap_processes_total",
+                    &[("outcome", "unsampled")],
+                );
+            }
+        });
+        let pid = field(&report, "pid") as u32;
+        let diag = format!("\n{}", daemon.describe());
+        assert_eq!(
+            field(&report, "rate_at_start"),
+            0,
+            "{version}: the program's runtime samples after all{diag}"
+        );
+        assert_eq!(
+            daemon.summary_field("go_heaps_unsampled"),
+            1,
+            "{version}{diag}"
+        );
+        let said: Vec<String> = daemon
+            .stderr_lines()
+            .into_iter()
+            .filter(|l| l.contains(&format!("pid {pid} (")) && l.contains("no Go heap profile"))
+            .collect();
+        assert_eq!(said.len(), 1, "{version}: logged {said:?}{diag}");
+        assert!(
+            said[0].contains("runtime.disableMemoryProfiling"),
+            "{version}: the reason not given: {}",
+            said[0]
+        );
+        assert!(
+            samples.iter().all(|s| s.pid() != pid),
+            "{version}: samples of a process that samples nothing{diag}"
+        );
+        assert_eq!(unsampled, 1.0, "{version}: not counted in /metrics{diag}");
+        // The window built after the exit still names the process, with
+        // why (`go tool pprof -comments`).
+        assert!(
+            comments.iter().any(
+                |c| c.starts_with(&format!("pid {pid} (")) && c.contains("MemProfileRate is 0")
+            ),
+            "{version}: the profile does not say why: {comments:?}{diag}"
+        );
+        // Forced.
+        let dir = tmp.path().join(format!("force-{tag}"));
+        let (report, daemon, samples, _) = run_go_alloc(
+            &dir,
+            &exe,
+            ("2", 0),
+            &["--go-heap-sampling", "force"],
+            |_| (),
+        );
+        let pid = field(&report, "pid") as u32;
+        let diag = format!("\n{}", daemon.describe());
+        let samples: Vec<FlatSample> = samples.into_iter().filter(|s| s.pid() == pid).collect();
+        assert_eq!(
+            daemon.summary_field("go_heaps_forced"),
+            1,
+            "{version}{diag}"
+        );
+        assert_eq!(
+            daemon.summary_field("go_heaps_unsampled"),
+            0,
+            "{version}{diag}"
+        );
+        assert_eq!(
+            field(&report, "rate_at_end"),
+            DEFAULT_RATE,
+            "{version}: the rate the daemon set{diag}"
+        );
+        // Set within a fraction of a second of the start.
+        assert!(
+            field(&report, "kib_sampled_bytes") * 10 >= field(&report, "kib_bytes") * 7,
+            "{version}: the rate was set late: {report:?}{diag}"
+        );
+        check_alloc_sites(
+            &format!("{version} forced"),
+            &samples,
+            &report,
+            true,
+            DEFAULT_RATE,
+            &diag,
         );
     }
 }

@@ -64,6 +64,13 @@ pub(super) struct Cli {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub(super) heap_sample_bytes: Option<String>,
 
+    /// Go programs whose runtime samples no allocations (they link no heap
+    /// profiler): report (say why their heap profile is empty) or force
+    /// (set their runtime.MemProfileRate to --heap-sample-bytes, a write
+    /// into the process) [default: report]
+    #[arg(long, value_name = "MODE")]
+    pub(super) go_heap_sampling: Option<String>,
+
     /// Block and off-CPU sampling rate [default: 10us]
     #[arg(long, value_name = "DUR")]
     pub(super) block_rate: Option<String>,

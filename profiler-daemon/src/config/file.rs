@@ -16,6 +16,7 @@ pub(super) struct FileConfig {
     pub(super) output_dir: Option<PathBuf>,
     pub(super) cpu_frequency: Option<u64>,
     pub(super) heap_sample_bytes: Option<u64>,
+    pub(super) go_heap_sampling: Option<String>,
     pub(super) block_rate: Option<String>,
     pub(super) mutex_fraction: Option<u64>,
     pub(super) unwind: Option<String>,

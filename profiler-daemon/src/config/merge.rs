@@ -128,6 +128,19 @@ pub(super) fn merge(
     )?
     .unwrap_or(DEFAULT_HEAP_SAMPLE_BYTES);
 
+    let go_heap_sampling = match pick(
+        cli.go_heap_sampling,
+        fc.go_heap_sampling,
+        "go-heap-sampling",
+        "go_heap_sampling",
+        path,
+    ) {
+        Some((raw, opt)) => raw
+            .parse()
+            .map_err(|()| invalid(&opt, &raw, "expected report or force"))?,
+        None => GoHeapSampling::Report,
+    };
+
     let block_rate = match pick(
         cli.block_rate,
         fc.block_rate,
@@ -294,6 +307,7 @@ pub(super) fn merge(
         output_dir,
         cpu_frequency,
         heap_sample_bytes,
+        go_heap_sampling,
         block_rate,
         mutex_fraction,
         labels,

@@ -157,6 +157,8 @@ pub struct Settings {
     pub cpu_frequency: u64,
     /// Mean bytes between heap samples, at least 1.
     pub heap_sample_bytes: u64,
+    /// What is done with Go programs whose runtime samples nothing.
+    pub go_heap_sampling: GoHeapSampling,
     /// Block and off-CPU sampling rate, greater than zero.
     pub block_rate: Duration,
     /// Record 1 in this many contended wake-ups, at least 1.
@@ -192,6 +194,31 @@ pub struct Settings {
     /// The eBPF programs' diagnostics are logged (`[debug] kernel_log`;
     /// `PROFILERD_LOG=debug` turns them on too, see kernel_log.rs).
     pub kernel_log: bool,
+}
+
+/// What is done with a Go program whose runtime samples no allocations
+/// (`runtime.MemProfileRate` 0: it links no heap profiler, or set the rate
+/// to 0): `--go-heap-sampling`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GoHeapSampling {
+    /// Leave the program as it is, and say why its heap profile is empty
+    /// (the log, the counters, the profile's comments).
+    #[default]
+    Report,
+    /// Set its `runtime.MemProfileRate` to `--heap-sample-bytes`: a write
+    /// into the process's memory, so only when asked for.
+    Force,
+}
+
+impl std::str::FromStr for GoHeapSampling {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Self, ()> {
+        match s {
+            "report" => Ok(GoHeapSampling::Report),
+            "force" => Ok(GoHeapSampling::Force),
+            _ => Err(()),
+        }
+    }
 }
 
 /// How user stacks are unwound (`--unwind`).
@@ -406,6 +433,7 @@ mod tests {
                 output_dir: PathBuf::from("/var/lib/profilerd"),
                 cpu_frequency: 99,
                 heap_sample_bytes: 524_288,
+                go_heap_sampling: GoHeapSampling::Report,
                 block_rate: Duration::from_micros(10),
                 mutex_fraction: 100,
                 labels: vec![],
@@ -689,6 +717,17 @@ mod tests {
         error(&["--profiles", "cpu,gpu"], "'gpu'");
         error(&["--profiles", "cpu,"], "--profiles");
         error(&["--profiles", ""], "--profiles");
+    }
+
+    #[test]
+    fn go_heap_sampling_is_report_unless_forced() {
+        assert_eq!(parse(&[]).unwrap().go_heap_sampling, GoHeapSampling::Report);
+        let s = parse(&["--go-heap-sampling", "force"]).unwrap();
+        assert_eq!(s.go_heap_sampling, GoHeapSampling::Force);
+        error(&["--go-heap-sampling", "always"], "'always'");
+        let f = config_file("go_heap_sampling = \"force\"\n");
+        let s = parse(&["--config", path_str(&f)]).unwrap();
+        assert_eq!(s.go_heap_sampling, GoHeapSampling::Force);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 
 /// The keys a config file may have, and some it may not.
-const KEYS: [&str; 23] = [
+const KEYS: [&str; 24] = [
     "pid",
     "command",
     "profiles",
@@ -19,6 +19,7 @@ const KEYS: [&str; 23] = [
     "output_dir",
     "cpu_frequency",
     "heap_sample_bytes",
+    "go_heap_sampling",
     "block_rate",
     "mutex_fraction",
     "unwind",

@@ -35,6 +35,7 @@ use tokio::task::JoinHandle;
 use crate::model::profile_kind::ProfileKind;
 use crate::output::pprof_http::{self, CAPTURE_CONNECTION_TIMEOUT, PprofServer, reply};
 use crate::output::push::PushStats;
+use crate::procs::go_heap_rate::GoHeapRateStats;
 
 /// Scrapes served at once; more connections are closed at accept.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -116,7 +117,12 @@ pub struct Observed {
     pub caches: Vec<(&'static str, u64, u64)>,
     /// `[limits] memory_bytes`.
     pub cache_budget_bytes: u64,
+    /// Go processes by what their heap sampling rate was found to be.
+    pub go_heaps: GoHeapRateStats,
 }
+
+/// The outcomes of `profilerd_go_heap_processes_total`.
+const GO_HEAP_OUTCOMES: [&str; 4] = ["unsampled", "forced", "force_failed", "rate_assumed"];
 
 /// Why the metrics could not be set up or served.
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +160,7 @@ pub struct Metrics {
     cache_bytes: IntGaugeVec,
     cache_evictions: IntCounterVec,
     cache_budget: IntGauge,
+    go_heaps: IntCounterVec,
 }
 
 /// The metrics of one sink (the push, the OTLP export), named
@@ -390,6 +397,14 @@ impl Metrics {
                 "profilerd_cache_budget_bytes",
                 "The memory budget the caches draw on ([limits] memory_bytes).",
             )?,
+            go_heaps: counter_vec(
+                "profilerd_go_heap_processes_total",
+                "Go processes whose heap profile is not what their runtime samples at its own \
+                 rate: unsampled (runtime.MemProfileRate 0, left so), forced (the rate set by \
+                 --go-heap-sampling force), force_failed; rate_assumed counts windows rescaled by \
+                 Go's default rate because the process's could not be read.",
+                &["outcome"],
+            )?,
             registry,
         };
         // Every series exists from the start, so that rates work from the
@@ -414,6 +429,9 @@ impl Metrics {
         for cache in crate::stacks::budget::Cache::ALL {
             metrics.cache_bytes.with_label_values(&[cache.name()]);
             metrics.cache_evictions.with_label_values(&[cache.name()]);
+        }
+        for outcome in GO_HEAP_OUTCOMES {
+            metrics.go_heaps.with_label_values(&[outcome]);
         }
         Ok(metrics)
     }
@@ -479,6 +497,15 @@ impl Metrics {
             mirror(&self.cache_evictions.with_label_values(&[cache]), evictions);
         }
         self.cache_budget(o.cache_budget_bytes);
+        let g = &o.go_heaps;
+        for (outcome, total) in GO_HEAP_OUTCOMES.into_iter().zip([
+            g.unsampled,
+            g.forced,
+            g.force_failed,
+            g.rates_assumed,
+        ]) {
+            mirror(&self.go_heaps.with_label_values(&[outcome]), total);
+        }
     }
 
     /// The exposition text, with the push counters and the resident memory

@@ -7,13 +7,12 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSegment};
 use procfs::process::{MMPermissions, MMapPath, MemoryMaps, Process};
 use profiler_common::{FpProcess, GoRuntime, go_labels_form};
 
 use crate::model::go_buildinfo;
 use crate::model::go_pclntab::Pclntab;
-use crate::procs::go_code;
 
 /// `g.m`, the same in every release read.
 const G_M: u16 = 48;
@@ -197,53 +196,8 @@ pub fn g_status(minor: u32) -> Option<u16> {
     }
 }
 
-/// Go's default `runtime.MemProfileRate`: a sample per 512 KiB allocated,
-/// on average.
-pub const DEFAULT_MEM_PROFILE_RATE: u64 = 512 * 1024;
-
-/// Where executables keep `runtime.MemProfileRate` (an address in the
-/// file's space, and the file's first segment's), by (device, inode):
-/// each is read once.
-pub type RateAddresses = foldhash::HashMap<(u64, u64), Option<(u64, u64)>>;
-
-/// Executables whose rate's address is kept (emptied when full).
-const RATE_ADDRESSES_KEPT: usize = 256;
-
-/// The `runtime.MemProfileRate` Go process `tgid` samples its allocations
-/// by now, read from its memory at the variable's address: from the
-/// executable's symbol table, or in a stripped one from the runtime's
-/// code (`go_code::mem_profile_rate`). None when neither gives it or the
-/// process cannot be read.
-pub fn mem_profile_rate(tgid: u32, known: &mut RateAddresses) -> Option<u64> {
-    let exe = std::fs::metadata(format!("/proc/{tgid}/exe")).ok()?;
-    if known.len() >= RATE_ADDRESSES_KEPT {
-        known.clear();
-    }
-    let (address, first) = (*known
-        .entry((exe.dev(), exe.ino()))
-        .or_insert_with(|| rate_address(tgid)))?;
-    let address = address.checked_add(load_bias_of(tgid, first)?)?;
-    let mem = std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?;
-    let mut word = [0u8; 8];
-    std::os::unix::fs::FileExt::read_exact_at(&mem, &mut word, address).ok()?;
-    u64::try_from(i64::from_le_bytes(word)).ok()
-}
-
-/// `runtime.MemProfileRate`'s address in process `tgid`'s executable, and
-/// the executable's first segment's.
-fn rate_address(tgid: u32) -> Option<(u64, u64)> {
-    in_executable(tgid, |file| {
-        let address = file
-            .symbols()
-            .find(|s| s.name() == Ok("runtime.MemProfileRate"))
-            .map(|s| s.address())
-            .or_else(|| go_code::mem_profile_rate(file, &Pclntab::of_file(file)?))?;
-        Some((address, first_segment(file)?))
-    })
-}
-
 /// What `find` reads in process `tgid`'s executable, mapped and parsed.
-fn in_executable<T>(
+pub(crate) fn in_executable<T>(
     tgid: u32,
     find: impl FnOnce(&object::File<'_, &[u8]>) -> Option<T>,
 ) -> Option<T> {

@@ -22,7 +22,7 @@ use crate::config::Settings;
 use crate::model::frames::Frame;
 use crate::model::profile_kind::ProfileKind;
 use crate::model::taps::Taps;
-use crate::procs::go_runtime;
+use crate::procs::go_heap_rate::GoHeapRates;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{LONG_RECORDS, SHORT_RECORDS};
 use crate::profiles::pprof::ProfileBuilder;
@@ -76,14 +76,12 @@ pub struct HeapTable {
     /// The identities of allocations the Go runtime sampled (by its own
     /// rate), not profilerd's allocator probes.
     go_runtime: HashSet<Arc<SampleId>>,
-    /// Where Go executables keep their `MemProfileRate`.
-    go_rate_addresses: go_runtime::RateAddresses,
+    /// Each Go process's `MemProfileRate`, kept for its life, and the Go
+    /// processes whose runtime samples nothing.
+    pub go_rates: GoHeapRates,
     /// Frees of addresses the table did not know (their allocation was
     /// lost, or made before the probes were attached).
     pub unknown_frees: u64,
-    /// Windows of Go processes rescaled by Go's default rate because
-    /// their `MemProfileRate` could not be read.
-    pub go_rates_assumed: u64,
     /// On-demand captures (`/debug/pprof/heap`): each gets a copy of the
     /// allocations of its processes, beside the window.
     pub taps: Taps<Arc<SampleId>, Tally>,
@@ -100,6 +98,14 @@ pub struct HeapRow {
 }
 
 impl HeapTable {
+    /// An empty table, Go processes' rates kept by `go_rates`.
+    pub fn with_go_rates(go_rates: GoHeapRates) -> Self {
+        HeapTable {
+            go_rates,
+            ..HeapTable::default()
+        }
+    }
+
     /// A sampled allocation of `size` bytes at `addr`; `live`: the kernel
     /// tracks it and will report its free; `go_runtime`: the Go runtime
     /// sampled it.
@@ -112,8 +118,11 @@ impl HeapTable {
                 shared
             }
         };
-        if go_runtime && !self.go_runtime.contains(&id) {
-            self.go_runtime.insert(Arc::clone(&id));
+        if go_runtime {
+            self.go_rates.at_sample(id.tgid);
+            if !self.go_runtime.contains(&id) {
+                self.go_runtime.insert(Arc::clone(&id));
+            }
         }
         self.taps.add(id.tgid, &id, |tally| tally.add(size));
         if self.taps.window_wants(id.tgid) {
@@ -324,14 +333,25 @@ pub(crate) fn build_heap_profile(
     duration_nanos: i64,
 ) -> pprof_proto::Profile {
     let rows = heap.close_window();
-    heap_profile_of(
+    let mut profile = heap_profile_of(
         settings,
         symbolizer,
         procs,
         heap,
         rows,
         (time_nanos, duration_nanos),
-    )
+    );
+    // Go processes whose runtime samples nothing are named, with why, in
+    // every window while they run (`go tool pprof -comments`).
+    for line in heap.go_rates.comments() {
+        profile.comment.push(profile.string_table.len() as i64);
+        profile.string_table.push(line);
+    }
+    heap.go_rates.end_window(|tgid| match procs.peek(tgid) {
+        Some(info) => !info.is_exited(),
+        None => std::path::Path::new(&format!("/proc/{tgid}")).exists(),
+    });
+    profile
 }
 
 /// The heap profile of `rows` (a window's or a capture's), starting at
@@ -367,7 +387,7 @@ pub(crate) fn heap_profile_of(
                 hide_go_runtime(&mut frames);
                 *go_rates
                     .entry(id.tgid)
-                    .or_insert_with(|| go_mem_profile_rate(heap, id.tgid))
+                    .or_insert_with(|| heap.go_rates.for_window(id.tgid))
             }
             false => rate,
         };
@@ -385,16 +405,6 @@ pub(crate) fn heap_profile_of(
         );
     }
     builder.build()
-}
-
-/// The rate the Go runtime of process `tgid` samples by: its
-/// `MemProfileRate`, or Go's default where that cannot be read (a stripped
-/// executable), counted in `go_rates_assumed`.
-fn go_mem_profile_rate(heap: &mut HeapTable, tgid: u32) -> u64 {
-    go_runtime::mem_profile_rate(tgid, &mut heap.go_rate_addresses).unwrap_or_else(|| {
-        heap.go_rates_assumed += 1;
-        go_runtime::DEFAULT_MEM_PROFILE_RATE
-    })
 }
 
 #[cfg(test)]

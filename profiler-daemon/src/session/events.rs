@@ -7,6 +7,7 @@ use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::ExecMappings;
 use crate::config::UnwindMode;
+use crate::procs::go_heap_rate::CHECK_DELAY;
 use crate::procs::go_runtime::GoExecutables;
 use crate::procs::process::{ProcessTable, is_process, read_maps};
 use crate::profiles::heap::HeapTable;
@@ -58,7 +59,7 @@ pub(crate) fn take_proc_events(
                     }
                     continue;
                 }
-                new_image(event, procs, probes, exec_rescan, unwind, go_exes);
+                new_image(event, procs, probes, heap, exec_rescan, unwind, go_exes);
             }
             proc_event::FORK => {
                 // The child maps what its parent maps now: a new image of
@@ -130,7 +131,7 @@ pub(crate) fn apply_new_images(
         probes.forget_park_gate(event.tgid);
         procs.retire(event.tgid, event.time_ns);
         if !exited {
-            new_image(event, procs, probes, exec_rescan, unwind, go_exes);
+            new_image(event, procs, probes, heap, exec_rescan, unwind, go_exes);
         }
     }
 }
@@ -140,6 +141,7 @@ pub(crate) fn new_image(
     event: ProcEvent,
     procs: &mut ProcessTable,
     probes: &mut Probes,
+    heap: &mut HeapTable,
     exec_rescan: &mut Vec<u32>,
     unwind: UnwindMode,
     go_exes: &mut GoExecutables,
@@ -168,10 +170,15 @@ pub(crate) fn new_image(
         procs.snapshot_new(event.tgid, event.parent);
     }
     // Go keeps frame pointers and has no .eh_frame: in auto mode the
-    // kernel walks its stacks.
-    if unwind == UnwindMode::Auto
+    // kernel walks its stacks. Its heap sampling rate is read once its
+    // runtime has set it.
+    let heaps = heap.go_rates.watching();
+    if (unwind == UnwindMode::Auto || heaps)
         && let Some(go) = go_exes.get(event.tgid)
     {
-        probes.mark_frame_pointer_process(event.tgid, go_exes.fp_process(event.tgid, go));
+        if unwind == UnwindMode::Auto {
+            probes.mark_frame_pointer_process(event.tgid, go_exes.fp_process(event.tgid, go));
+        }
+        heap.go_rates.note(event.tgid, CHECK_DELAY);
     }
 }

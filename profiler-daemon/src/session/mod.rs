@@ -33,6 +33,7 @@ use crate::output::push::SHUTDOWN_GRACE;
 use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
+use crate::procs::go_heap_rate::GoHeapRates;
 use crate::procs::go_runtime::GoExecutables;
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
@@ -172,6 +173,11 @@ pub async fn run(settings: Settings) -> Result<()> {
             _ = sleep_opt(s.prompt_settle().then(|| s.procs.next_settle_at()).flatten().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 s.procs.settle();
                 s.watch_python();
+            }
+            // A Go process's heap sampling rate, read once its runtime has
+            // set it (some 250 ms after its exec).
+            _ = sleep_opt(s.heap.go_rates.next_due().map(|at| at.saturating_duration_since(Instant::now()))) => {
+                s.heap.go_rates.check_due();
             }
             _ = sleep_opt(s.probes.park_budget_due().map(|at| at.saturating_duration_since(Instant::now()))) => {
                 for window in s.probes.park_budget_step() {
@@ -330,6 +336,11 @@ impl Session {
             settings.stack_switches.executable_cache,
             settings.stack_switches.go_runtime_futexes_in_kernel,
         );
+        let go_rates = GoHeapRates::new(
+            settings.profiles.contains(&ProfileKind::Heap),
+            settings.go_heap_sampling,
+            settings.heap_sample_bytes,
+        );
         let session = Session {
             settings,
             probes,
@@ -337,7 +348,7 @@ impl Session {
             unwinder,
             symbolizer,
             budget,
-            heap: HeapTable::default(),
+            heap: HeapTable::with_go_rates(go_rates),
             waits,
             window: Window::new(),
             publisher,
@@ -386,8 +397,11 @@ impl Session {
     /// Go keeps frame pointers, and a stripped Go binary has no CFI at all.
     /// After READY, so that start-up does not wait for it; each distinct
     /// executable is read once.
+    /// Their heap sampling rates are read too (heap profiles on).
     fn mark_running_go_processes(&mut self) {
-        if self.settings.unwind != UnwindMode::Auto || !self.settings.command.is_empty() {
+        let mark = self.settings.unwind == UnwindMode::Auto;
+        let heaps = self.heap.go_rates.watching();
+        if (!mark && !heaps) || !self.settings.command.is_empty() {
             return;
         }
         let pids = match self.settings.pids.is_empty() {
@@ -396,10 +410,14 @@ impl Session {
         };
         for pid in pids {
             if let Some(go) = self.go_exes.get(pid) {
-                let process = self.go_exes.fp_process(pid, go);
-                self.probes.mark_frame_pointer_process(pid, process);
+                if mark {
+                    let process = self.go_exes.fp_process(pid, go);
+                    self.probes.mark_frame_pointer_process(pid, process);
+                }
+                self.heap.go_rates.note(pid, Duration::ZERO);
             }
         }
+        self.heap.go_rates.check_due();
     }
 
     /// Whether snapshots are re-read when due, on a timer (see `run`):
@@ -517,6 +535,7 @@ impl Session {
         self.read_stack_samples(rings.stack_samples.get_mut());
         self.read_heap_events(rings.heap_events.get_mut());
         self.read_wait_events(rings.wait_events.get_mut());
+        self.heap.go_rates.check_due();
         self.probes
             .update_stack_tops(&self.unwinder.take_stack_tops());
         self.read_own().await;
@@ -720,6 +739,7 @@ impl Session {
             &self.symbolizer,
             &self.procs,
             &self.budget,
+            self.heap.go_rates.stats,
         );
     }
 
@@ -761,7 +781,7 @@ impl Session {
             &self.probes,
             &self.window.cpu.go_labels,
             self.goroutines.stats,
-            self.heap.go_rates_assumed,
+            self.heap.go_rates.stats,
             self.go_exes.stats,
         );
         self.observe();

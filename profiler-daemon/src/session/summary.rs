@@ -12,6 +12,7 @@ use crate::bpf::ring::WRAPPED_RECORDS;
 use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
+use crate::procs::go_heap_rate::GoHeapRateStats;
 use crate::procs::go_runtime::GoExecutableStats;
 use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
@@ -120,7 +121,7 @@ pub(crate) fn log_go_summary(
     probes: &Probes,
     go_labels: &GoLabelSets,
     goroutines: GoroutineStats,
-    go_rates_assumed: u64,
+    heap_rates: GoHeapRateStats,
     executables: GoExecutableStats,
 ) {
     let c = probes.counters();
@@ -138,7 +139,12 @@ pub(crate) fn log_go_summary(
         go_label_reads = c[counter::GO_LABEL_READS as usize],
         go_heap_samples = c[counter::GO_HEAP_SAMPLES as usize],
         go_frees_at_profile_free = c[counter::GO_FREES_AT_PROFILE_FREE as usize],
-        go_rates_assumed,
+        go_rates_assumed = heap_rates.rates_assumed,
+        go_heaps_checked = heap_rates.checked,
+        go_heaps_unsampled = heap_rates.unsampled,
+        go_heaps_forced = heap_rates.forced,
+        go_heaps_force_failed = heap_rates.force_failed,
+        go_heap_checks_dropped = heap_rates.checks_dropped,
         go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
             .load(std::sync::atomic::Ordering::Relaxed),
         go_runtime_futexes_skipped = c[counter::GO_RUNTIME_FUTEXES_SKIPPED as usize],
@@ -379,6 +385,7 @@ pub(crate) fn observe(
     symbolizer: &Symbolizer,
     procs: &ProcessTable,
     budget: &MemoryBudget,
+    go_heaps: GoHeapRateStats,
 ) {
     let p = procs.stats();
     let b = budget.stats();
@@ -396,5 +403,6 @@ pub(crate) fn observe(
         processes: p.processes as u64,
         process_snapshots: p.snapshots,
         process_snapshot_failures: p.failures,
+        go_heaps,
     });
 }
