@@ -151,6 +151,13 @@ pub struct CondWait {
 }
 
 /// Go runtime park points probed for the block profile (uprobe cookie).
+///
+/// Every function's cookie carries, above the function, what the
+/// release that built the executable needs (`release_bits`): the wait
+/// reasons of sync.Mutex and sync.RWMutex waits, the other reasons of
+/// semaphore waits (`semacquire`, `sync.WaitGroup.Wait`), and where a
+/// `sudog` keeps its `waiters` count (none before Go 1.22, whose mutex
+/// profile counts a queue's wait once).
 pub mod go_fn {
     /// `runtime.gopark`: the current goroutine parks.
     pub const GOPARK: u64 = 0;
@@ -158,31 +165,133 @@ pub mod go_fn {
     pub const READY: u64 = 1;
     /// `runtime.readyWithTime(s *sudog, ...)`: a semaphore's releaser
     /// readies the waiter `s.g` (sync.Mutex, RWMutex, WaitGroup, Cond), on
-    /// its own goroutine's stack. The cookie also carries the wait reasons
-    /// whose release Go's mutex profile counts ([`mutex_reasons`]).
+    /// its own goroutine's stack.
     pub const READY_WITH_TIME: u64 = 2;
+    /// `runtime.semacquire1`: a goroutine starts a semaphore wait, where
+    /// Go's block profile starts timing it (once per call, however often
+    /// it parks in it).
+    pub const SEMACQUIRE: u64 = 3;
     /// The cookie's bits that name the function.
     pub const FUNCTION: u64 = 0xff;
     /// Symbol names, indexed by the constants above.
-    pub const NAMES: [&str; 3] = ["runtime.gopark", "runtime.ready", "runtime.readyWithTime"];
+    pub const NAMES: [&str; 4] = [
+        "runtime.gopark",
+        "runtime.ready",
+        "runtime.readyWithTime",
+        "runtime.semacquire1",
+    ];
 
-    /// The cookie of `readyWithTime` for a release whose sync.Mutex and
-    /// sync.RWMutex waiters park with the `waitReason`s `reasons`.
-    pub const fn mutex_reasons(reasons: [u8; 3]) -> u64 {
-        READY_WITH_TIME
-            | (reasons[0] as u64) << 8
-            | (reasons[1] as u64) << 16
-            | (reasons[2] as u64) << 24
+    /// The cookie bits of a release whose sync.Mutex and sync.RWMutex
+    /// waiters park with the `waitReason`s `mutex` (all three the same,
+    /// or consecutive), whose other semaphore waits park with `sema` (0:
+    /// none), and whose `sudog.waiters` is at byte `waiters_at` (0: the
+    /// release has none; else 54 or 62). They fit the 32 bits a cookie
+    /// has for the function (`probe_cookie::FUNCTION`): reasons of 6 bits
+    /// (bits 8-13, the mutex reasons' count in 14-15, then 16-21 and
+    /// 22-27), the `waiters` place in 28-29. None for values that do not
+    /// fit.
+    pub const fn release_bits(mutex: [u8; 3], sema: [u8; 2], waiters_at: u8) -> Option<u64> {
+        let count = if mutex[0] == mutex[1] && mutex[1] == mutex[2] {
+            1
+        } else if mutex[1] == mutex[0] + 1 && mutex[2] == mutex[0] + 2 {
+            3
+        } else {
+            return None;
+        };
+        let waiters = match waiters_at {
+            0 => 0,
+            54 => 1,
+            62 => 2,
+            _ => return None,
+        };
+        if mutex[2] >= 64 || sema[0] >= 64 || sema[1] >= 64 {
+            return None;
+        }
+        Some(
+            (mutex[0] as u64) << 8
+                | count << 14
+                | (sema[0] as u64) << 16
+                | (sema[1] as u64) << 22
+                | waiters << 28,
+        )
     }
 
-    /// Whether a `readyWithTime` cookie names `reason` as a mutex wait.
+    /// Whether a cookie names `reason` as a mutex wait.
     pub const fn is_mutex_reason(cookie: u64, reason: u8) -> bool {
-        reason != 0
-            && (((cookie >> 8) & 0xff) as u8 == reason
-                || ((cookie >> 16) & 0xff) as u8 == reason
-                || ((cookie >> 24) & 0xff) as u8 == reason)
+        let first = ((cookie >> 8) & 0x3f) as u8;
+        let count = ((cookie >> 14) & 0x3) as u8;
+        reason != 0 && first != 0 && reason >= first && reason - first < count
+    }
+
+    /// Whether a cookie names `reason` as a semaphore wait (a mutex's or
+    /// another's: the waits `semacquire1` parks).
+    pub const fn is_sema_reason(cookie: u64, reason: u8) -> bool {
+        is_mutex_reason(cookie, reason)
+            || (reason != 0
+                && (((cookie >> 16) & 0x3f) as u8 == reason
+                    || ((cookie >> 22) & 0x3f) as u8 == reason))
+    }
+
+    /// Where a `sudog` keeps its `waiters` count in the cookie's
+    /// release; 0 where it has none (before Go 1.22).
+    pub const fn waiters_at(cookie: u64) -> u64 {
+        match (cookie >> 28) & 0x3 {
+            1 => 54,
+            2 => 62,
+            _ => 0,
+        }
     }
 }
+
+/// A goroutine's semaphore wait in progress (the `GO_SEMA_CALLS` map, by
+/// process and `g`): when its `semacquire1` call began, and when it was
+/// last readied in that call (a woken waiter that finds the semaphore
+/// taken parks again in the same call, and Go times the call as one).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GoSemaCall {
+    pub start_ns: u64,
+    pub last_ready_ns: u64,
+    /// The semaphore's address (`semacquire1`'s first argument).
+    pub addr: u64,
+    /// The wait's start as the runtime's mutex profile keeps it
+    /// (`sudog.acquiretime`): the call's start, then what it was when the
+    /// waiter was last released in the call (kept if it queues again).
+    pub acquire_ns: u64,
+    /// The call queues its waiter at the head (`lifo`: a sync.Mutex
+    /// waiter woken before that found the lock taken), not at the tail.
+    pub lifo: u32,
+    pub _pad: u32,
+}
+
+/// Goroutines in a semaphore wait whose start is remembered (some 1.7 MB
+/// of map; one evicted is timed from its park, as before its call was
+/// seen).
+pub const GO_SEMA_CALLS_ENTRIES: u32 = 16_384;
+
+/// The queue of mutex waiters on one semaphore (the `GO_SEMA_ROOTS` map,
+/// by process and the semaphore's address, or its root's lock where the
+/// call was not seen), as far as the probes saw it: what Go's mutex
+/// profile needs to charge a release as the runtime does.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GoSemaRoot {
+    /// Mutex waiters parked on it now.
+    pub waiting: u32,
+    pub _pad: u32,
+    /// The head's and the tail's `acquiretime` as the runtime keeps them:
+    /// a waiter's own start when it queues alone (or at the tail), the
+    /// head's kept by a waiter queued in front of it, and both reset to
+    /// the release's time by each release that leaves waiters behind.
+    pub head_ns: u64,
+    pub tail_ns: u64,
+    /// When it last changed.
+    pub touched_ns: u64,
+}
+
+/// Semaphores whose queues are followed (contended at once: an evicted
+/// one is charged each waiter's own wait, as before queues were followed).
+pub const GO_SEMA_ROOTS_ENTRIES: u32 = 4096;
 
 /// A parked goroutine (the `GO_PARKED` map, by process and `g` address):
 /// when and where it parked.
@@ -194,6 +303,9 @@ pub struct GoPark {
     /// `sp`, the caller's frame pointer in `bp`.
     pub sp: u64,
     pub bp: u64,
+    /// For a mutex wait, the semaphore root's lock it queued under
+    /// (gopark's `lock`); else 0.
+    pub root: u64,
     pub tid: u32,
     /// The `waitReason` it parked with (gopark's third argument).
     pub reason: u32,

@@ -118,6 +118,10 @@ pub enum Workload {
     /// main.allocQuarter with their bytes counted; exits as soon as it
     /// is done; `SECONDS RATE [--wait-stdin]`.
     GoAlloc,
+    /// `go_locks.go`: three goroutines queued on one sync.Mutex, two
+    /// readers on a sync.RWMutex, a sync.WaitGroup waiter; writes its
+    /// own block and mutex profiles; `SECONDS PROFILE [--wait-stdin]`.
+    GoLocks,
 }
 
 /// The Go toolchains the tests build with: Debian's Go 1.19 and a current
@@ -170,7 +174,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 24] = [
+    pub const ALL: [Workload; 25] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -195,6 +199,7 @@ impl Workload {
         Workload::GoGoroutines,
         Workload::GoGoroutinesStripped,
         Workload::GoAlloc,
+        Workload::GoLocks,
     ];
 
     /// Whether `go build` builds it.
@@ -212,6 +217,7 @@ impl Workload {
                 | Workload::GoGoroutines
                 | Workload::GoGoroutinesStripped
                 | Workload::GoAlloc
+                | Workload::GoLocks
         )
     }
 
@@ -219,7 +225,7 @@ impl Workload {
     /// tests build per Go toolchain ([`Workload::build_with_go`], which
     /// never copies a prebuilt one) are left out.
     pub fn is_prebuilt(self) -> bool {
-        !self.is_go() || self == Workload::ChanBlockGo
+        !self.is_go() || matches!(self, Workload::ChanBlockGo | Workload::GoLocks)
     }
 
     /// Whether it is linked without symbol table and DWARF (`-s -w`).
@@ -276,6 +282,7 @@ impl Workload {
             Workload::GoContention | Workload::GoContentionStripped => "go_contention.go",
             Workload::GoGoroutines | Workload::GoGoroutinesStripped => "go_goroutines.go",
             Workload::GoAlloc => "go_alloc.go",
+            Workload::GoLocks => "go_locks.go",
         };
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("workloads")

@@ -943,9 +943,10 @@ fn condition_waits_name_their_condition_on(probes: Probes) {
 // Go: goroutines parked on a channel.
 
 /// Goroutines blocked receiving from a channel show in the block profile
-/// at their receive (runtime.chanrecv <- main.consumer), as in Go's own
-/// block profile, with the time the consumers measured (the park points
-/// runtime.gopark and runtime.ready; no futex is involved).
+/// at their receive, starting where Go's own block profile starts it
+/// (`runtime.chanrecv2 <- main.consumer`: `_, ok := <-ch`, the runtime's
+/// park path below it hidden), with the time the consumers measured (the
+/// park points runtime.gopark and runtime.ready; no futex is involved).
 #[test]
 fn go_goroutines_blocked_on_a_channel() {
     go_goroutines_blocked_on_a_channel_on(Probes::Best);
@@ -968,9 +969,10 @@ fn go_goroutines_blocked_on_a_channel_on(probes: Probes) {
     let blocked_ns = field(&parse_report(&stdout, "blocked_ns"), "blocked_ns");
     let run = WaitRun::read(&out, 100, pid, &stdout, daemon);
     let at_receive = |s: &FlatSample| {
-        s.position("main.consumer")
-            .zip(s.position("runtime.chanrecv"))
-            .is_some_and(|(consumer, recv)| recv < consumer)
+        s.frames
+            .first()
+            .is_some_and(|leaf| leaf.function == "runtime.chanrecv2")
+            && s.has_function("main.consumer")
     };
     let received: i64 = run
         .block
@@ -985,13 +987,13 @@ fn go_goroutines_blocked_on_a_channel_on(probes: Probes) {
         .map(|s| s.stack_text())
         .collect();
     println!(
-        "go: consumers measured {blocked_ns} ns blocked; block profile at runtime.chanrecv <- \
+        "go: consumers measured {blocked_ns} ns blocked; block profile at runtime.chanrecv2 <- \
          main.consumer: {received} ns ({:.3})",
         ratio(received, blocked_ns)
     );
     assert!(
         within(received, blocked_ns, 0.2),
-        "goroutines blocked at runtime.chanrecv <- main.consumer: {received} ns in the block \
+        "goroutines blocked at runtime.chanrecv2 <- main.consumer: {received} ns in the block \
          profile, the consumers measured {blocked_ns} ns; consumer stacks:\n{}{}",
         leaves.join("\n"),
         run.diag()

@@ -486,3 +486,152 @@ fn goroutine_waits_on_a_park_budget_agree_with_the_program() {
         "{version}: block delay at main.recvWait {recv} and main.lockWait {lock}, runtime/pprof {go_recv} and {go_lock}; mutex delay at main.holdLock {unlock}, runtime/pprof {go_unlock} (allowed ±{GO_TOLERANCE}){diag}"
     );
 }
+
+/// The sites of go_locks.go in the block profile (the waiters) and in the
+/// mutex profile (the goroutines whose unlocks end waits).
+const LOCK_BLOCK_SITES: [&str; 4] = [
+    "main.lockWaiter",
+    "main.rwReader",
+    "main.rwWriter",
+    "main.wgWaiter",
+];
+const LOCK_MUTEX_SITES: [&str; 4] = [
+    "main.holder",
+    "main.lockWaiter",
+    "main.rwWriter",
+    "main.rwReader",
+];
+
+/// The function most of `site`'s delay starts at (its samples' leaf).
+fn leaf_of(samples: &[FlatSample], site: &str) -> String {
+    let mut by_leaf: std::collections::BTreeMap<String, i64> = Default::default();
+    for s in samples.iter().filter(|s| s.has_function(site)) {
+        let leaf = s
+            .frames
+            .first()
+            .map(|f| f.function.clone())
+            .unwrap_or_default();
+        *by_leaf.entry(leaf).or_default() += s.values[1];
+    }
+    by_leaf
+        .into_iter()
+        .max_by_key(|&(_, v)| v)
+        .map(|(leaf, _)| leaf)
+        .unwrap_or_default()
+}
+
+/// Contention as Go's own profiles count it, with several goroutines
+/// queued on one lock at once (go_locks.go), on Go 1.19 and a current Go:
+/// per site the block delay (the waiters) and the mutex delay (the
+/// unlockers: a sync.Mutex's and an RWMutex's, never a WaitGroup's) within
+/// ±20% of runtime/pprof's of the same run, each site's samples starting
+/// at the frame Go's start at.
+#[test]
+fn queued_contention_is_counted_by_go_s_rules() {
+    require_root();
+    let tmp = temp_dir();
+    let failed: Vec<String> = go_versions()
+        .into_iter()
+        .filter_map(|(version, go)| {
+            let tag = version.replace(' ', "_");
+            let exe = Workload::GoLocks.build_with_go(tmp.path(), &format!("locks_{tag}"), &go);
+            queued_contention_failures(version, &exe, tmp.path())
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The same with the workload built beforehand by the default Go (the VM
+/// suite's: the kernel's verifier takes the park probe's queue code, with
+/// the mutex profile on, on each kernel).
+#[test]
+fn queued_contention_on_this_kernel() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::GoLocks.build(tmp.path(), "go_locks");
+    if let Some(failed) = queued_contention_failures("default go", &exe, tmp.path()) {
+        panic!("{failed}");
+    }
+}
+
+/// Profiles go_locks `exe` (built by Go `version`) and holds its sites to
+/// Go's own profiles: what failed, if anything.
+fn queued_contention_failures(
+    version: &str,
+    exe: &std::path::Path,
+    tmp: &std::path::Path,
+) -> Option<String> {
+    let tag = version.replace(' ', "_");
+    let own = tmp.join(format!("locks-own-{tag}.pprof"));
+    let out = tmp.join(format!("locks-out-{tag}"));
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        exe,
+        &["3", own.to_str().expect("UTF-8 path")],
+        &out,
+        99,
+        &[
+            "--profiles",
+            "block,mutex",
+            "--block-rate",
+            "1ns",
+            "--mutex-fraction",
+            "1",
+        ],
+    );
+    let mine = |kind: &str| -> Vec<FlatSample> {
+        flatten_all(&read_profiles(&out, kind))
+            .into_iter()
+            .filter(|s| s.pid() == pid)
+            .collect()
+    };
+    let theirs = |path: std::path::PathBuf| {
+        flatten(
+            &pprof_proto::decode(&std::fs::read(path).expect("the program's own profile"))
+                .expect("Go's own profile decodes"),
+        )
+    };
+    let (block, go_block) = (mine("block"), theirs(own.clone()));
+    let (mutex, go_mutex) = (mine("mutex"), theirs(own.with_extension("pprof.mutex")));
+    let diag = format!(
+        "\n{}\n{}\n{}",
+        pprof_tops(&read_profiles(&out, "block"), Some(pid)),
+        pprof_tops(&read_profiles(&out, "mutex"), Some(pid)),
+        daemon.describe()
+    );
+    println!("{version}: {report:?}");
+    let mut failures = Vec::new();
+    for (profile, sites, ours, go) in [
+        ("block", &LOCK_BLOCK_SITES, &block, &go_block),
+        ("mutex", &LOCK_MUTEX_SITES, &mutex, &go_mutex),
+    ] {
+        for site in sites {
+            let (d, g) = (delay_of(ours, site), delay_of(go, site));
+            let (leaf, go_leaf) = (leaf_of(ours, site), leaf_of(go, site));
+            println!(
+                "{version}: {profile} at {site}: profilerd {d} runtime/pprof {g} ({:.3}); leaf {leaf} / {go_leaf}",
+                d as f64 / g.max(1) as f64
+            );
+            if off(d, g) > GO_TOLERANCE {
+                failures.push(format!("{profile} at {site}: {d} against {g}"));
+            }
+            if leaf != go_leaf {
+                failures.push(format!("{profile} at {site}: leaf {leaf}, Go's {go_leaf}"));
+            }
+        }
+    }
+    // A WaitGroup is no mutex: nothing at its Done.
+    let (wg, total) = (
+        delay_of(&mutex, "main.wgWorker"),
+        mutex.iter().map(|s| s.values[1]).sum::<i64>(),
+    );
+    println!("{version}: mutex at main.wgWorker {wg} of {total}");
+    if wg > 0 {
+        failures.push(format!("mutex at main.wgWorker: {wg}"));
+    }
+    (!failures.is_empty())
+        .then(|| format!("{version}: {failures:?} (allowed ±{GO_TOLERANCE}){diag}"))
+}

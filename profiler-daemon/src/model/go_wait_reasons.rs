@@ -82,6 +82,23 @@ pub fn mutex_reasons(minor: u32) -> Option<[u8; 3]> {
     }
 }
 
+/// The reasons of Go release 1.`minor`'s other semaphore waits (those
+/// `runtime.semacquire1` parks that are not a mutex's): `semacquire`
+/// (sync.WaitGroup before 1.24, `internal/poll`) and `sync.WaitGroup.Wait`
+/// (from 1.24); 0 for one the release does not have. None for a release
+/// not in the tables.
+pub fn sema_reasons(minor: u32) -> Option<[u8; 2]> {
+    let table = TABLES[table_of(minor)?];
+    let number = |text: &str| {
+        table
+            .iter()
+            .position(|t| *t == text)
+            .and_then(|n| u8::try_from(n).ok())
+            .unwrap_or(0)
+    };
+    Some([number("semacquire"), number("sync.WaitGroup.Wait")])
+}
+
 /// Whether Go's block profile counts a park for `reason`: channel
 /// operations, select, and the sync package's waits (semaphores,
 /// sync.Cond, sync.Mutex, sync.RWMutex, sync.WaitGroup), as the runtime
@@ -381,6 +398,10 @@ mod tests {
         assert_eq!(reason_text(27, rlock), Some("sync.RWMutex.RLock"));
         assert_eq!(reason_text(27, wlock), Some("sync.RWMutex.Lock"));
         assert_eq!(mutex_reasons(40), None);
+        let [sema, wait_group] = sema_reasons(27).expect("known");
+        assert_eq!(reason_text(27, sema), Some("semacquire"));
+        assert_eq!(reason_text(27, wait_group), Some("sync.WaitGroup.Wait"));
+        assert_eq!(sema_reasons(19), Some([18, 0]), "WaitGroup is a semacquire");
     }
 
     #[test]

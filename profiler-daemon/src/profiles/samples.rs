@@ -240,8 +240,40 @@ pub(crate) fn hide_sync_release(frames: &mut Vec<Frame>) {
             || name.ends_with(").unlockSlow")
             || name.ends_with(").rUnlockSlow")
     };
+    drop_leading_lines(frames, internal);
+}
+
+/// Drops, at the leaf end of a goroutine's park, the frames Go's block
+/// profile does not show: the runtime's park path (`gopark`, its
+/// semaphore, condition and channel internals) and the sync package's
+/// acquire path (its semaphore calls, the slow lock, from Go 1.24 the
+/// `internal/sync` mutex under `sync.Mutex`), inlined lines included, so
+/// that the sample starts where Go's does: at the exported sync method
+/// (`sync.(*Mutex).Lock`, `sync.(*WaitGroup).Wait`, `sync.(*Cond).Wait`),
+/// or at the runtime's channel entry the program called
+/// (`runtime.chanrecv1`, `runtime.chansend1`, `runtime.selectgo`).
+pub(crate) fn hide_go_park(frames: &mut Vec<Frame>) {
+    const SHOWN: [&str; 4] = [
+        "runtime.chanrecv1",
+        "runtime.chanrecv2",
+        "runtime.chansend1",
+        "runtime.selectgo",
+    ];
+    let hidden = |line: &Line| {
+        let name = line.function.as_str();
+        (name.starts_with("runtime.") && !SHOWN.contains(&name))
+            || name.starts_with("sync.runtime_")
+            || name.starts_with("internal/sync.")
+            || name.ends_with(").lockSlow")
+    };
+    drop_leading_lines(frames, hidden);
+}
+
+/// Drops the leading lines (innermost first) for which `hidden` holds,
+/// and the frames left with none.
+fn drop_leading_lines(frames: &mut Vec<Frame>, hidden: impl Fn(&Line) -> bool) {
     while let Some(first) = frames.first() {
-        let inner = first.lines.iter().take_while(|l| internal(l)).count();
+        let inner = first.lines.iter().take_while(|l| hidden(l)).count();
         if inner == 0 {
             break;
         }
@@ -254,6 +286,21 @@ pub(crate) fn hide_sync_release(frames: &mut Vec<Frame>) {
         frames[0].lines = Arc::from(kept);
         break;
     }
+}
+
+/// Whether a goroutine's release (after [`hide_sync_release`]) starts at
+/// an unlock Go's mutex profile counts: a sync.Mutex's or sync.RWMutex's,
+/// not a sync.WaitGroup's, a poller's or the runtime's own semaphore.
+pub(crate) fn is_go_mutex_release(frames: &[Frame]) -> bool {
+    frames
+        .first()
+        .and_then(|f| f.lines.first())
+        .is_some_and(|line| {
+            matches!(
+                line.function.as_str(),
+                "sync.(*Mutex).Unlock" | "sync.(*RWMutex).Unlock" | "sync.(*RWMutex).RUnlock"
+            )
+        })
 }
 
 #[cfg(test)]

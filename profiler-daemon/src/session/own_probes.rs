@@ -47,8 +47,9 @@ const CAPTURE_HEAP_RING_BYTES: u32 = 8 << 20;
 /// most): at the node's sizes they were 24 of those 40 MiB. An entry
 /// evicted from these LRU maps costs a longer stack copy (`STACK_TOPS`),
 /// a fresh sampling draw (`HEAP_THREADS`, unbiased), a new look-up
-/// (`PY_THREADS`) or a wait not charged (`GO_PARKED`, `FUTEX_WAKERS`).
-const CAPTURE_MAP_CAPS: [(&str, u32); 7] = [
+/// (`PY_THREADS`), a wait not charged (`GO_PARKED`, `FUTEX_WAKERS`) or
+/// timed from its park rather than its semaphore call (`GO_SEMA_CALLS`).
+const CAPTURE_MAP_CAPS: [(&str, u32); 8] = [
     ("STACK_TOPS", 4096),
     ("HEAP_THREADS", 4096),
     ("PY_THREADS", 4096),
@@ -56,6 +57,7 @@ const CAPTURE_MAP_CAPS: [(&str, u32); 7] = [
     ("FORKED", 4096),
     ("FUTEX_WAKERS", 4096),
     ("GO_PARKED", 16384),
+    ("GO_SEMA_CALLS", 4096),
 ];
 
 /// What loading a capture's probes looks up: the kernel's features, and

@@ -147,6 +147,8 @@ pub(crate) fn log_go_summary(
         go_heap_checks_dropped = heap_rates.checks_dropped,
         go_parks_not_blocking = crate::profiles::waits::GO_PARKS_NOT_BLOCKING
             .load(std::sync::atomic::Ordering::Relaxed),
+        go_releases_not_mutex = crate::profiles::waits::GO_RELEASES_NOT_MUTEX
+            .load(std::sync::atomic::Ordering::Relaxed),
         go_runtime_futexes_skipped = c[counter::GO_RUNTIME_FUTEXES_SKIPPED as usize],
         go_runtime_futexes = crate::profiles::waits::GO_RUNTIME_FUTEXES
             .load(std::sync::atomic::Ordering::Relaxed),

@@ -1,6 +1,8 @@
 //! Go's park points for the block and mutex profiles (runtime.gopark,
-//! runtime.ready and runtime.readyWithTime): goroutine waits that never
-//! reach a futex.
+//! runtime.ready, runtime.readyWithTime and runtime.semacquire1):
+//! goroutine waits that never reach a futex, timed and charged by the
+//! rules of the Go release that built the program (design 016, "Contention
+//! by Go's rules").
 
 use core::intrinsics::{AtomicOrdering, atomic_xadd};
 
@@ -17,8 +19,9 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES, GoPark, LiveKey as FutexKey,
-    MAX_STACK_DEPTH, MutexDelay, ParkGate, WaitHead, WaitStack, counter, go_fn, probe_cookie,
+    COMM_LEN, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES, GO_SEMA_CALLS_ENTRIES,
+    GO_SEMA_ROOTS_ENTRIES, GoPark, GoSemaCall, GoSemaRoot, LiveKey as FutexKey, MAX_STACK_DEPTH,
+    MutexDelay, ParkGate, WaitHead, WaitStack, counter, go_fn, probe_cookie,
     sampling::{keep_block_event, keep_mutex_event},
     wait_event, wait_flags,
 };
@@ -41,6 +44,17 @@ use crate::{
 /// Parked goroutines by (process, g address).
 #[map]
 static GO_PARKED: LruHashMap<FutexKey, GoPark> = LruHashMap::with_max_entries(GO_PARKED_ENTRIES, 0);
+
+/// Goroutines' semaphore waits in progress by (process, g address): when
+/// their `semacquire1` call began.
+#[map]
+static GO_SEMA_CALLS: LruHashMap<FutexKey, GoSemaCall> =
+    LruHashMap::with_max_entries(GO_SEMA_CALLS_ENTRIES, 0);
+
+/// Semaphore roots' queues of mutex waiters by (process, root lock).
+#[map]
+static GO_SEMA_ROOTS: LruHashMap<FutexKey, GoSemaRoot> =
+    LruHashMap::with_max_entries(GO_SEMA_ROOTS_ENTRIES, 0);
 
 /// Each Go process's park-probe gate and run count (see `ParkGate`).
 #[map]
@@ -76,12 +90,13 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     }
     let regs = ctx.regs;
     // SAFETY: plain helpers; checked context loads of the user's pt_regs.
-    let (cookie, now, r14, rax, rcx, sp, bp) = unsafe {
+    let (cookie, now, r14, rax, rbx, rcx, sp, bp) = unsafe {
         (
             bpf_get_attach_cookie(ctx.regs.cast()) & probe_cookie::FUNCTION,
             bpf_ktime_get_ns(),
             (*regs).r14,
             (*regs).rax,
+            (*regs).rbx,
             (*regs).rcx,
             (*regs).rsp,
             (*regs).rbp,
@@ -97,19 +112,64 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
             // field of a sudog in every release.
             // SAFETY: a checked read of user memory.
             let g = unsafe { read_user(rax as *const u64) }.map_err(|_| 0u32)?;
-            on_release(&ctx, tgid, pid_tgid as u32, cookie, g, (since, now));
+            on_release(&ctx, tgid, pid_tgid as u32, cookie, (g, rax), (since, now));
         }
         return Ok(0);
     }
+    if function == go_fn::SEMACQUIRE {
+        // semacquire1(addr, lifo, ...) on the goroutine in R14: Go's
+        // block profile times the call from here to the release that
+        // ends it.
+        let key = FutexKey {
+            tgid,
+            _pad: 0,
+            addr: r14,
+        };
+        let call = GoSemaCall {
+            start_ns: now,
+            last_ready_ns: 0,
+            addr: rax,
+            acquire_ns: now,
+            lifo: (rbx & 0xff) as u32,
+            _pad: 0,
+        };
+        let _ = GO_SEMA_CALLS.insert(key, call, 0);
+        return Ok(0);
+    }
     if function == go_fn::GOPARK {
+        // gopark(unlockf, lock, reason waitReason, ...): a uint8 in RCX on
+        // every release read (1.19 to 1.27); `lock` in RBX, for a
+        // semaphore wait the lock of its root.
+        let reason = (rcx & 0xff) as u32;
+        let root = match mutex_on && go_fn::is_mutex_reason(cookie, reason as u8) {
+            true => {
+                let call = FutexKey {
+                    tgid,
+                    _pad: 0,
+                    addr: r14,
+                };
+                // The semaphore's own queue where its call was seen (a
+                // root holds the queues of many addresses), else the
+                // root's.
+                // SAFETY: copied out at once.
+                let (queue, acquire, lifo) = match unsafe { GO_SEMA_CALLS.get(call) } {
+                    Some(c) if c.start_ns <= now && c.addr != 0 => {
+                        (c.addr, c.acquire_ns, c.lifo != 0)
+                    }
+                    _ => (rbx, now, false),
+                };
+                queue_on(tgid, queue, (now, since), acquire, lifo);
+                queue
+            }
+            false => 0,
+        };
         let park = GoPark {
             start_ns: now,
             sp,
             bp,
+            root,
             tid: pid_tgid as u32,
-            // gopark(unlockf, lock, reason waitReason, ...): a uint8 in
-            // RCX on every release read (1.19 to 1.27).
-            reason: (rcx & 0xff) as u32,
+            reason,
             comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         };
         let key = FutexKey {
@@ -128,6 +188,9 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
     // SAFETY: copied out before the entry is removed.
     let park = (unsafe { GO_PARKED.get(key) }).copied().ok_or(0u32)?;
     let _ = GO_PARKED.remove(key);
+    if park.root != 0 {
+        leave_queue(tgid, park.root);
+    }
     // Parked before this window opened: the goroutine may have been
     // readied and parked again while the probes were detached.
     if park.start_ns < since {
@@ -138,7 +201,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         return Ok(0);
     }
     count(counter::FUTEX_WAITS);
-    let waited = now.saturating_sub(park.start_ns);
+    let waited = now.saturating_sub(wait_start(tgid, rax, &park, cookie, now));
     // SAFETY: plain helper.
     let random = unsafe { bpf_get_prandom_u32() };
     if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
@@ -197,7 +260,7 @@ fn on_release(
     tgid: u32,
     tid: u32,
     cookie: u64,
-    g: u64,
+    (g, s): (u64, u64),
     (since, now): (u64, u64),
 ) {
     let key = FutexKey {
@@ -212,6 +275,9 @@ fn on_release(
     if park.start_ns < since || !go_fn::is_mutex_reason(cookie, park.reason as u8) {
         return;
     }
+    // Charged as the release's runtime charges it, whether kept or not:
+    // the queue's state moves on at every release.
+    let charged = release_charge(tgid, (g, s), &park, cookie, now);
     // SAFETY: plain helpers.
     let (random, cpu) = unsafe { (bpf_get_prandom_u32(), bpf_get_smp_processor_id()) };
     if !keep_mutex_event(global(&MUTEX_FRACTION), random) {
@@ -256,7 +322,7 @@ fn on_release(
         kind: wait_event::MUTEX_DELAY,
         tgid,
         wake_id,
-        delay_ns: now.saturating_sub(park.start_ns),
+        delay_ns: charged,
     };
     if WAIT_EVENTS
         .output::<MutexDelay>(&delay, wake_flag(&WAIT_EVENTS, &WAIT_EVENTS_RING))
@@ -265,6 +331,159 @@ fn on_release(
         count(counter::WAIT_EVENTS_LOST);
         klog!(why::GO_WAIT_LOST, tgid, tid, wake_id);
     }
+}
+
+/// Where a readied goroutine's wait began, by Go's block rule: a
+/// semaphore wait from its `semacquire1` call's start (or its last
+/// readying in that call: a woken waiter that finds the semaphore taken
+/// parks again, and Go times the call as one wait, charged once), any
+/// other from its park.
+#[inline(always)]
+fn wait_start(tgid: u32, g: u64, park: &GoPark, cookie: u64, now: u64) -> u64 {
+    if !go_fn::is_sema_reason(cookie, park.reason as u8) {
+        return park.start_ns;
+    }
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: g,
+    };
+    let Some(call) = GO_SEMA_CALLS.get_ptr_mut(key) else {
+        return park.start_ns;
+    };
+    // SAFETY: a map value, valid during this run.
+    unsafe {
+        let (start, last) = ((*call).start_ns, (*call).last_ready_ns);
+        (*call).last_ready_ns = now;
+        // A call from before this park's window, or an entry left by an
+        // earlier call (its goroutine parked on no semaphore since).
+        if start == 0 || start > park.start_ns {
+            return park.start_ns;
+        }
+        if last > start { last } else { start }
+    }
+}
+
+/// A mutex waiter whose wait began at `acquire` (as the runtime keeps
+/// it) parks on the semaphore `queue`, at the head if `lifo`: the queue
+/// grows, as the runtime's `semaRoot.queue` keeps it. `since`: the start
+/// of the process's probe window; a queue last touched before it is taken
+/// as new (its waiters' readies may have gone unseen).
+#[inline(always)]
+fn queue_on(tgid: u32, queue: u64, (now, since): (u64, u64), acquire: u64, lifo: bool) {
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: queue,
+    };
+    match GO_SEMA_ROOTS.get_ptr_mut(key) {
+        // SAFETY: a map value, valid during this run.
+        Some(entry) => unsafe {
+            if (*entry).waiting == 0 || (*entry).touched_ns < since {
+                // Alone: head and tail.
+                (*entry).waiting = 0;
+                (*entry).head_ns = acquire;
+                (*entry).tail_ns = acquire;
+            } else if !lifo {
+                (*entry).tail_ns = acquire;
+            }
+            // At the head, the waiter takes the head's time.
+            (*entry).waiting += 1;
+            (*entry).touched_ns = now;
+        },
+        None => {
+            let entry = GoSemaRoot {
+                waiting: 1,
+                _pad: 0,
+                head_ns: acquire,
+                tail_ns: acquire,
+                touched_ns: now,
+            };
+            let _ = GO_SEMA_ROOTS.insert(key, entry, 0);
+        }
+    }
+}
+
+/// A mutex waiter queued on `queue` was readied: the queue shrinks.
+#[inline(always)]
+fn leave_queue(tgid: u32, queue: u64) {
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: queue,
+    };
+    if let Some(entry) = GO_SEMA_ROOTS.get_ptr_mut(key) {
+        // SAFETY: a map value, valid during this run.
+        unsafe {
+            if (*entry).waiting > 0 {
+                (*entry).waiting -= 1;
+            }
+        }
+    }
+}
+
+/// The mutex delay Go charges a release, at `now`, that readies goroutine
+/// `g` parked as `park` (its `sudog` at `s`), from its queue as the
+/// probes followed it (`semrelease1` and `semaRoot.dequeue`):
+/// - the head's wait, dt0 = now - the head's `acquiretime`; the next
+///   waiter's is reset to now, so a queue's wait is counted once, not once
+///   per waiter (every release);
+/// - from Go 1.22, plus the waiters behind the head (`w`, `sudog.waiters`,
+///   read as the runtime keeps it) times the mean of dt0 and the tail's
+///   wait: `dt0 + (dtail + dt0) / 2 * w`, the tail's wait 0 when it is the
+///   only one left (the runtime reads its time after resetting it) and dt0
+///   when none is; the tail's time is reset to now too.
+///
+/// The released waiter keeps the head's time: if it finds the semaphore
+/// taken and queues again in the same call, the runtime starts it there.
+#[inline(always)]
+fn release_charge(tgid: u32, (g, s): (u64, u64), park: &GoPark, cookie: u64, now: u64) -> u64 {
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: park.root,
+    };
+    let Some(entry) = GO_SEMA_ROOTS.get_ptr_mut(key) else {
+        return now.saturating_sub(park.start_ns);
+    };
+    // SAFETY: a map value, valid during this run.
+    let (waiting, head, tail) = unsafe {
+        let read = ((*entry).waiting, (*entry).head_ns, (*entry).tail_ns);
+        if read.0 > 1 {
+            (*entry).head_ns = now;
+            (*entry).tail_ns = now;
+        }
+        (*entry).touched_ns = now;
+        read
+    };
+    let call = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: g,
+    };
+    if let Some(call) = GO_SEMA_CALLS.get_ptr_mut(call) {
+        // SAFETY: a map value, valid during this run.
+        unsafe { (*call).acquire_ns = head };
+    }
+    let dt0 = now.saturating_sub(head);
+    let at = go_fn::waiters_at(cookie);
+    if at == 0 {
+        return dt0;
+    }
+    // SAFETY: a checked read of user memory.
+    let w = match unsafe { read_user((s + at) as *const u16) } {
+        Ok(w) => u64::from(w),
+        Err(_) => return dt0,
+    };
+    if w == 0 {
+        return dt0;
+    }
+    let dtail = match waiting.saturating_sub(1) {
+        0 => dt0,
+        1 => 0,
+        _ => now.saturating_sub(tail),
+    };
+    dt0 + (dtail + dt0) / 2 * w
 }
 
 /// Sends a kept goroutine wait with its frames (the return address at

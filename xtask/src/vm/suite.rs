@@ -28,6 +28,9 @@ pub const SUITE: &[(&str, &str)] = &[
     ("block_mutex", "mutex_held_every_wakeup"),
     ("block_mutex", "condition_waits_name_their_condition"),
     ("block_mutex", "go_goroutines_blocked_on_a_channel"),
+    // Go's semaphore queues followed in the park probe, the mutex profile
+    // on: what each kernel's verifier takes, and Go's own profiles agree.
+    ("go_waits", "queued_contention_on_this_kernel"),
     // One waiting thread: under emulation the daemon's unwinding runs tens
     // of times slower while waits keep their length, so the tests with two
     // and four waiting threads outrun its drain (222 and 930 wait events

@@ -256,6 +256,12 @@ impl Probes {
                 "GO_PARK_GATES",
                 config.block || config.mutex_fraction.is_some(),
             ),
+            (
+                "GO_SEMA_CALLS",
+                config.block || config.mutex_fraction.is_some(),
+            ),
+            // Only the mutex profile follows semaphores' queues.
+            ("GO_SEMA_ROOTS", config.mutex_fraction.is_some()),
             ("GO_FREEING", config.heap_sample_bytes.is_some()),
             ("WALK_HINTS", waits_on),
         ] {

@@ -37,8 +37,8 @@ use crate::profiles::records::{
 };
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
-    hide_go_runtime, hide_sync_release, is_tracing_frame, prefetch_user_stack, push_stack,
-    python_frames, sample_labels, user_frames,
+    hide_go_park, hide_go_runtime, hide_sync_release, is_go_mutex_release, is_tracing_frame,
+    prefetch_user_stack, push_stack, python_frames, sample_labels, user_frames,
 };
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::symbolize::python::PythonCodes;
@@ -346,6 +346,11 @@ fn is_go_runtime_futex(frames: &[Frame]) -> bool {
         .is_some_and(|line| line.function == "runtime.futex")
 }
 
+/// Goroutine releases left out of mutex profiles: a Go 1.19 or 1.20
+/// semaphore release (whose waiters all park as `semacquire`) that is not
+/// a sync.Mutex's or sync.RWMutex's unlock (a WaitGroup's, a poller's).
+pub static GO_RELEASES_NOT_MUTEX: AtomicU64 = AtomicU64::new(0);
+
 /// Goroutine parks left out of block profiles: their reason is one Go's
 /// own block profile does not count (a sleep, I/O, the runtime's own).
 pub static GO_PARKS_NOT_BLOCKING: AtomicU64 = AtomicU64::new(0);
@@ -394,6 +399,17 @@ pub(crate) fn build_wait_profile(
             // mutex profile shows it.
             hide_go_runtime(&mut frames);
             hide_sync_release(&mut frames);
+            // Before Go 1.21 every semaphore waiter parks alike: only the
+            // unlocks Go's mutex profile counts stay.
+            if go_wait_reasons::key_text(id.go_wait) == Some("semacquire")
+                && !is_go_mutex_release(&frames)
+            {
+                GO_RELEASES_NOT_MUTEX.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        } else if id.go_wait != 0 {
+            // A goroutine's park: from where Go's block profile starts.
+            hide_go_park(&mut frames);
         }
         let mut labels = sample_labels(settings, procs, id);
         if id.go_wait != 0 {
