@@ -9,10 +9,12 @@
 //! the waits that began and ended inside a window (the gate), so a wait of
 //! length L is seen with probability (W − L) / P, and the block and mutex
 //! profiles weigh it by the inverse (`profiles::waits::ParkWindows`): the
-//! estimate stays Go's, at a cost the budget bounds. A window lasts at
-//! least `MIN_WINDOW` (the period grows, up to `MAX_PERIOD`, to keep the
-//! duty): waits longer than their window are not seen while a process is
-//! on the cycle, and are counted (`GO_WAITS_OUTLASTING_WINDOWS`)
+//! estimate stays Go's, at a cost the budget bounds. Windows are short and
+//! frequent (`MIN_WINDOW` every `MIN_PERIOD` to `MAX_PERIOD`), so that every
+//! phase of a program is seen; waits longer than their window are not seen
+//! while a process is on the cycle, and are counted
+//! (`GO_WAITS_OUTLASTING_WINDOWS`); the profiles say which processes were
+//! cycled, in their comments
 //! (docs/design/016-go-from-outside.md, "Park probes on a budget").
 //!
 //! A link probes a file: per target process (`--pid`), or for every
@@ -28,16 +30,23 @@ use profiler_common::ParkGate;
 
 use crate::bpf::uprobes::{LinkKey, UprobeLinks};
 
-/// How often the processes' rates are read, and the shortest period.
+/// How often the processes' rates are read.
 pub const CHECK: Duration = Duration::from_secs(1);
 /// When the rates are first read after the start: the processes running
 /// then would otherwise pay a whole second of every park probed.
 const FIRST_CHECK: Duration = Duration::from_millis(100);
 /// The shortest window: waits as long are seen in every cycled process.
-const MIN_WINDOW: Duration = Duration::from_millis(100);
+/// Short, so that windows come often: a program that changes phase every
+/// few hundred milliseconds (a benchmark suite, a batch job) is seen in
+/// every phase, where one window of 100 ms every 2.5 s saw three of a
+/// 5 s run (design 016, "Park probes on a budget").
+const MIN_WINDOW: Duration = Duration::from_millis(20);
+/// The shortest period: at a duty of MIN_WINDOW / MIN_PERIOD (20%) or
+/// more, ten windows a second.
+const MIN_PERIOD: Duration = Duration::from_millis(100);
 /// The longest period: below a duty of MIN_WINDOW / MAX_PERIOD (1%), a
 /// process pays that duty, above its budget.
-const MAX_PERIOD: Duration = Duration::from_secs(10);
+const MAX_PERIOD: Duration = Duration::from_secs(2);
 /// A cycled link goes back to always attached when its rate in the open
 /// windows falls below this share of the budget (hysteresis).
 const LEAVE_SHARE: f64 = 0.5;
@@ -73,7 +82,7 @@ struct Cycle {
 impl Cycle {
     fn new(duty: f64, now: Instant) -> Self {
         let mut cycle = Cycle {
-            period: CHECK,
+            period: MIN_PERIOD,
             window: MIN_WINDOW,
             period_end: now,
             opens_at: None,
@@ -86,11 +95,12 @@ impl Cycle {
         cycle
     }
 
-    /// The period and window for `duty`: one window a second where it is
-    /// at least MIN_WINDOW long, else a longer period (up to MAX_PERIOD).
+    /// The period and window for `duty`: windows of MIN_WINDOW as often
+    /// as the duty allows (every MIN_PERIOD at most, longer windows
+    /// then), never rarer than every MAX_PERIOD.
     fn set_duty(&mut self, duty: f64) {
         let duty = duty.clamp(1e-6, 1.0);
-        self.period = MIN_WINDOW.div_f64(duty).clamp(CHECK, MAX_PERIOD);
+        self.period = MIN_WINDOW.div_f64(duty).clamp(MIN_PERIOD, MAX_PERIOD);
         self.window = self
             .period
             .mul_f64(duty)
@@ -392,12 +402,18 @@ mod tests {
     #[test]
     fn a_duty_gets_a_window_of_at_least_the_shortest() {
         let now = Instant::now();
-        // A quarter: one 250 ms window a second.
+        // A quarter: ten 25 ms windows a second.
         let c = Cycle::new(0.25, now);
-        assert_eq!((c.period, c.window), (CHECK, Duration::from_millis(250)));
-        // 1.25%: the period grows so that the window is 100 ms.
-        let c = Cycle::new(0.0125, now);
-        assert_eq!((c.period, c.window), (Duration::from_secs(8), MIN_WINDOW));
+        assert_eq!(
+            (c.period, c.window),
+            (MIN_PERIOD, Duration::from_millis(25))
+        );
+        // 5%: the period grows so that the window is 20 ms.
+        let c = Cycle::new(0.05, now);
+        assert_eq!(
+            (c.period, c.window),
+            (Duration::from_millis(400), MIN_WINDOW)
+        );
         // Below 1%: the longest period, the shortest window.
         let c = Cycle::new(0.001, now);
         assert_eq!((c.period, c.window), (MAX_PERIOD, MIN_WINDOW));

@@ -229,13 +229,18 @@ pub(crate) fn hide_go_runtime(frames: &mut Vec<Frame>) {
 /// Drops, at the leaf end of a goroutine's release of a sync.Mutex or
 /// sync.RWMutex waiter, the sync package's own release path (its
 /// semaphore call, the slow unlock, and from Go 1.24 the `internal/sync`
-/// mutex under `sync.Mutex`), inlined lines included, so that the sample
-/// starts at the exported method the program called
-/// (`sync.(*Mutex).Unlock`), as Go's mutex profile starts it.
+/// mutex's unlock), inlined lines included, so that the sample starts
+/// where Go's mutex profile starts it: at the method the program called
+/// (`sync.(*Mutex).Unlock`), or at the caller of internal/sync's mutex
+/// (`internal/sync.(*HashTrieMap).Swap` under a `sync.Map`).
 pub(crate) fn hide_sync_release(frames: &mut Vec<Frame>) {
+    // internal/sync's mutex is skipped where Go skips it, under its
+    // callers: sync.Mutex's (whose frame shows) and the others in
+    // internal/sync (a sync.Map's HashTrieMap), which Go's profile shows.
     let internal = |line: &Line| {
         let name = line.function.as_str();
-        name.starts_with("internal/sync.")
+        name.starts_with("internal/sync.runtime_")
+            || name == "internal/sync.(*Mutex).Unlock"
             || name.starts_with("sync.runtime_")
             || name.ends_with(").unlockSlow")
             || name.ends_with(").rUnlockSlow")
@@ -263,7 +268,8 @@ pub(crate) fn hide_go_park(frames: &mut Vec<Frame>) {
         let name = line.function.as_str();
         (name.starts_with("runtime.") && !SHOWN.contains(&name))
             || name.starts_with("sync.runtime_")
-            || name.starts_with("internal/sync.")
+            || name.starts_with("internal/sync.runtime_")
+            || name == "internal/sync.(*Mutex).Lock"
             || name.ends_with(").lockSlow")
     };
     drop_leading_lines(frames, hidden);

@@ -132,6 +132,8 @@ pub(crate) fn log_go_summary(
         go_park_windows = parks.windows,
         go_park_window_failures = parks.resume_failures,
         go_waits_outlasting_windows = c[counter::GO_WAITS_OUTLASTING_WINDOWS as usize],
+        go_waits_past_half_window = crate::profiles::waits::GO_WAITS_PAST_HALF_WINDOW
+            .load(std::sync::atomic::Ordering::Relaxed),
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],
         go_labels_own_stack = c[counter::GO_LABELS_OWN_STACK as usize],
         go_label_map_cache_hits = c[counter::GO_LABEL_MAP_CACHE_HITS as usize],

@@ -62,6 +62,9 @@ pub(crate) fn write_window(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0);
+    // Processes whose park probes were on a duty cycle: said in the
+    // comments of both wait profiles their goroutines' waits are in.
+    let budget_notes = waits.park_windows.take_notes();
     for &kind in &settings.profiles {
         let began = Instant::now();
         let profile = match kind {
@@ -96,7 +99,7 @@ pub(crate) fn write_window(
                     ProfileKind::Offcpu => waits.offcpu.close(),
                     _ => waits.mutex.close(),
                 };
-                build_wait_profile(
+                let mut profile = build_wait_profile(
                     kind,
                     settings,
                     symbolizer,
@@ -105,7 +108,14 @@ pub(crate) fn write_window(
                     &rows,
                     time_nanos,
                     duration.as_nanos() as i64,
-                )
+                );
+                if kind != ProfileKind::Offcpu {
+                    for note in &budget_notes {
+                        profile.comment.push(profile.string_table.len() as i64);
+                        profile.string_table.push(note.clone());
+                    }
+                }
+                profile
             }
         };
         let built = began.elapsed();

@@ -21,7 +21,7 @@ use aya_ebpf::{
 use profiler_common::{
     COMM_LEN, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES, GO_SEMA_CALLS_ENTRIES,
     GO_SEMA_ROOTS_ENTRIES, GoPark, GoSemaCall, GoSemaRoot, LiveKey as FutexKey, MAX_STACK_DEPTH,
-    MutexDelay, ParkGate, WaitHead, WaitStack, counter, go_fn, probe_cookie,
+    MutexDelay, ParkGate, STACK_COPY_BYTES, WaitHead, WaitStack, counter, go_fn, probe_cookie,
     sampling::{keep_block_event, keep_mutex_event},
     wait_event, wait_flags,
 };
@@ -29,8 +29,8 @@ use profiler_common::{
 use crate::{
     counters::count,
     globals::{
-        BLOCK_ON, BLOCK_RATE_NS, MUTEX_FRACTION, MUTEX_ON, SELF_TGID, WAIT_EVENTS_RING, global,
-        global_u8,
+        BLOCK_ON, BLOCK_RATE_NS, MUTEX_FRACTION, MUTEX_ON, SELF_TGID, SHORT_RECORDS,
+        WAIT_EVENTS_RING, global, global_u8,
     },
     go_labels::goroutine_label_set,
     klog::{self, klog, why},
@@ -286,7 +286,24 @@ fn on_release(
     let Some(wake_id) = next_wake_id(cpu) else {
         return;
     };
-    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+    if global_u8(&SHORT_RECORDS) != 0 {
+        send_release::<0>(ctx, (tgid, tid), &park, wake_id, (charged, now));
+    } else {
+        send_release::<STACK_COPY_BYTES>(ctx, (tgid, tid), &park, wake_id, (charged, now));
+    }
+}
+
+/// Sends a kept release (its stack walked now) and the delay charged to
+/// it, in a record with room for `N` stack bytes (none are copied).
+#[inline(always)]
+fn send_release<const N: usize>(
+    ctx: &ProbeContext,
+    (tgid, tid): (u32, u32),
+    park: &GoPark,
+    wake_id: u64,
+    (charged, now): (u64, u64),
+) {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack<N>>(0) else {
         count(counter::WAIT_EVENTS_LOST);
         klog!(why::GO_WAIT_LOST, tgid, tid, wake_id);
         return;
@@ -379,7 +396,8 @@ fn queue_on(tgid: u32, queue: u64, (now, since): (u64, u64), acquire: u64, lifo:
     match GO_SEMA_ROOTS.get_ptr_mut(key) {
         // SAFETY: a map value, valid during this run.
         Some(entry) => unsafe {
-            if (*entry).waiting == 0 || (*entry).touched_ns < since {
+            let waiting = (*entry).waiting;
+            if waiting == 0 || waiting > MAX_QUEUE || (*entry).touched_ns < since {
                 // Alone: head and tail.
                 (*entry).waiting = 0;
                 (*entry).head_ns = acquire;
@@ -387,8 +405,9 @@ fn queue_on(tgid: u32, queue: u64, (now, since): (u64, u64), acquire: u64, lifo:
             } else if !lifo {
                 (*entry).tail_ns = acquire;
             }
-            // At the head, the waiter takes the head's time.
-            (*entry).waiting += 1;
+            // At the head, the waiter takes the head's time. Counted
+            // atomically: the queue's waiters park and leave on every CPU.
+            atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(&raw mut (*entry).waiting, 1);
             (*entry).touched_ns = now;
         },
         None => {
@@ -416,11 +435,18 @@ fn leave_queue(tgid: u32, queue: u64) {
         // SAFETY: a map value, valid during this run.
         unsafe {
             if (*entry).waiting > 0 {
-                (*entry).waiting -= 1;
+                atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(
+                    &raw mut (*entry).waiting,
+                    u32::MAX,
+                );
             }
         }
     }
 }
+
+/// More waiters than a queue holds: a count that went below 0 in a race
+/// (checked, then taken, on two CPUs), read as empty.
+const MAX_QUEUE: u32 = 1 << 20;
 
 /// The mutex delay Go charges a release, at `now`, that readies goroutine
 /// `g` parked as `park` (its `sudog` at `s`), from its queue as the
@@ -476,8 +502,13 @@ fn release_charge(tgid: u32, (g, s): (u64, u64), park: &GoPark, cookie: u64, now
         Err(_) => return dt0,
     };
     if w == 0 {
+        // No one queued behind the head: the queue empties now, whatever
+        // the count (a park or release the probes missed) says.
+        // SAFETY: as above.
+        unsafe { (*entry).waiting = 1 };
         return dt0;
     }
+    let waiting = if waiting > MAX_QUEUE { 1 } else { waiting };
     let dtail = match waiting.saturating_sub(1) {
         0 => dt0,
         1 => 0,
@@ -490,7 +521,20 @@ fn release_charge(tgid: u32, (g, s): (u64, u64), park: &GoPark, cookie: u64, now
 /// gopark's entry, then the frame-pointer chain) and its label set.
 #[inline(always)]
 fn send_go_block(tgid: u32, park: &GoPark, waited: u64, labels: u64) {
-    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack>(0) else {
+    // Frames only (a goroutine's stack is walked here, never copied): the
+    // ring holds some 16 times as many as in the copy form, which `[debug]
+    // short_records = false` keeps.
+    if global_u8(&SHORT_RECORDS) != 0 {
+        send_go_block_in::<0>(tgid, park, waited, labels);
+    } else {
+        send_go_block_in::<STACK_COPY_BYTES>(tgid, park, waited, labels);
+    }
+}
+
+/// [`send_go_block`] in a record with room for `N` stack bytes.
+#[inline(always)]
+fn send_go_block_in<const N: usize>(tgid: u32, park: &GoPark, waited: u64, labels: u64) {
+    let Some(mut entry) = WAIT_EVENTS.reserve::<WaitStack<N>>(0) else {
         count(counter::WAIT_EVENTS_LOST);
         klog!(why::GO_WAIT_LOST, tgid, park.tid, waited);
         return;

@@ -29,7 +29,7 @@ use crate::model::profile_kind::ProfileKind;
 use crate::model::taps::Taps;
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
-use crate::profiles::cpu::LONG_RECORDS;
+use crate::profiles::cpu::{LONG_RECORDS, SHORT_RECORDS};
 use crate::profiles::pprof::ProfileBuilder;
 use crate::profiles::records::{
     Thread, brief_frames, hinted_user_stack, kernel_stack, matched_walk, python_tail, read_record,
@@ -50,7 +50,7 @@ mod park_windows;
 
 pub use block::{BlockWindow, Weight};
 pub use mutex::MutexTable;
-pub use park_windows::ParkWindows;
+pub use park_windows::{GO_WAITS_PAST_HALF_WINDOW, ParkWindows};
 
 /// What the block and mutex profiles collect.
 pub(crate) struct Waits {
@@ -195,15 +195,23 @@ pub(crate) fn read_wait_events(
                     &event.frames,
                     event.frames_len.min(MAX_STACK_DEPTH as u64),
                 )
-            } else {
-                let Some(event) = record::<WaitStack>(item) else {
-                    continue;
-                };
+            } else if let Some(event) = record::<WaitStack>(item) {
                 (
                     &event.stack[..(event.stack_len as usize).min(STACK_COPY_BYTES)],
                     &event.frames,
                     event.frames_len.min(MAX_STACK_DEPTH as u64),
                 )
+            } else if let Some(event) = record::<WaitStack<0>>(item) {
+                // Frames only: a goroutine's wait or release, walked in the
+                // kernel (`[debug] short_records`).
+                SHORT_RECORDS.fetch_add(1, Ordering::Relaxed);
+                (
+                    &[],
+                    &event.frames,
+                    event.frames_len.min(MAX_STACK_DEPTH as u64),
+                )
+            } else {
+                continue;
             };
         let event = head;
         procs.ensure_child(event.tgid, event.parent);
@@ -254,6 +262,9 @@ pub(crate) fn read_wait_events(
                     .weight(id.tgid, event.time_ns, event.value),
                 false => 1.0,
             };
+            if weight == 0.0 {
+                continue;
+            }
             waits
                 .block
                 .add_weighted(id, event.value, waits.block_rate_ns, weight);
