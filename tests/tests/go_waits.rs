@@ -535,10 +535,28 @@ fn queued_contention_is_counted_by_go_s_rules() {
         .filter_map(|(version, go)| {
             let tag = version.replace(' ', "_");
             let exe = Workload::GoLocks.build_with_go(tmp.path(), &format!("locks_{tag}"), &go);
-            queued_contention_failures(version, &exe, tmp.path())
+            queued_contention_failures(version, &exe, tmp.path(), None)
         })
         .collect();
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The frames-only records' A/B: with `[debug] short_records = false`
+/// every goroutine wait and release carries the 16 KiB stack buffer of the
+/// copy form (none sent in the short form, asserted); the same sites hold
+/// to the same references.
+#[test]
+fn queued_contention_is_the_same_in_the_copy_form() {
+    require_root();
+    let tmp = temp_dir();
+    let config = tmp.path().join("copy-form.toml");
+    std::fs::write(&config, "[debug]\nshort_records = false\n").expect("a config");
+    let exe = Workload::GoLocks.build(tmp.path(), "go_locks");
+    if let Some(failed) =
+        queued_contention_failures("default go, copy form", &exe, tmp.path(), Some(&config))
+    {
+        panic!("{failed}");
+    }
 }
 
 /// The same with the workload built beforehand by the default Go (the VM
@@ -549,17 +567,19 @@ fn queued_contention_on_this_kernel() {
     require_root();
     let tmp = temp_dir();
     let exe = Workload::GoLocks.build(tmp.path(), "go_locks");
-    if let Some(failed) = queued_contention_failures("default go", &exe, tmp.path()) {
+    if let Some(failed) = queued_contention_failures("default go", &exe, tmp.path(), None) {
         panic!("{failed}");
     }
 }
 
-/// Profiles go_locks `exe` (built by Go `version`) and holds its sites to
-/// Go's own profiles: what failed, if anything.
+/// Profiles go_locks `exe` (built by Go `version`), with the config file
+/// `config` if any, and holds its sites to Go's own profiles (and its
+/// records' form to the config's): what failed, if anything.
 fn queued_contention_failures(
     version: &str,
     exe: &std::path::Path,
     tmp: &std::path::Path,
+    config: Option<&std::path::Path>,
 ) -> Option<String> {
     let tag = version.replace(' ', "_");
     let own = tmp.join(format!("locks-own-{tag}.pprof"));
@@ -580,6 +600,8 @@ fn queued_contention_failures(
             "1ns",
             "--mutex-fraction",
             "1",
+            "--config",
+            config.map_or("/dev/null", |c| c.to_str().expect("UTF-8 path")),
         ],
     );
     let mine = |kind: &str| -> Vec<FlatSample> {
@@ -604,6 +626,12 @@ fn queued_contention_failures(
     );
     println!("{version}: {report:?}");
     let mut failures = Vec::new();
+    // Goroutine waits and releases go frames-only unless switched off.
+    let short = daemon.summary_field("records_short_form");
+    println!("{version}: {short} records in the frames-only form");
+    if (short > 0) != config.is_none() {
+        failures.push(format!("{short} records in the frames-only form"));
+    }
     for (profile, sites, ours, go) in [
         ("block", &LOCK_BLOCK_SITES, &block, &go_block),
         ("mutex", &LOCK_MUTEX_SITES, &mutex, &go_mutex),
