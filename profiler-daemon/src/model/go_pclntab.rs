@@ -52,18 +52,12 @@ impl<'a> InlineTrees<'a> {
     /// The inline trees of the Go binary `file`: found through the module
     /// data, the record (in `.go.module` from Go 1.27, else `.noptrdata`)
     /// that starts with the pclntab's address and names `gofunc` at an
-    /// offset per release (from the DWARF of go1.19.8, 1.21.13 to 1.26.6
-    /// and 1.27.3; the word before it, `rodata`, is checked to be
-    /// `.rodata`'s address). None for other releases or a layout that does
-    /// not check.
+    /// offset per release ([`gofunc_offset`]; the word before it,
+    /// `rodata`, is checked to be `.rodata`'s address). None for other
+    /// releases or a layout that does not check.
     pub fn find(file: &object::File<'a>) -> Option<InlineTrees<'a>> {
         use object::{Object, ObjectSection};
-        let gofunc_at = match crate::model::go_buildinfo::go_release(file)? {
-            18..=19 => 304,
-            20..=26 => 320,
-            27 => 344,
-            _ => return None,
-        };
+        let gofunc_at = gofunc_offset(crate::model::go_buildinfo::go_release(file)?)?;
         let pclntab = pclntab_section(file)?.address();
         let ro_start = file.section_by_name(".rodata")?.address();
         // Its own section from Go 1.27, in `.noptrdata` before.
@@ -83,6 +77,21 @@ impl<'a> InlineTrees<'a> {
             })
         })
     }
+}
+
+/// Where release 1.`minor`'s module data (`runtime.moduledata`) keeps
+/// `gofunc`, from the DWARF of a program built by each of go1.19.8,
+/// 1.21.13, 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and 1.27.3 (checked
+/// by `model/go_dwarf.rs`); 1.18 is assumed to keep it where 1.19 does and
+/// 1.20 where 1.21 does, no binary of theirs read. None for another
+/// release.
+fn gofunc_offset(minor: u32) -> Option<usize> {
+    Some(match minor {
+        18..=19 => 304,
+        20..=26 => 320,
+        27 => 344,
+        _ => return None,
+    })
 }
 
 /// `gofunc` of the module data in `module` (the record that starts with
@@ -105,6 +114,19 @@ pub struct PclntabSection {
     pub offset: u64,
     pub size: u64,
     pub text_addr: u64,
+}
+
+impl PclntabSection {
+    /// Where the pclntab of the Go binary `file` is.
+    pub fn of_file(file: &object::File<'_>) -> Option<PclntabSection> {
+        use object::{Object, ObjectSection};
+        let (offset, size) = pclntab_section(file)?.file_range()?;
+        Some(PclntabSection {
+            offset,
+            size,
+            text_addr: file.section_by_name(".text").map_or(0, |t| t.address()),
+        })
+    }
 }
 
 /// A parsed pclntab over the section's bytes.
@@ -546,6 +568,47 @@ mod tests {
         assert_eq!(t.function_named("main.b"), Some((0x1040, 0x40)));
         assert_eq!(t.function_named("main.c"), None);
         assert_eq!(t.function_named("main."), None, "whole names only");
+    }
+
+    /// The module data's layout is the DWARF of a program built by each
+    /// release read (`model/go_dwarf.rs`): `pcHeader` first, `rodata` just
+    /// before `gofunc`, `gofunc` where [`gofunc_offset`] says; the inline
+    /// trees are found through it, and their entries are of the size the
+    /// table's magic says (`runtime.inlinedCall`: 20 bytes in 1.18 and
+    /// 1.19, 16 from 1.20).
+    #[test]
+    fn module_data_is_each_release_s_dwarf() {
+        use crate::model::go_dwarf;
+        go_dwarf::assert_only_releases_read("gofunc_offset", |minor| {
+            gofunc_offset(minor).is_some()
+        });
+        for release in go_dwarf::releases() {
+            let version = &release.version;
+            let gofunc = release.offset("runtime.moduledata", "gofunc");
+            println!(
+                "{version}: moduledata.gofunc at {gofunc}, inlinedCall of {} bytes",
+                release.size("runtime.inlinedCall")
+            );
+            assert_eq!(
+                gofunc_offset(release.minor),
+                Some(gofunc as usize),
+                "{version}"
+            );
+            assert_eq!(
+                release.offset("runtime.moduledata", "rodata") + 8,
+                gofunc,
+                "{version}"
+            );
+            assert_eq!(release.offset("runtime.moduledata", "pcHeader"), 0);
+            let file = object::File::parse(&*release.binary).expect("an ELF file");
+            assert!(InlineTrees::find(&file).is_some(), "{version}");
+            let table = Pclntab::of_file(&file).expect("a pclntab");
+            assert_eq!(
+                table.old,
+                release.size("runtime.inlinedCall") == 20,
+                "{version}"
+            );
+        }
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! (gopark's third argument) by Go release, as `runtime.waitReasonStrings`
 //! has it, and which of them Go's own block profile counts. The numbers
 //! come from the DWARF constants of binaries built by go1.19.8, 1.21.13,
-//! 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and 1.27.3 (1.18 and 1.20 as
-//! 1.19); the texts from `runtime2.go` of 1.19 and 1.27. Releases add
-//! reasons at the end (1.21 to 1.23, 1.26 to 1.27), insert one (1.25) or
-//! reorder them (1.26), so each table covers the releases whose list it
-//! is a prefix of.
+//! 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and 1.27.3, the texts from
+//! each one's `runtime.waitReasonStrings` (checked against each by
+//! `model/go_dwarf.rs`); 1.18 and 1.20 are assumed to number them as 1.19
+//! does, no binary of theirs read. Releases add reasons at the end (1.21
+//! to 1.23, 1.26 to 1.27), insert one (1.25), rename some (1.25: 1.24's
+//! synctest channel waits became "durable") or reorder them (1.26), so
+//! each table covers the releases whose list it is a prefix of.
 
 /// Every table, in the order [`reason_key`] numbers them.
 const TABLES: [&[&str]; 5] = [&GO_1_19, &GO_1_21, &GO_1_24, &GO_1_25, &GO_1_26];
@@ -104,7 +106,8 @@ pub fn sema_reasons(minor: u32) -> Option<[u8; 2]> {
 /// sync.Cond, sync.Mutex, sync.RWMutex, sync.WaitGroup), as the runtime
 /// calls `blockevent` for them; not sleeps, I/O, the collector's or the
 /// scheduler's own waits, nor parks that never end (a nil channel, an
-/// empty select).
+/// empty select). A channel wait inside a `testing/synctest` bubble is
+/// named "(synctest)" in Go 1.24 and "(durable)" from 1.25, and counts.
 pub fn counts_as_blocking(reason: &str) -> bool {
     matches!(
         reason,
@@ -117,6 +120,9 @@ pub fn counts_as_blocking(reason: &str) -> bool {
             | "sync.RWMutex.RLock"
             | "sync.RWMutex.Lock"
             | "sync.WaitGroup.Wait"
+            | "chan receive (synctest)"
+            | "chan send (synctest)"
+            | "select (synctest)"
             | "chan receive (durable)"
             | "chan send (durable)"
             | "select (durable)"
@@ -124,7 +130,7 @@ pub fn counts_as_blocking(reason: &str) -> bool {
     )
 }
 
-/// Go 1.18 to 1.20.
+/// Go 1.19 (and 1.18 and 1.20, assumed).
 const GO_1_19: [&str; 27] = [
     "",
     "GC assist marking",
@@ -240,9 +246,9 @@ const GO_1_24: [&str; 44] = [
     "GC weak to strong wait",
     "synctest.Run",
     "synctest.Wait",
-    "chan receive (durable)",
-    "chan send (durable)",
-    "select (durable)",
+    "chan receive (synctest)",
+    "chan send (synctest)",
+    "select (synctest)",
 ];
 
 /// Go 1.25.
@@ -402,6 +408,53 @@ mod tests {
         assert_eq!(reason_text(27, sema), Some("semacquire"));
         assert_eq!(reason_text(27, wait_group), Some("sync.WaitGroup.Wait"));
         assert_eq!(sema_reasons(19), Some([18, 0]), "WaitGroup is a semacquire");
+    }
+
+    /// Each release read numbers its reasons as its table does: the
+    /// runtime's own texts (`runtime.waitReasonStrings` in the program's
+    /// data) are a prefix of the table, and the DWARF constants
+    /// (`runtime.waitReason*`) number exactly that list. Each table is the
+    /// whole list of a release read, and no other release has one.
+    #[test]
+    fn tables_are_each_release_s_own_list() {
+        use crate::model::go_dwarf;
+        go_dwarf::assert_only_releases_read("the wait reason tables", |minor| {
+            table_of(minor).is_some()
+        });
+        let mut whole = [false; TABLES.len()];
+        for release in go_dwarf::releases() {
+            let version = &release.version;
+            let at = table_of(release.minor).expect("a table");
+            let (table, texts) = (TABLES[at], &release.wait_reason_strings);
+            println!(
+                "{version}: {} reasons, table {at} of {}",
+                texts.len(),
+                table.len()
+            );
+            assert!(
+                texts.len() <= table.len() && table[..texts.len()] == texts[..],
+                "{version}: waitReasonStrings {texts:?}, the table {table:?}"
+            );
+            whole[at] |= texts.len() == table.len();
+            let mut numbers: Vec<i64> = release
+                .constants
+                .iter()
+                .filter(|(name, _)| name.starts_with("runtime.waitReason"))
+                .map(|(_, &number)| number)
+                .collect();
+            numbers.sort_unstable();
+            numbers.dedup();
+            assert_eq!(
+                numbers,
+                (0..texts.len() as i64).collect::<Vec<_>>(),
+                "{version}: the waitReason constants"
+            );
+        }
+        assert_eq!(
+            whole,
+            [true; TABLES.len()],
+            "tables whole in a release read"
+        );
     }
 
     #[test]

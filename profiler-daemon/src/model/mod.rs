@@ -6,6 +6,8 @@
 
 pub mod frames;
 pub mod go_buildinfo;
+#[cfg(test)]
+pub mod go_dwarf;
 pub mod go_pclntab;
 pub mod go_wait_reasons;
 pub mod own_heap;

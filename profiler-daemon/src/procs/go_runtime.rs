@@ -163,8 +163,10 @@ const KNOWN_LAST: u32 = 27;
 /// Where release 1.`minor` keeps a goroutine's labels: `m.curg` and
 /// `g.labels` as the DWARF of a binary built by each of go1.19.8,
 /// 1.21.13, 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and 1.27.3 gives them
-/// (1.18 and 1.20 as 1.19, as the OpenTelemetry profiler's table has
-/// them); the labels changed from a map to a sorted list in Go 1.24.
+/// (checked against each by `model/go_dwarf.rs`); 1.18 and 1.20 are
+/// assumed to be as 1.19, as the OpenTelemetry profiler's table has them,
+/// no binary of theirs read. The labels changed from a map to a sorted
+/// list in Go 1.24.
 pub fn runtime_layout(minor: u32) -> GoRuntime {
     let (m_curg, g_labels, labels_form) = match minor {
         KNOWN_FIRST..=20 => (192, 360, go_labels_form::MAP),
@@ -187,7 +189,9 @@ pub fn runtime_layout(minor: u32) -> GoRuntime {
 
 /// Where release 1.`minor` keeps `g.atomicstatus`, from the DWARF of the
 /// binaries `runtime_layout` names (the goroutine profile's layout reads
-/// it too); None for a release not read (1.18 and 1.20).
+/// it too); None for a release not read (1.18 and 1.20 included: their
+/// goroutines are not read, and their CPU samples are told running through
+/// their M only).
 pub fn g_status(minor: u32) -> Option<u16> {
     match minor {
         19 | 21 | 22 | 25..=27 => Some(144),
@@ -379,6 +383,39 @@ mod tests {
             exes.note_unknown_layout(1, read);
         }
         assert_eq!(exes.stats.labels_unknown, 3);
+    }
+
+    /// The table is the DWARF of a program built by each release read
+    /// (`model/go_dwarf.rs`): `g.m`, `m.curg`, `g.labels`,
+    /// `g.atomicstatus`, and the form of `runtime/pprof.labelMap`; it names
+    /// no other release but those assumed (1.18 and 1.20).
+    #[test]
+    fn layouts_are_each_release_s_dwarf() {
+        use crate::model::go_dwarf::{self, KIND_MAP, KIND_STRUCT};
+        go_dwarf::assert_only_releases_read("runtime_layout", |minor| {
+            runtime_layout(minor) != GoRuntime::default()
+        });
+        go_dwarf::assert_only_releases_read("g_status", |minor| g_status(minor).is_some());
+        for release in go_dwarf::releases() {
+            let at = |ty: &str, member: &str| {
+                u16::try_from(release.offset(ty, member)).expect("a small offset")
+            };
+            let dwarf = GoRuntime {
+                g_m: at("runtime.g", "m"),
+                m_curg: at("runtime.m", "curg"),
+                g_labels: at("runtime.g", "labels"),
+                g_status: at("runtime.g", "atomicstatus"),
+                labels_form: match release.label_map_kind {
+                    KIND_MAP => go_labels_form::MAP,
+                    KIND_STRUCT => go_labels_form::LIST,
+                    other => panic!("{}: labelMap of kind {other}", release.version),
+                },
+                _pad: 0,
+            };
+            println!("{}: {dwarf:?}", release.version);
+            assert_eq!(runtime_layout(release.minor), dwarf, "{}", release.version);
+            assert_eq!(g_status(release.minor), Some(dwarf.g_status));
+        }
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! Read from outside, without stopping the process: a parked goroutine's
 //! saved registers (`g.sched`) do not change while it stays parked, so its
 //! stack is exact; a goroutine running at that moment has no saved stack
-//! (Go clears it) and is reported as running, without frames.
+//! (Go clears it, or keeps the registers of its last system call, which
+//! are not its stack) and is reported as running, without frames. A
+//! goroutine in a system call keeps the registers it entered it with; Go
+//! 1.22 and before save no frame pointer there, so it is found from the
+//! SP delta of the function that made the call (the pclntab).
 //!
 //! Where things are comes from the executable: `runtime.allgs` from its
 //! symbol table, or in a stripped binary from the code of
@@ -24,7 +28,7 @@ use object::{Object, ObjectSymbol};
 use profiler_common::go_labels_form;
 
 use crate::model::go_buildinfo;
-use crate::model::go_pclntab::Pclntab;
+use crate::model::go_pclntab::{Pclntab, PclntabSection, sp_delta_in_file};
 use crate::model::text::display_name;
 use crate::procs::go_code;
 use crate::procs::go_runtime::{first_segment, g_status, load_bias_of, runtime_layout};
@@ -93,7 +97,9 @@ impl GoroutineLayout {
 /// The layout of release 1.`minor`, from the DWARF of a binary built by
 /// each of go1.19.8, 1.21.13, 1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6 and
 /// 1.27.3 (`g.sched` at 56 in all; `gobuf.bp` at 48 until 1.24 and at 40
-/// from 1.25, which dropped `gobuf.ret`). None for a release not read.
+/// from 1.25, which dropped `gobuf.ret`; checked against each by
+/// `model/go_dwarf.rs`). None for a release not read, 1.18 and 1.20
+/// included.
 pub fn goroutine_layout(minor: u32) -> Option<GoroutineLayout> {
     let status = usize::from(g_status(minor)?);
     let (wait_reason, start_pc, sched_bp) = match minor {
@@ -169,6 +175,9 @@ struct Executable {
     layout: GoroutineLayout,
     /// `runtime.allgs` in the file's addresses.
     allgs: u64,
+    /// Where the pclntab is, for a release whose goroutines in a system
+    /// call have no frame pointer saved ([`SYSCALL_BP_SAVED`]).
+    pclntab: Option<PclntabSection>,
     /// The address of the segment that maps the start of the file.
     first_segment: u64,
     /// Entries of the runtime's own functions (`runtime.*` but
@@ -243,8 +252,14 @@ impl GoroutineReader {
             .collect();
         let mut labels = LabelCache::default();
         let mut out = Vec::new();
+        // A goroutine in a system call before Go 1.23: its frame pointer
+        // from its function's SP delta, in the file's pclntab (read for
+        // each such goroutine).
+        let path = std::path::PathBuf::from(format!("/proc/{tgid}/exe"));
+        let sp_delta = |pc: u64| sp_delta_in_file(&path, exe.pclntab?, pc.wrapping_sub(bias));
         for batch in pointers.chunks(BATCH) {
-            self.stats.not_read += read_batch(&mem, &exe, bias, batch, &mut labels, &mut out);
+            self.stats.not_read +=
+                read_batch(&mem, &exe, bias, batch, &mut labels, &sp_delta, &mut out);
         }
         self.stats.read += out.len() as u64;
         Ok((exe.release, out))
@@ -273,14 +288,30 @@ struct Parked {
     labels: Option<Labels>,
 }
 
+/// From Go 1.23, a goroutine entering a system call saves its frame
+/// pointer with its stack pointer and pc (`save(pc, sp, bp)`); before,
+/// `g.sched.bp` is whatever its last park left there.
+const SYSCALL_BP_SAVED: u32 = 23;
+
+/// The frame pointer of the function that entered a system call at
+/// return address `pc` with stack pointer `sp`, its SP delta there being
+/// `delta`: Go saves the caller's frame pointer just below the return
+/// address, and points its own there. None for a function without a frame.
+fn syscall_frame_pointer(sp: u64, delta: Option<u64>) -> Option<u64> {
+    sp.checked_add(delta.filter(|&d| d >= 8)?)?.checked_sub(8)
+}
+
 /// Reads the goroutines at `pointers` into `out` (those dead or the
-/// runtime's left out); returns how many could not be read.
+/// runtime's left out); returns how many could not be read. `sp_delta`
+/// gives the SP delta at a pc of the process, for goroutines in a system
+/// call whose frame pointer was not saved.
 fn read_batch(
     mem: &Memory,
     exe: &Executable,
     bias: u64,
     pointers: &[u64],
     labels: &mut LabelCache,
+    sp_delta: &dyn Fn(u64) -> Option<u64>,
     out: &mut Vec<Goroutine>,
 ) -> u64 {
     let layout = &exe.layout;
@@ -292,7 +323,20 @@ fn read_batch(
     let mut parked = Vec::with_capacity(pointers.len());
     for (g, _) in bytes.chunks_exact(span).zip(&read).filter(|(_, ok)| **ok) {
         match parse_g(mem, exe, bias, g, labels) {
-            Some(Ok(p)) => parked.push(p),
+            Some(Ok(mut p)) => {
+                match p.status {
+                    // Running: Go keeps no registers for it, or those saved
+                    // when it last entered a system call (left as they were
+                    // when it came back without being descheduled), which
+                    // are not its stack.
+                    status::RUNNING => p.sp = 0,
+                    status::SYSCALL if exe.release < SYSCALL_BP_SAVED => {
+                        p.bp = syscall_frame_pointer(p.sp, sp_delta(p.pc)).unwrap_or(0);
+                    }
+                    _ => {}
+                }
+                parked.push(p)
+            }
             Some(Err(())) => lost += 1,
             None => {}
         }
@@ -325,7 +369,7 @@ fn read_batch(
             };
             at += len;
             let frames = match p.sp {
-                // Running: Go keeps no registers for it.
+                // Running (above).
                 0 => Vec::new(),
                 _ => walk(mem, &piece, p.pc, p.sp, p.bp, p.pc == p.start),
             };
@@ -565,6 +609,9 @@ fn read_executable(tgid: u32) -> Result<Arc<Executable>, Unread> {
         release,
         layout,
         allgs,
+        pclntab: (release < SYSCALL_BP_SAVED)
+            .then(|| PclntabSection::of_file(&file))
+            .flatten(),
         first_segment: first_segment(&file).ok_or(Unread::NotGo)?,
         runtime_starts,
     }))
@@ -607,6 +654,143 @@ mod tests {
         assert!(goroutine_layout(28).is_none());
         // A read covers the last field.
         assert_eq!(l19.span(), 368);
+    }
+
+    /// The layouts are the DWARF of a program built by each release read
+    /// (`model/go_dwarf.rs`): the `g` fields, `g.sched` and the `gobuf`'s
+    /// sp, pc and bp; no other release has one.
+    #[test]
+    fn layouts_are_each_release_s_dwarf() {
+        use crate::model::go_dwarf;
+        go_dwarf::assert_only_releases_read("goroutine_layout", |minor| {
+            goroutine_layout(minor).is_some()
+        });
+        for release in go_dwarf::releases() {
+            let at = |ty: &str, member: &str| {
+                usize::try_from(release.offset(ty, member)).expect("an offset")
+            };
+            let sched = at("runtime.g", "sched");
+            let dwarf = GoroutineLayout {
+                status: at("runtime.g", "atomicstatus"),
+                wait_reason: at("runtime.g", "waitreason"),
+                start_pc: at("runtime.g", "startpc"),
+                labels: at("runtime.g", "labels"),
+                labels_form: runtime_layout(release.minor).labels_form,
+                sched_sp: sched + at("runtime.gobuf", "sp"),
+                sched_pc: sched + at("runtime.gobuf", "pc"),
+                sched_bp: sched + at("runtime.gobuf", "bp"),
+            };
+            println!("{}: {dwarf:?}", release.version);
+            assert_eq!(
+                goroutine_layout(release.minor),
+                Some(dwarf),
+                "{}",
+                release.version
+            );
+        }
+    }
+
+    /// A live process of each release read (`model/go_dwarf.rs`'s program,
+    /// parked): its goroutine in a system call and its goroutine on a
+    /// channel, each read with its state, its whole stack (to
+    /// `runtime.goexit`) and the labels it was started under. Before Go
+    /// 1.23 the one in a system call has no frame pointer saved: its
+    /// function's SP delta gives it.
+    #[test]
+    fn each_release_s_goroutines_are_read_live() {
+        use std::io::{BufRead, BufReader};
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::{Command, Stdio};
+        use std::time::{Duration, Instant};
+
+        use crate::model::go_dwarf;
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for release in go_dwarf::releases() {
+            let version = &release.version;
+            let exe = dir.path().join(format!("park-1.{}", release.minor));
+            std::fs::write(&exe, &release.binary).expect("the program");
+            std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))
+                .expect("an executable");
+            let mut child = Command::new(&exe)
+                .arg("park")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("the program runs");
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().expect("its output"))
+                .read_line(&mut line)
+                .expect("its line");
+            assert_eq!(line, "ready\n", "{version}");
+            let file = object::File::parse(&*release.binary).expect("an ELF file");
+            let table = Pclntab::of_file(&file).expect("a pclntab");
+            let names = |frames: &[u64]| -> Vec<String> {
+                frames
+                    .iter()
+                    .map(|&pc| {
+                        table
+                            .lookup_inlined(pc, None)
+                            .pop()
+                            .map_or_else(|| format!("{pc:#x}"), |line| line.function)
+                    })
+                    .collect()
+            };
+            let mut reader = GoroutineReader::default();
+            // Started before `ready`, parked soon after.
+            let by = Instant::now() + Duration::from_secs(10);
+            let (syscall, waiter) = loop {
+                let (minor, goroutines) = reader.read(child.id()).expect("its goroutines");
+                assert_eq!(minor, release.minor);
+                let read: Vec<(u32, Vec<String>, Option<Labels>)> = goroutines
+                    .iter()
+                    .map(|g| (g.status, names(&g.frames), g.labels.clone()))
+                    .collect();
+                let at = |function: &str, state: u32| {
+                    read.iter()
+                        .find(|(status, names, _)| {
+                            *status == state && names.iter().any(|n| n == function)
+                        })
+                        .cloned()
+                };
+                match (
+                    at("main.blockedRead", status::SYSCALL),
+                    at("main.chanWait", status::WAITING),
+                ) {
+                    (Some(syscall), Some(waiter)) => break (syscall, waiter),
+                    _ => assert!(Instant::now() < by, "{version}: {read:?}"),
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            println!("{version}: {syscall:?}\n{version}: {waiter:?}");
+            drop(child.stdin.take());
+            child.wait().expect("the program exits");
+            for (_, names, _) in [&syscall, &waiter] {
+                assert_eq!(
+                    names.last().map(String::as_str),
+                    Some("runtime.goexit"),
+                    "{version}: {names:?}"
+                );
+            }
+            assert!(
+                syscall.1.iter().any(|n| n.starts_with("syscall.")),
+                "{version}"
+            );
+            assert_eq!(syscall.2, None, "{version}: no labels");
+            assert_eq!(
+                waiter.2.as_deref().map(Vec::as_slice),
+                Some(&[("role".to_string(), "waiter".to_string())][..]),
+                "{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_syscall_s_frame_pointer_is_below_its_return_address() {
+        // A frame of 0x28 bytes: the caller's frame pointer saved at
+        // sp + 0x20, just below the return address at sp + 0x28.
+        assert_eq!(syscall_frame_pointer(0x1000, Some(0x28)), Some(0x1020));
+        assert_eq!(syscall_frame_pointer(0x1000, Some(0)), None, "no frame");
+        assert_eq!(syscall_frame_pointer(0x1000, None), None, "not known");
     }
 
     #[test]

@@ -78,8 +78,9 @@ fn malloc_form(minor: u32) -> u64 {
 /// record's `kind` byte is and the kind of a profile record, as the DWARF
 /// of binaries built by go1.19.8, 1.21.13, 1.22.10, 1.23.9, 1.24.11,
 /// 1.25.5, 1.26.6 and 1.27.3 gives them (`runtime.special.kind`,
-/// `runtime._KindSpecialProfile`; 1.18 and 1.20 as 1.19). None for
-/// another release.
+/// `runtime._KindSpecialProfile`; checked against each by
+/// `model/go_dwarf.rs`); 1.18 and 1.20 are assumed to be as 1.19, no
+/// binary of theirs read. None for another release.
 fn special_layout(minor: u32) -> Option<u64> {
     let (kind_offset, profile_kind) = match minor {
         18..=22 => (10, 2),
@@ -113,5 +114,45 @@ mod tests {
         assert_eq!(layout(40), None, "unknown: mProf_Free is probed too");
         let cookie = special_layout(27).expect("known");
         assert_eq!(cookie & go_heap_fn::FUNCTION, go_heap_fn::FREE_SPECIAL);
+    }
+
+    /// The cookies are the DWARF of a program built by each release read
+    /// (`model/go_dwarf.rs`): `special.kind` and `_KindSpecialProfile`;
+    /// `mProf_Malloc`'s object and size in RAX and RBX, or RBX and RCX
+    /// behind an `*m`; `freeSpecial`'s record in RAX and object in RBX.
+    #[test]
+    fn cookies_are_each_release_s_dwarf() {
+        use crate::model::go_dwarf;
+        go_dwarf::assert_only_releases_read("special_layout", |minor| {
+            special_layout(minor).is_some()
+        });
+        for release in go_dwarf::releases() {
+            let version = &release.version;
+            let kind_offset = release.offset("runtime.special", "kind");
+            let profile_kind = release.constant("runtime._KindSpecialProfile");
+            println!(
+                "{version}: special.kind at {kind_offset}, _KindSpecialProfile {profile_kind}; mProf_Malloc{:?}, freeSpecial{:?}",
+                release.params("runtime.mProf_Malloc"),
+                release.params("runtime.freeSpecial")
+            );
+            assert_eq!(
+                special_layout(release.minor),
+                Some(go_heap_fn::special_layout(
+                    u8::try_from(kind_offset).expect("a small offset"),
+                    u8::try_from(profile_kind).expect("a small kind")
+                )),
+                "{version}"
+            );
+            let (form, first) = match release.params("runtime.mProf_Malloc")[..] {
+                ["p", "size", ..] => (go_heap_fn::MALLOC, None),
+                [mp, "p", "size", ..] => (go_heap_fn::MALLOC_WITH_M, Some(mp)),
+                ref other => panic!("{version}: mProf_Malloc{other:?}"),
+            };
+            assert_eq!(malloc_form(release.minor), form, "{version}: {first:?}");
+            assert!(
+                matches!(release.params("runtime.freeSpecial")[..], ["s", "p", ..]),
+                "{version}"
+            );
+        }
     }
 }

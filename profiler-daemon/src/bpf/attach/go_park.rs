@@ -64,9 +64,10 @@ fn release_bits(minor: u32) -> Option<u64> {
 
 /// Where a `runtime.sudog` of release 1.`minor` keeps its `waiters`
 /// count (a uint16 from Go 1.22; `elem` and `c` grew to 16 bytes in
-/// 1.26), from the DWARF of go1.22.10 and go1.27.3 and the sources of
-/// 1.23 to 1.26; 0 before 1.22 (no such field: the mutex profile counts a
-/// queue's wait once).
+/// 1.26), from the DWARF of go1.22.10, 1.23.9, 1.24.11, 1.25.5, 1.26.6
+/// and 1.27.3 (checked against each by `model/go_dwarf.rs`); 0 before 1.22
+/// (no such field in 1.19 and 1.21, nor in the sources of 1.18 and 1.20:
+/// the mutex profile counts a queue's wait once).
 fn sudog_waiters_at(minor: u32) -> u8 {
     match minor {
         22..=25 => 54,
@@ -108,6 +109,56 @@ mod tests {
                 assert!(go_fn::is_mutex_reason(bits, reason), "1.{minor}: {reason}");
             }
             assert!(!go_fn::is_mutex_reason(bits, wlock + 1), "1.{minor}");
+        }
+    }
+
+    /// What the probes read is where the DWARF of a program built by each
+    /// release read puts it (`model/go_dwarf.rs`): `sudog.waiters` (none
+    /// before 1.22), `sudog.g` first; gopark's `lock` in RBX and `reason`
+    /// in RCX, the goroutine or sudog that ready and readyWithTime take in
+    /// RAX, semacquire1's `addr` and `lifo` in RAX and RBX.
+    #[test]
+    fn offsets_and_arguments_are_each_release_s_dwarf() {
+        use crate::model::go_dwarf;
+        go_dwarf::assert_only_releases_read("release_bits", |minor| release_bits(minor).is_some());
+        for release in go_dwarf::releases() {
+            let version = &release.version;
+            let waiters = release.member("runtime.sudog", "waiters").unwrap_or(0);
+            println!(
+                "{version}: sudog.waiters at {waiters}; gopark{:?}, ready{:?}, readyWithTime{:?}, semacquire1{:?}",
+                release.params("runtime.gopark"),
+                release.params("runtime.ready"),
+                release.params("runtime.readyWithTime"),
+                release.params("runtime.semacquire1"),
+            );
+            assert_eq!(
+                u64::from(sudog_waiters_at(release.minor)),
+                waiters,
+                "{version}"
+            );
+            assert_eq!(release.offset("runtime.sudog", "g"), 0, "{version}");
+            assert!(
+                matches!(
+                    release.params("runtime.gopark")[..],
+                    ["unlockf", "lock", "reason", ..]
+                ),
+                "{version}"
+            );
+            assert!(
+                matches!(release.params("runtime.ready")[..], ["gp", ..]),
+                "{version}"
+            );
+            assert!(
+                matches!(release.params("runtime.readyWithTime")[..], ["s", ..]),
+                "{version}"
+            );
+            assert!(
+                matches!(
+                    release.params("runtime.semacquire1")[..],
+                    ["addr", "lifo", ..]
+                ),
+                "{version}"
+            );
         }
     }
 }
