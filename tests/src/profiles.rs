@@ -680,6 +680,31 @@ pub fn share_with(samples: &[FlatSample], f: &str) -> f64 {
     with as f64 / total as f64
 }
 
+/// Of the CPU of `samples` under go_handlers.go's handlers (main.checkout,
+/// main.search): the share labeled handler=checkout among those labeled
+/// with a handler, and the share that carries a handler label at all.
+pub fn handler_label_shares(samples: &[FlatSample]) -> (f64, f64) {
+    let (mut checkout, mut labeled, mut all) = (0i64, 0i64, 0i64);
+    for s in samples {
+        if !(s.has_function("main.checkout") || s.has_function("main.search")) {
+            continue;
+        }
+        all += s.cpu_ns;
+        match s.label("handler") {
+            Some("checkout") => {
+                checkout += s.cpu_ns;
+                labeled += s.cpu_ns;
+            }
+            Some(_) => labeled += s.cpu_ns,
+            None => {}
+        }
+    }
+    (
+        checkout as f64 / labeled.max(1) as f64,
+        labeled as f64 / all.max(1) as f64,
+    )
+}
+
 /// For the samples of process `pid`: the fraction of their cpu value whose
 /// stack contains function `f` (in any frame).
 pub fn function_share(samples: &[FlatSample], pid: u32, f: &str) -> f64 {

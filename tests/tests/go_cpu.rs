@@ -8,7 +8,7 @@ use std::path::Path;
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::profiles::{
-    FlatSample, flatten, flatten_all, read_profiles, share_with, summary,
+    FlatSample, flatten, flatten_all, handler_label_shares, read_profiles, share_with, summary,
 };
 use profiler_tests::workloads::{WholeLife, Workload, field, go_versions, profile_whole_life};
 use profiler_tests::{pprof_tops, temp_dir};
@@ -178,31 +178,6 @@ fn checkout_share(samples: &[FlatSample]) -> f64 {
     a / (a + b).max(f64::MIN_POSITIVE)
 }
 
-/// Of the CPU of `samples` under the handlers: the share labeled
-/// handler=checkout among those labeled with a handler, and the share
-/// that carries a handler label at all.
-fn label_shares(samples: &[FlatSample]) -> (f64, f64) {
-    let (mut checkout, mut labeled, mut all) = (0i64, 0i64, 0i64);
-    for s in samples {
-        if !(s.has_function("main.checkout") || s.has_function("main.search")) {
-            continue;
-        }
-        all += s.cpu_ns;
-        match s.label("handler") {
-            Some("checkout") => {
-                checkout += s.cpu_ns;
-                labeled += s.cpu_ns;
-            }
-            Some(_) => labeled += s.cpu_ns,
-            None => {}
-        }
-    }
-    (
-        checkout as f64 / labeled.max(1) as f64,
-        labeled as f64 / all.max(1) as f64,
-    )
-}
-
 /// Of the CPU in main.spin, the share whose next frame is the handler that
 /// called it.
 fn spin_caller_share(samples: &[FlatSample]) -> f64 {
@@ -292,12 +267,26 @@ fn go_handlers_keep_their_callers_and_labels() {
         let (ours_share, go_share) = (checkout_share(&run.samples), checkout_share(&theirs));
         let (ours_caller, go_caller) =
             (spin_caller_share(&run.samples), spin_caller_share(&theirs));
+        // The kernel's delivery of runtime/pprof's own SIGPROF (to sysmon
+        // in its usleep, and the sigreturn after each handler) is CPU of
+        // the process that Go's profile of itself never shows: 1-5% here,
+        // as the signals fall; it is left out of ours for this comparison.
+        let ours_without_sigprof: Vec<FlatSample> = run
+            .samples
+            .iter()
+            .filter(|s| {
+                !s.frames
+                    .iter()
+                    .any(|f| f.function == "get_signal" || f.function == "runtime.sigreturn")
+            })
+            .cloned()
+            .collect();
         let (ours_spin, go_spin) = (
-            share_with(&run.samples, "main.spin"),
+            share_with(&ours_without_sigprof, "main.spin"),
             share_with(&theirs, "main.spin"),
         );
-        let (ours_label, ours_labeled) = label_shares(&run.samples);
-        let (go_label, go_labeled) = label_shares(&theirs);
+        let (ours_label, ours_labeled) = handler_label_shares(&run.samples);
+        let (go_label, go_labeled) = handler_label_shares(&theirs);
         println!(
             "{version}: handler=checkout share of the labeled handler CPU: profilerd {ours_label:.4} ({ours_labeled:.3} labeled), runtime/pprof {go_label:.4} ({go_labeled:.3} labeled); {} labeled samples, {} by the goroutine's own words, {} by a remembered label map",
             run.labeled, run.own_stack, run.map_cache_hits

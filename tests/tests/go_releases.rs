@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use profiler_tests::daemon::require_root;
-use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles, summary};
+use profiler_tests::profiles::{
+    FlatSample, flatten, flatten_all, handler_label_shares, read_profiles, summary,
+};
 use profiler_tests::workloads::{WholeLife, Workload, field, go_releases, profile_whole_life};
 use profiler_tests::{pprof_tops, temp_dir};
 
@@ -23,31 +25,6 @@ fn hz() -> u64 {
 /// |profiled share of handler=checkout among the labeled handlers' CPU -
 /// measured share| bound (as in go_cpu.rs).
 const RATIO_TOLERANCE: f64 = 0.05;
-
-/// Of the CPU of `samples` under main.checkout or main.search: the share
-/// carrying a `handler` label, and the share of those labeled
-/// handler=checkout.
-fn label_shares(samples: &[FlatSample]) -> (f64, f64) {
-    let (mut checkout, mut labeled, mut all) = (0i64, 0i64, 0i64);
-    for s in samples {
-        if !(s.has_function("main.checkout") || s.has_function("main.search")) {
-            continue;
-        }
-        all += s.cpu_ns;
-        match s.label("handler") {
-            Some("checkout") => {
-                checkout += s.cpu_ns;
-                labeled += s.cpu_ns;
-            }
-            Some(_) => labeled += s.cpu_ns,
-            None => {}
-        }
-    }
-    (
-        labeled as f64 / all.max(1) as f64,
-        checkout as f64 / labeled.max(1) as f64,
-    )
-}
 
 /// For each of go1.21 to go1.26: ≥ 0.95 of the handlers' CPU carries a
 /// `handler` label, split between the two as the program measured
@@ -100,7 +77,7 @@ fn each_release_s_labels_and_goroutines_are_read() {
             );
             a / (a + b)
         };
-        let (labeled, checkout) = label_shares(&samples);
+        let (checkout, labeled) = handler_label_shares(&samples);
         let windows: Vec<Vec<FlatSample>> = read_profiles(&out, "goroutine")
             .iter()
             .map(|f| {
