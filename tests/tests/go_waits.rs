@@ -663,3 +663,49 @@ fn queued_contention_failures(
     (!failures.is_empty())
         .then(|| format!("{version}: {failures:?} (allowed ±{GO_TOLERANCE}){diag}"))
 }
+
+/// The mutex profile alone, of a Go program started as the command: its
+/// park points are attached at its exec (the kernel reports new programs
+/// for the mutex profile too; before, only for heap and block, and a
+/// mutex profile of a program started after the daemon was empty), and
+/// the holder's unlocks agree with Go's own.
+#[test]
+fn mutex_profile_alone_of_a_command() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::GoLocks.build(tmp.path(), "go_locks");
+    let (own, out) = (tmp.path().join("own.pprof"), tmp.path().join("out"));
+    let mut daemon = profiler_tests::daemon::Daemon::start(&[
+        "--profiles",
+        "mutex",
+        "--mutex-fraction",
+        "1",
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+        "--",
+        exe.to_str().expect("UTF-8 path"),
+        "2",
+        own.to_str().expect("UTF-8 path"),
+    ]);
+    daemon.wait_ready();
+    daemon.wait_success(std::time::Duration::from_secs(30));
+    let ours = flatten_all(&read_profiles(&out, "mutex"));
+    let theirs = flatten(
+        &pprof_proto::decode(
+            &std::fs::read(own.with_extension("pprof.mutex")).expect("the program's own profile"),
+        )
+        .expect("Go's own profile decodes"),
+    );
+    let (d, g) = (
+        delay_of(&ours, "main.holder"),
+        delay_of(&theirs, "main.holder"),
+    );
+    println!("mutex alone, as the command: main.holder profilerd {d} runtime/pprof {g}");
+    assert!(
+        g > 0 && off(d, g) <= GO_TOLERANCE,
+        "mutex at main.holder {d}, runtime/pprof {g} (allowed ±{GO_TOLERANCE})\n{}",
+        daemon.describe()
+    );
+}

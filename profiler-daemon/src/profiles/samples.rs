@@ -294,6 +294,37 @@ fn drop_leading_lines(frames: &mut Vec<Frame>, hidden: impl Fn(&Line) -> bool) {
     }
 }
 
+/// Drops the compiler's `defer` wrappers (`main.f.deferwrap1`, in which
+/// a deferred `mu.Unlock()` is inlined from Go 1.22) from a goroutine's
+/// stack, inlined lines included, as Go's own tracebacks elide them: a
+/// release made by `defer mu.Unlock()` is charged to `sync.(*Mutex).Unlock
+/// <- main.f`, as Go's mutex profile charges it.
+pub(crate) fn hide_go_wrappers(frames: &mut Vec<Frame>) {
+    let wrapper = |line: &Line| {
+        line.function
+            .rsplit_once(".deferwrap")
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if !frames.iter().any(|f| f.lines.iter().any(wrapper)) {
+        return;
+    }
+    frames.retain_mut(|frame| {
+        if frame.lines.iter().any(wrapper) {
+            let kept: Vec<Line> = frame
+                .lines
+                .iter()
+                .filter(|l| !wrapper(l))
+                .cloned()
+                .collect();
+            if kept.is_empty() {
+                return false;
+            }
+            frame.lines = Arc::from(kept);
+        }
+        true
+    });
+}
+
 /// Whether a goroutine's release (after [`hide_sync_release`]) starts at
 /// an unlock Go's mutex profile counts: a sync.Mutex's or sync.RWMutex's,
 /// not a sync.WaitGroup's, a poller's or the runtime's own semaphore.
@@ -426,5 +457,32 @@ mod tests {
             vec![frame(&["leaf"]), frame(&[])]
         });
         assert_eq!(out.last().unwrap().lines[0].function, "[truncated]");
+    }
+
+    #[test]
+    fn defer_wrappers_are_elided_as_go_elides_them() {
+        let names = |frames: &[Frame]| -> Vec<Vec<String>> {
+            frames
+                .iter()
+                .map(|f| f.lines.iter().map(|l| l.function.clone()).collect())
+                .collect()
+        };
+        // `defer mu.Unlock()`: Unlock inlined into the wrapper, its frame
+        // kept with the wrapper's line gone; a wrapper alone goes.
+        let mut frames = vec![
+            frame(&["sync.(*Mutex).Unlock", "main.f.deferwrap1"]),
+            frame(&["main.f.deferwrap2"]),
+            frame(&["main.f"]),
+            frame(&["main.deferwrap"]),
+        ];
+        hide_go_wrappers(&mut frames);
+        assert_eq!(
+            names(&frames),
+            [
+                vec!["sync.(*Mutex).Unlock"],
+                vec!["main.f"],
+                vec!["main.deferwrap"]
+            ]
+        );
     }
 }

@@ -188,8 +188,11 @@ impl Probes {
         let filter = u8::from(config.filter_targets);
         let follow = u8::from(config.follow_forks);
         let heap_bytes = config.heap_sample_bytes.unwrap_or(0);
-        // Heap and Go park probes look for files to probe in new programs.
-        let report_execs = u8::from(config.heap_sample_bytes.is_some() || config.block);
+        // Heap and Go park probes (block and mutex profiles) look for files
+        // to probe in new programs.
+        let report_execs = u8::from(
+            config.heap_sample_bytes.is_some() || config.block || config.mutex_fraction.is_some(),
+        );
         let self_tgid = std::process::id();
         let futex_on = config.block || config.mutex_fraction.is_some();
         let (uaddr_offset, ret_offset) = if futex_on {

@@ -37,8 +37,8 @@ use crate::profiles::records::{
 };
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
-    hide_go_park, hide_go_runtime, hide_sync_release, is_go_mutex_release, is_tracing_frame,
-    prefetch_user_stack, push_stack, python_frames, sample_labels, user_frames,
+    hide_go_park, hide_go_runtime, hide_go_wrappers, hide_sync_release, is_go_mutex_release,
+    is_tracing_frame, prefetch_user_stack, push_stack, python_frames, sample_labels, user_frames,
 };
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::symbolize::python::PythonCodes;
@@ -410,6 +410,7 @@ pub(crate) fn build_wait_profile(
             // mutex profile shows it.
             hide_go_runtime(&mut frames);
             hide_sync_release(&mut frames);
+            hide_go_wrappers(&mut frames);
             // Before Go 1.21 every semaphore waiter parks alike: only the
             // unlocks Go's mutex profile counts stay.
             if go_wait_reasons::key_text(id.go_wait) == Some("semacquire")
@@ -421,6 +422,7 @@ pub(crate) fn build_wait_profile(
         } else if id.go_wait != 0 {
             // A goroutine's park: from where Go's block profile starts.
             hide_go_park(&mut frames);
+            hide_go_wrappers(&mut frames);
         }
         let mut labels = sample_labels(settings, procs, id);
         if id.go_wait != 0 {
