@@ -114,6 +114,16 @@ pub fn read_profiles(dir: &Path, kind: &str) -> Vec<ProfileFile> {
     files
 }
 
+/// The samples of a profile file another profiler wrote (a Go program's
+/// own runtime/pprof profile: gzipped or not, any file name), flattened;
+/// panics naming the file if it cannot be read or decoded.
+pub fn flatten_file(path: &Path) -> Vec<FlatSample> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let profile =
+        pprof_proto::decode(&bytes).unwrap_or_else(|e| panic!("decoding {}: {e}", path.display()));
+    flatten(&profile)
+}
+
 /// Formats Unix time in nanoseconds as `YYYYMMDDTHHMMSSZ` (UTC).
 pub fn utc_stamp(time_nanos: i64) -> String {
     let secs = time_nanos.div_euclid(1_000_000_000);

@@ -441,7 +441,7 @@ impl Workload {
 /// build compiled the standard library afresh. Go's cache is keyed by
 /// every input of a build and safe for builds at once, so the binaries are
 /// the same as from an empty cache.
-fn go_cache(go: &Path) -> PathBuf {
+pub fn go_cache(go: &Path) -> PathBuf {
     let target = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the tests crate lives in the workspace")

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::http::get;
 use profiler_tests::pprof_tool::{current_go_binary, fetch_with_pprof};
-use profiler_tests::profiles::{FlatSample, flatten, read_profiles};
+use profiler_tests::profiles::{FlatSample, flatten, flatten_file, read_profiles};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
     GoBuild, Running, WholeLife, Workload, field, go_builds, profile_whole_life,
@@ -133,10 +133,7 @@ fn goroutines_agree_with_go_to_the_goroutine() {
             99,
             &["--profiles", "goroutine"],
         );
-        let theirs = flatten(
-            &pprof_proto::decode(&std::fs::read(&own).expect("Go's profile"))
-                .expect("Go's profile decodes"),
-        );
+        let theirs = flatten_file(&own);
         let dump = std::fs::read_to_string(own.with_extension("pprof.txt")).expect("Go's dump");
         let go_sites = per_site(&theirs);
         let go_reasons = dump_reasons(&dump);
@@ -307,10 +304,7 @@ fn goroutines_on_demand_agree_with_runtime_pprof() {
         &format!("http://{addr}/debug/pprof/goroutine?pid={pid}"),
         tmp.path(),
     ));
-    let theirs = flatten(
-        &pprof_proto::decode(&std::fs::read(&own).expect("Go's profile"))
-            .expect("Go's profile decodes"),
-    );
+    let theirs = flatten_file(&own);
     let (status, _, body) = get(
         addr,
         &format!("/debug/pprof/goroutine?pid={}", std::process::id()),

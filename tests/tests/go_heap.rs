@@ -12,7 +12,7 @@ use std::path::Path;
 
 use profiler_tests::daemon::require_root;
 use profiler_tests::http::{get, parse_exposition};
-use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
+use profiler_tests::profiles::{FlatSample, flatten, flatten_all, flatten_file, read_profiles};
 use profiler_tests::workloads::{
     GoBuild, WholeLife, Workload, field, go_builds, go_versions, profile_whole_life,
 };
@@ -167,10 +167,7 @@ fn check_run(what: &str, exe: &Path, rate: u64, dir: &Path, config: Option<&Path
         .max_by_key(|samples| values_of(samples, "main.retain")[3])
         .cloned()
         .unwrap_or_default();
-    let theirs = flatten(
-        &pprof_proto::decode(&std::fs::read(&own).expect("the program's own heap profile"))
-            .expect("Go's own profile decodes"),
-    );
+    let theirs = flatten_file(&own);
     let diag = format!("\n{}\n{}", pprof_heap_tops(&files), daemon.describe());
     let go_samples = daemon.summary_field("go_heap_samples");
     assert!(

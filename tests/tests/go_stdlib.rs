@@ -14,8 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
-use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
-use profiler_tests::workloads::go_versions;
+use profiler_tests::profiles::{FlatSample, flatten_all, flatten_file, read_profiles};
+use profiler_tests::workloads::{go_cache, go_versions};
 use profiler_tests::{pprof_tops, temp_dir};
 
 /// |share ours - share Go's| bound of each of the top sites, in points.
@@ -33,16 +33,13 @@ const MEM_RATE: u64 = 65_536;
 /// `go test -c` of standard package `package` by Go `go`, into `dir`.
 fn test_binary(dir: &Path, go: &Path, package: &str, tag: &str) -> PathBuf {
     let out = dir.join(format!("{package}-{tag}.test"));
-    let cache = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/tmp/gocache")
-        .join(go.to_string_lossy().replace('/', "_"));
     let status = Command::new(go)
         .args(["test", "-c", "-o"])
         .arg(&out)
         .arg(package)
         .env("GOFLAGS", "")
         .env("GOTOOLCHAIN", "local")
-        .env("GOCACHE", cache)
+        .env("GOCACHE", go_cache(go))
         .env("GOPATH", dir.join("gopath"))
         .current_dir(dir)
         .status()
@@ -127,13 +124,6 @@ fn compare_tops(
     failures
 }
 
-fn decode(path: &Path) -> Vec<FlatSample> {
-    flatten(
-        &pprof_proto::decode(&std::fs::read(path).expect("the runtime's own profile"))
-            .expect("Go's own profile decodes"),
-    )
-}
-
 /// regexp's benchmarks: CPU by function within 3 points of the runtime's
 /// own CPU profile, and the heap (at the rate the run sets, 64 KiB) per
 /// allocating function within ±15% of its heap profile, the total too.
@@ -185,12 +175,12 @@ fn regexp_benchmarks_agree_with_go_s_cpu_and_heap_profiles() {
         failures.extend(compare_tops(
             &format!("{version} cpu"),
             &flat_shares(&ours_cpu, 1),
-            &flat_shares(&decode(&cpu), 1),
+            &flat_shares(&flatten_file(&cpu), 1),
             10,
             CPU_POINTS,
         ));
         // Heap: alloc_space (the second value) per allocating function.
-        let theirs_heap = decode(&mem);
+        let theirs_heap = flatten_file(&mem);
         let sum = |samples: &[FlatSample]| -> i64 { samples.iter().map(|s| s.values[1]).sum() };
         let (ours_total, go_total) = (sum(&ours_heap), sum(&theirs_heap));
         println!("{version} heap: alloc_space profilerd {ours_total} runtime/pprof {go_total}");
@@ -312,14 +302,14 @@ fn sync_benchmarks_agree_with_go_s_block_and_mutex_profiles() {
         failures.extend(compare_tops(
             &format!("{version} block"),
             &flat_shares(&ours_block, 1),
-            &flat_shares(&decode(&block), 1),
+            &flat_shares(&flatten_file(&block), 1),
             5,
             WAIT_POINTS,
         ));
         // From Go 1.22 the runtime adds its own locks' contention
         // (`runtime.unlock`'s callers, `runtime._LostContendedRuntimeLock`),
         // which passes no park point: compared over the program's locks.
-        let theirs_mutex = decode(&mutex);
+        let theirs_mutex = flatten_file(&mutex);
         let runtime_share = flat_shares(&theirs_mutex, 1)
             .iter()
             .filter(|(site, _)| site.starts_with("runtime."))

@@ -12,7 +12,7 @@
 //! run: a goroutine's blocking system calls carry its pprof labels.
 
 use profiler_tests::daemon::require_root;
-use profiler_tests::profiles::{FlatSample, flatten, flatten_all, read_profiles};
+use profiler_tests::profiles::{FlatSample, flatten_all, flatten_file, read_profiles};
 use profiler_tests::workloads::{
     GoBuild, WholeLife, Workload, field, go_builds, go_versions, profile_whole_life,
 };
@@ -152,21 +152,12 @@ fn goroutine_waits_agree_with_go_and_with_the_program() {
             .into_iter()
             .filter(|s| s.pid() == pid)
             .collect();
-        let theirs_mutex = flatten(
-            &pprof_proto::decode(
-                &std::fs::read(own.with_extension("pprof.mutex"))
-                    .expect("the program's own mutex profile"),
-            )
-            .expect("Go's own mutex profile decodes"),
-        );
+        let theirs_mutex = flatten_file(&own.with_extension("pprof.mutex"));
         let ours: Vec<FlatSample> = flatten_all(&files)
             .into_iter()
             .filter(|s| s.pid() == pid)
             .collect();
-        let theirs = flatten(
-            &pprof_proto::decode(&std::fs::read(&own).expect("the program's own block profile"))
-                .expect("Go's own profile decodes"),
-        );
+        let theirs = flatten_file(&own);
         let diag = format!("\n{}\n{}", pprof_tops(&files, Some(pid)), daemon.describe());
         let left_out = daemon.summary_field("go_parks_not_blocking");
         // Under the default budget: every park seen, none weighted (the
@@ -358,13 +349,7 @@ fn goroutine_mutex_profile_alone() {
         .into_iter()
         .filter(|s| s.pid() == pid)
         .collect();
-    let theirs = flatten(
-        &pprof_proto::decode(
-            &std::fs::read(own.with_extension("pprof.mutex"))
-                .expect("the program's own mutex profile"),
-        )
-        .expect("Go's own mutex profile decodes"),
-    );
+    let theirs = flatten_file(&own.with_extension("pprof.mutex"));
     let (unlock, go_unlock) = (
         delay_of(&ours, "main.holdLock"),
         delay_of(&theirs, "main.holdLock"),
@@ -425,15 +410,9 @@ fn goroutine_waits_on_a_park_budget_agree_with_the_program() {
             .collect()
     };
     let (ours, ours_mutex) = (mine(&files), mine(&mutex_files));
-    let own_profile = |path: &std::path::Path| {
-        flatten(
-            &pprof_proto::decode(&std::fs::read(path).expect("the program's own profile"))
-                .expect("Go's own profile decodes"),
-        )
-    };
     let (theirs, theirs_mutex) = (
-        own_profile(&own),
-        own_profile(&own.with_extension("pprof.mutex")),
+        flatten_file(&own),
+        flatten_file(&own.with_extension("pprof.mutex")),
     );
     let diag = format!(
         "\n{}\n{}\n{}",
@@ -610,14 +589,11 @@ fn queued_contention_failures(
             .filter(|s| s.pid() == pid)
             .collect()
     };
-    let theirs = |path: std::path::PathBuf| {
-        flatten(
-            &pprof_proto::decode(&std::fs::read(path).expect("the program's own profile"))
-                .expect("Go's own profile decodes"),
-        )
-    };
-    let (block, go_block) = (mine("block"), theirs(own.clone()));
-    let (mutex, go_mutex) = (mine("mutex"), theirs(own.with_extension("pprof.mutex")));
+    let (block, go_block) = (mine("block"), flatten_file(&own));
+    let (mutex, go_mutex) = (
+        mine("mutex"),
+        flatten_file(&own.with_extension("pprof.mutex")),
+    );
     let diag = format!(
         "\n{}\n{}\n{}",
         pprof_tops(&read_profiles(&out, "block"), Some(pid)),
@@ -692,12 +668,7 @@ fn mutex_profile_alone_of_a_command() {
     daemon.wait_ready();
     daemon.wait_success(std::time::Duration::from_secs(30));
     let ours = flatten_all(&read_profiles(&out, "mutex"));
-    let theirs = flatten(
-        &pprof_proto::decode(
-            &std::fs::read(own.with_extension("pprof.mutex")).expect("the program's own profile"),
-        )
-        .expect("Go's own profile decodes"),
-    );
+    let theirs = flatten_file(&own.with_extension("pprof.mutex"));
     let (d, g) = (
         delay_of(&ours, "main.holder"),
         delay_of(&theirs, "main.holder"),

@@ -61,6 +61,14 @@ pub fn key_number(key: u16) -> u8 {
 /// Marks a [`reason_key`] of a release not in the tables.
 const UNKNOWN_RELEASE: u16 = 0x8000;
 
+/// The number of the reason `text` in `table`.
+fn reason_number(table: &[&str], text: &str) -> Option<u8> {
+    table
+        .iter()
+        .position(|t| *t == text)
+        .and_then(|n| u8::try_from(n).ok())
+}
+
 /// The reasons sync.Mutex and sync.RWMutex waiters of Go release
 /// 1.`minor` park with (Go's mutex profile counts their release):
 /// `sync.Mutex.Lock`, `sync.RWMutex.RLock` and `sync.RWMutex.Lock` from
@@ -68,12 +76,7 @@ const UNKNOWN_RELEASE: u16 = 0x8000;
 /// share. None for a release not in the tables.
 pub fn mutex_reasons(minor: u32) -> Option<[u8; 3]> {
     let table = TABLES[table_of(minor)?];
-    let number = |text: &str| {
-        table
-            .iter()
-            .position(|t| *t == text)
-            .and_then(|n| u8::try_from(n).ok())
-    };
+    let number = |text| reason_number(table, text);
     match number("sync.Mutex.Lock") {
         Some(lock) => Some([
             lock,
@@ -91,13 +94,7 @@ pub fn mutex_reasons(minor: u32) -> Option<[u8; 3]> {
 /// not in the tables.
 pub fn sema_reasons(minor: u32) -> Option<[u8; 2]> {
     let table = TABLES[table_of(minor)?];
-    let number = |text: &str| {
-        table
-            .iter()
-            .position(|t| *t == text)
-            .and_then(|n| u8::try_from(n).ok())
-            .unwrap_or(0)
-    };
+    let number = |text| reason_number(table, text).unwrap_or(0);
     Some([number("semacquire"), number("sync.WaitGroup.Wait")])
 }
 

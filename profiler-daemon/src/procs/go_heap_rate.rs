@@ -20,6 +20,7 @@ use crate::config::GoHeapSampling as GoSampling;
 use crate::model::go_pclntab::Pclntab;
 use crate::procs::go_code;
 use crate::procs::go_runtime::{first_segment, in_executable, load_bias_of};
+use crate::procs::memory::Memory;
 
 /// Go's default `runtime.MemProfileRate`: a sample per 512 KiB allocated,
 /// on average.
@@ -342,11 +343,9 @@ fn rate_word_at(tgid: u32, address: RateAddress) -> Option<u64> {
 }
 
 fn read_rate(tgid: u32, address: RateAddress) -> Option<u64> {
-    let at = rate_word_at(tgid, address)?;
-    let mem = std::fs::File::open(format!("/proc/{tgid}/mem")).ok()?;
-    let mut word = [0u8; 8];
-    mem.read_exact_at(&mut word, at).ok()?;
-    u64::try_from(i64::from_le_bytes(word)).ok()
+    let word = Memory::open(tgid)?.u64(rate_word_at(tgid, address)?)?;
+    // An int: a negative rate is read as none.
+    u64::try_from(word as i64).ok()
 }
 
 /// Sets process `tgid`'s `runtime.MemProfileRate` to `rate`, if it is

@@ -346,6 +346,14 @@ mod tests {
 
     use super::*;
 
+    /// Each frame's functions, innermost first.
+    fn names(frames: &[Frame]) -> Vec<Vec<String>> {
+        frames
+            .iter()
+            .map(|f| f.lines.iter().map(|l| l.function.clone()).collect())
+            .collect()
+    }
+
     fn frame(names: &[&str]) -> Frame {
         Frame {
             address: 0x1000,
@@ -393,12 +401,6 @@ mod tests {
 
     #[test]
     fn a_goroutine_release_starts_at_the_exported_unlock() {
-        let names = |frames: &[Frame]| -> Vec<Vec<String>> {
-            frames
-                .iter()
-                .map(|f| f.lines.iter().map(|l| l.function.clone()).collect())
-                .collect()
-        };
         // Go 1.27: the internal mutex inlined under sync's.
         let mut frames = vec![
             frame(&["internal/sync.runtime_Semrelease"]),
@@ -461,12 +463,6 @@ mod tests {
 
     #[test]
     fn defer_wrappers_are_elided_as_go_elides_them() {
-        let names = |frames: &[Frame]| -> Vec<Vec<String>> {
-            frames
-                .iter()
-                .map(|f| f.lines.iter().map(|l| l.function.clone()).collect())
-                .collect()
-        };
         // `defer mu.Unlock()`: Unlock inlined into the wrapper, its frame
         // kept with the wrapper's line gone; a wrapper alone goes.
         let mut frames = vec![
