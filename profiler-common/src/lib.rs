@@ -87,6 +87,8 @@ mod user {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ParkGate {}
     // SAFETY: as above.
+    unsafe impl aya::Pod for super::GoPark {}
+    // SAFETY: as above.
     unsafe impl aya::Pod for super::GoLabels {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcEvent {}

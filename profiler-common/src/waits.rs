@@ -312,6 +312,13 @@ pub struct GoPark {
     pub comm: [u8; COMM_LEN],
 }
 
+/// Set in `GoPark::reason` when a semaphore wait's `semacquire1` call began
+/// before its park's window (the duty-cycled probes were detached then):
+/// Go times that wait from the call, so by the window's rule it began
+/// before the window, and is not the block profile's (the mutex profile
+/// still follows its queue).
+pub const GO_PARK_CALL_BEFORE_WINDOW: u32 = 1 << 31;
+
 /// Goroutines parked at once whose park points are remembered.
 pub const GO_PARKED_ENTRIES: u32 = 65_536;
 

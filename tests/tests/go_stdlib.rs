@@ -346,3 +346,92 @@ fn sync_benchmarks_agree_with_go_s_block_and_mutex_profiles() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// |share ours - share Go's| bound of each of the top block sites when the
+/// park probes are on their budget (an estimate from the windows).
+const BUDGET_POINTS: f64 = 10.0;
+
+/// The same benchmarks at default settings: some 85,000 parks a second put
+/// the park probes on their budget (attached in short windows), and the
+/// block profile is an estimate from the waits that begin in a window,
+/// those still waiting at its close followed to their end. Its top five
+/// sites within 10 points of the runtime's own of the same run, the test
+/// driver's long waits (`chanrecv1`, `WaitGroup.Wait`) included (on the
+/// current Go; go1.19's printed); the profile says it is an estimate, and
+/// waits were followed.
+#[test]
+fn sync_benchmarks_on_the_park_budget_agree_with_go_s_block_profile() {
+    require_root();
+    let tmp = temp_dir();
+    let mut failures = Vec::new();
+    for (version, go) in go_versions() {
+        let tag = version.replace(' ', "_");
+        let exe = test_binary(tmp.path(), &go, "sync", &tag);
+        let block = tmp.path().join(format!("block-{tag}.pprof"));
+        let out = tmp.path().join(format!("out-{tag}"));
+        let daemon = profile_command(
+            &out,
+            "block",
+            &["--block-rate", "1ns"],
+            &exe,
+            &[
+                "-test.run",
+                "XXX",
+                "-test.bench",
+                ".",
+                "-test.benchtime",
+                "20ms",
+                "-test.blockprofile",
+                block.to_str().expect("UTF-8 path"),
+                "-test.blockprofilerate",
+                "1",
+            ],
+        );
+        let files = read_profiles(&out, "block");
+        let ours: Vec<FlatSample> = flatten_all(&files)
+            .into_iter()
+            .filter(|s| s.label("comm").is_some_and(|c| c.starts_with("sync")))
+            .collect();
+        let (windows, followed) = (
+            daemon.summary_field("go_park_windows"),
+            daemon.summary_field("go_waits_followed_ended"),
+        );
+        println!("{version}: {windows} park-probe windows, {followed} waits followed to their end");
+        let before = failures.len();
+        if windows == 0 || followed == 0 {
+            failures.push(format!(
+                "{version}: {windows} windows and {followed} waits followed: the budget must be in play"
+            ));
+        }
+        let estimate = files.iter().any(|f| {
+            f.profile.comment.iter().any(|&i| {
+                f.profile.string_table[i as usize].contains("Go park probes on a duty cycle")
+            })
+        });
+        if !estimate {
+            failures.push(format!("{version}: no profile says it is an estimate"));
+        }
+        let tops = compare_tops(
+            &format!("{version} block on the budget"),
+            &flat_shares(&ours, 1),
+            &flat_shares(&flatten_file(&block), 1),
+            5,
+            BUDGET_POINTS,
+        );
+        // Go 1.19's sync.Mutex waiters are woken and park again inside one
+        // semacquire1 call, which Go times as one wait; a wait followed
+        // past its window ends at its first wake-up, so that site reads
+        // low (design 016, "Not done yet"): printed, not held.
+        if version != "go1.19" {
+            failures.extend(tops);
+        }
+        if failures.len() > before {
+            failures.push(format!(
+                "\n{}\n{}",
+                pprof_tops(&files, None),
+                daemon.describe()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -15,6 +15,8 @@ use crate::model::text::display_name;
 
 /// Label sets kept at most.
 pub const MAX_LABEL_SETS: usize = 4096;
+/// The top bit of the id of a set the daemon read itself.
+const READ_SET: u64 = 1 << 63;
 
 /// One label set: (key, value) pairs, and whether the kernel cut it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +52,30 @@ impl GoLabelSets {
         self.cut += u64::from(set.cut);
         self.sets.insert(id, Arc::new(set));
         self.used.insert(id);
+    }
+
+    /// Keeps a set read from the goroutine's memory by the daemon (not
+    /// recorded by the kernel); returns its id: a hash of its labels with
+    /// the top bit set (the kernel's ids are 64-bit hashes of its records:
+    /// one equal to it is as unlikely as two of them equal).
+    pub fn insert_read(&mut self, labels: &[(String, String)]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        labels.hash(&mut hasher);
+        let id = hasher.finish() | READ_SET;
+        if !self.sets.contains_key(&id) {
+            if self.sets.len() >= MAX_LABEL_SETS {
+                self.dropped += 1;
+                return id;
+            }
+            let set = LabelSet {
+                labels: labels.to_vec(),
+                cut: false,
+            };
+            self.sets.insert(id, Arc::new(set));
+        }
+        self.used.insert(id);
+        id
     }
 
     /// The set `id`, noted as used by this window.

@@ -2,7 +2,8 @@
 //! - batched reads: `BPF_MAP_LOOKUP_AND_DELETE_BATCH` empties a map with one
 //!   system call per chunk of entries, where aya's per-element API takes
 //!   three (next key, lookup, delete) per entry. The drain runs every
-//!   second, so this is most of its cost.
+//!   second, so this is most of its cost. `BPF_MAP_LOOKUP_BATCH` reads a
+//!   map the same way and leaves it as it is.
 //! - an element update that allocates nothing, for use between fork and
 //!   exec;
 //! - what each map of this process costs the kernel (`map_memory`).
@@ -22,6 +23,22 @@ const CHUNK: usize = 1024;
 pub enum BatchError {
     #[error("BPF_MAP_LOOKUP_AND_DELETE_BATCH failed: {0}")]
     Syscall(io::Error),
+    #[error("BPF_MAP_LOOKUP_BATCH failed: {0}")]
+    Lookup(io::Error),
+}
+
+/// Reads every entry of a hash map of V values, leaving it as it is.
+/// Entries that writers add or delete meanwhile may or may not be
+/// included.
+pub fn lookup_all<K: Pod, V: Pod>(map: BorrowedFd<'_>) -> Result<Vec<(K, V)>, BatchError> {
+    let entries =
+        batch_all::<K, V>(map, 1, bpf_cmd::BPF_MAP_LOOKUP_BATCH).map_err(|e| match e {
+            BatchError::Syscall(e) | BatchError::Lookup(e) => BatchError::Lookup(e),
+        })?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.into_iter().next()?)))
+        .collect())
 }
 
 /// Reads and deletes every entry of a hash map whose values are arrays of
@@ -31,6 +48,19 @@ pub enum BatchError {
 pub fn lookup_and_delete_all<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
     values_per_key: usize,
+) -> Result<Vec<(K, Vec<V>)>, BatchError> {
+    batch_all(
+        map,
+        values_per_key,
+        bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH,
+    )
+}
+
+/// Every entry of the map, by batches of `command`.
+fn batch_all<K: Pod, V: Pod>(
+    map: BorrowedFd<'_>,
+    values_per_key: usize,
+    command: bpf_cmd,
 ) -> Result<Vec<(K, Vec<V>)>, BatchError> {
     // The kernel lays per-CPU values out in 8-byte slots.
     let value_stride = size_of::<V>().next_multiple_of(8) * values_per_key;
@@ -63,7 +93,7 @@ pub fn lookup_and_delete_all<K: Pod, V: Pod>(
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_bpf,
-                bpf_cmd::BPF_MAP_LOOKUP_AND_DELETE_BATCH as libc::c_long,
+                command as libc::c_long,
                 &mut attr as *mut bpf_attr,
                 size_of::<bpf_attr>() as libc::c_uint,
             )

@@ -5,16 +5,20 @@
 //! (`ParkGate::runs`, counted in the kernel inside open windows); a
 //! process above `[limits] go_park_runs_per_second` gets its link put on a
 //! duty cycle: attached for one window of W = duty × P at a random offset
-//! in each period P, detached the rest of the time. The kernel keeps only
-//! the waits that began and ended inside a window (the gate), so a wait of
-//! length L is seen with probability (W − L) / P, and the block and mutex
-//! profiles weigh it by the inverse (`profiles::waits::ParkWindows`): the
-//! estimate stays Go's, at a cost the budget bounds. Windows are short and
-//! frequent (`MIN_WINDOW` every `MIN_PERIOD` to `MAX_PERIOD`), so that every
-//! phase of a program is seen; waits longer than their window are not seen
-//! while a process is on the cycle, and are counted
-//! (`GO_WAITS_OUTLASTING_WINDOWS`); the profiles say which processes were
-//! cycled, in their comments
+//! in each period P, detached the rest of the time. The kernel keeps the
+//! waits that began and ended inside a window (the gate); when a window
+//! closes, the parks it recorded whose ready it did not see (`GO_PARKED`,
+//! read in batches and left as it is) are handed on, and
+//! `procs::go_parked` follows those goroutines to their wait's end. So
+//! every wait that begins in a window is seen, with probability W / P, and
+//! the block profile weighs it by the inverse
+//! (`profiles::waits::ParkWindows`): the estimate stays Go's, at a cost
+//! the budget bounds. The mutex profile sees a release only inside a
+//! window (probability (W − L) / P for a wait of length L). Windows are
+//! short and frequent (`MIN_WINDOW` every `MIN_PERIOD` to `MAX_PERIOD`),
+//! so that every phase of a program is seen; waits that began before
+//! their window are counted (`GO_WAITS_OUTLASTING_WINDOWS`); the profiles
+//! say which processes were cycled, in their comments
 //! (docs/design/016-go-from-outside.md, "Park probes on a budget").
 //!
 //! A link probes a file: per target process (`--pid`), or for every
@@ -25,28 +29,35 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use aya::maps::{HashMap as AyaHashMap, MapData};
-use profiler_common::ParkGate;
+use std::os::fd::AsFd;
 
+use aya::maps::{HashMap as AyaHashMap, IterableMap, MapData};
+use profiler_common::{GO_PARK_CALL_BEFORE_WINDOW, GoPark, LiveKey, ParkGate};
+
+use crate::bpf::map_syscalls;
 use crate::bpf::uprobes::{LinkKey, UprobeLinks};
+use crate::procs::go_parked::LeftOpen;
 
 /// How often the processes' rates are read.
 pub const CHECK: Duration = Duration::from_secs(1);
 /// When the rates are first read after the start: the processes running
 /// then would otherwise pay a whole second of every park probed.
 const FIRST_CHECK: Duration = Duration::from_millis(100);
-/// The shortest window: waits as long are seen in every cycled process.
-/// Short, so that windows come often: a program that changes phase every
-/// few hundred milliseconds (a benchmark suite, a batch job) is seen in
-/// every phase, where one window of 100 ms every 2.5 s saw three of a
-/// 5 s run (design 016, "Park probes on a budget").
-const MIN_WINDOW: Duration = Duration::from_millis(20);
+/// The shortest window. Short, so that windows come often: a program that
+/// changes phase every few tens of milliseconds (a benchmark suite, a
+/// batch job) is seen in every phase, and its estimate gathers many
+/// windows (the waits that outlast theirs are followed to their end).
+/// One window of 100 ms every 2.5 s saw three phases of a 5 s run; one of
+/// 20 ms every 400 ms left the sync benchmarks' estimate of each site
+/// 20-30 points from Go's from one run to the next (design 016, "Park
+/// probes on a budget").
+const MIN_WINDOW: Duration = Duration::from_millis(5);
 /// The shortest period: at a duty of MIN_WINDOW / MIN_PERIOD (20%) or
-/// more, ten windows a second.
-const MIN_PERIOD: Duration = Duration::from_millis(100);
+/// more, forty windows a second (each an attach and a detach).
+const MIN_PERIOD: Duration = Duration::from_millis(25);
 /// The longest period: below a duty of MIN_WINDOW / MAX_PERIOD (1%), a
 /// process pays that duty, above its budget.
-const MAX_PERIOD: Duration = Duration::from_secs(2);
+const MAX_PERIOD: Duration = Duration::from_millis(500);
 /// A cycled link goes back to always attached when its rate in the open
 /// windows falls below this share of the budget (hysteresis).
 const LEAVE_SHARE: f64 = 0.5;
@@ -72,8 +83,9 @@ struct Cycle {
     period_end: Instant,
     /// When this period's window opens; None once it has.
     opens_at: Option<Instant>,
-    /// While open: when to detach.
+    /// While open: when to detach, and the gate's `[since, until)`.
     closes_at: Option<Instant>,
+    gate: (u64, u64),
     /// Runs and open time since the rate was last measured.
     runs: u64,
     open: Duration,
@@ -87,6 +99,7 @@ impl Cycle {
             period_end: now,
             opens_at: None,
             closes_at: None,
+            gate: SHUT,
             runs: 0,
             open: Duration::ZERO,
         };
@@ -130,10 +143,24 @@ pub struct BudgetStats {
     pub most_cycled: u64,
     /// Windows that could not attach though their process lived.
     pub resume_failures: u64,
+    /// Parks read from the kernel's map when windows closed that would not
+    /// read.
+    pub parks_unread: u64,
+}
+
+/// What one step did: the windows it opened, and the parks of those it
+/// closed that were still waiting (when block profiles follow them).
+#[derive(Default)]
+pub struct Step {
+    pub opened: Vec<OpenWindow>,
+    pub left_open: Vec<LeftOpen>,
 }
 
 pub struct ParkBudget {
     gates: AyaHashMap<MapData, u32, ParkGate>,
+    /// The kernel's parks, read when a window closes: None when nothing
+    /// follows them (no block profile, or `[debug] follow_parked = false`).
+    parked: Option<AyaHashMap<MapData, LiveKey, GoPark>>,
     runs_per_second: u64,
     /// Run counts last read, by process.
     runs: HashMap<u32, u64>,
@@ -147,10 +174,15 @@ pub struct ParkBudget {
 
 impl ParkBudget {
     /// `runs_per_second` 0: no budget (the probes are never detached).
-    pub fn new(gates: AyaHashMap<MapData, u32, ParkGate>, runs_per_second: u64) -> Self {
+    pub fn new(
+        gates: AyaHashMap<MapData, u32, ParkGate>,
+        parked: Option<AyaHashMap<MapData, LiveKey, GoPark>>,
+        runs_per_second: u64,
+    ) -> Self {
         let now = Instant::now();
         ParkBudget {
             gates,
+            parked,
             runs_per_second,
             runs: HashMap::new(),
             cycles: HashMap::new(),
@@ -179,21 +211,63 @@ impl ParkBudget {
 
     /// Opens and closes the windows due by now, and every second measures
     /// each process's rate and puts links on or off the cycle. Returns the
-    /// windows opened.
-    pub fn step(&mut self, links: &mut UprobeLinks) -> Vec<OpenWindow> {
-        let mut opened = Vec::new();
+    /// windows opened and the parks of those closed still waiting.
+    pub fn step(&mut self, links: &mut UprobeLinks) -> Step {
+        let mut step = Step::default();
         if self.runs_per_second == 0 {
-            return opened;
+            return step;
         }
         let now = Instant::now();
         let keys: Vec<LinkKey> = self.cycles.keys().copied().collect();
+        let mut closed = Vec::new();
         for key in keys {
-            self.turn(key, now, links, &mut opened);
+            self.turn(key, now, links, &mut step.opened, &mut closed);
+        }
+        if !closed.is_empty() {
+            step.left_open = self.left_open(&closed);
         }
         if now >= self.next_check {
             self.check(now, links);
         }
-        opened
+        step
+    }
+
+    /// The parks recorded in the windows `closed` (process, gate) whose
+    /// ready the kernel did not see inside them.
+    fn left_open(&mut self, closed: &[(u32, (u64, u64))]) -> Vec<LeftOpen> {
+        let Some(parked) = &self.parked else {
+            return Vec::new();
+        };
+        let parks = match map_syscalls::lookup_all::<LiveKey, GoPark>(parked.map().fd().as_fd()) {
+            Ok(parks) => parks,
+            Err(e) => {
+                if self.stats.parks_unread == 0 {
+                    tracing::warn!(
+                        "reading the goroutines parked in a closed window failed: {e}; their waits go unseen (counted as go_parks_unread)"
+                    );
+                }
+                self.stats.parks_unread += 1;
+                return Vec::new();
+            }
+        };
+        let windows: HashMap<u32, (u64, u64)> = closed.iter().copied().collect();
+        parks
+            .into_iter()
+            .filter_map(|(key, park)| {
+                let &(since, until) = windows.get(&key.tgid)?;
+                // A semaphore wait whose call began before the window began
+                // before it by Go's rule.
+                let began_in = since <= park.start_ns
+                    && park.start_ns < until
+                    && park.reason & GO_PARK_CALL_BEFORE_WINDOW == 0;
+                began_in.then_some(LeftOpen {
+                    tgid: key.tgid,
+                    g: key.addr,
+                    park,
+                    window_end_ns: until,
+                })
+            })
+            .collect()
     }
 
     /// Closes, opens or draws one cycled link's window when due.
@@ -203,6 +277,7 @@ impl ParkBudget {
         now: Instant,
         links: &mut UprobeLinks,
         opened: &mut Vec<OpenWindow>,
+        closed: &mut Vec<(u32, (u64, u64))>,
     ) {
         let tgids = self.processes_of(key);
         let Some(cycle) = self.cycles.get_mut(&key) else {
@@ -216,6 +291,7 @@ impl ParkBudget {
                 }
                 for &tgid in &tgids {
                     set_gate(&mut self.gates, tgid, SHUT);
+                    closed.push((tgid, cycle.gate));
                 }
             }
             return;
@@ -254,6 +330,7 @@ impl ParkBudget {
             });
         }
         cycle.open += cycle.window;
+        cycle.gate = (since, until);
         // Detached a little after the gate shuts, so that nothing inside
         // the window is missed.
         cycle.closes_at = Some(Instant::now() + cycle.window + Duration::from_millis(1));
@@ -402,17 +479,17 @@ mod tests {
     #[test]
     fn a_duty_gets_a_window_of_at_least_the_shortest() {
         let now = Instant::now();
-        // A quarter: ten 25 ms windows a second.
-        let c = Cycle::new(0.25, now);
+        // Half: forty windows of 12.5 ms a second.
+        let c = Cycle::new(0.5, now);
         assert_eq!(
             (c.period, c.window),
-            (MIN_PERIOD, Duration::from_millis(25))
+            (MIN_PERIOD, Duration::from_micros(12_500))
         );
-        // 5%: the period grows so that the window is 20 ms.
+        // 5%: the period grows so that the window is 5 ms.
         let c = Cycle::new(0.05, now);
         assert_eq!(
             (c.period, c.window),
-            (Duration::from_millis(400), MIN_WINDOW)
+            (Duration::from_millis(100), MIN_WINDOW)
         );
         // Below 1%: the longest period, the shortest window.
         let c = Cycle::new(0.001, now);

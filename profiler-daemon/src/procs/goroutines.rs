@@ -69,6 +69,9 @@ pub mod status {
 pub struct GoroutineLayout {
     pub status: usize,
     pub wait_reason: usize,
+    /// `g.trackingSeq`: a byte the runtime adds one to each time the
+    /// goroutine stops running (`casgstatus`), so each park has its own.
+    pub tracking_seq: usize,
     pub start_pc: usize,
     pub labels: usize,
     pub labels_form: u8,
@@ -80,10 +83,11 @@ pub struct GoroutineLayout {
 
 impl GoroutineLayout {
     /// Bytes of a `g` read: up to the last field used.
-    fn span(&self) -> usize {
+    pub fn span(&self) -> usize {
         [
             self.status + 4,
             self.wait_reason + 1,
+            self.tracking_seq + 1,
             self.start_pc + 8,
             self.labels + 8,
             self.sched_bp + 8,
@@ -102,18 +106,20 @@ impl GoroutineLayout {
 /// included.
 pub fn goroutine_layout(minor: u32) -> Option<GoroutineLayout> {
     let status = usize::from(g_status(minor)?);
-    let (wait_reason, start_pc, sched_bp) = match minor {
-        19 => (176, 312, 48),
-        21..=22 => (176, 296, 48),
-        23..=24 => (184, 304, 48),
-        25 => (176, 296, 40),
-        26..=27 => (176, 304, 40),
+    let (wait_reason, tracking_seq, start_pc, sched_bp) = match minor {
+        19 => (176, 189, 312, 48),
+        21 => (176, 188, 296, 48),
+        22 => (176, 191, 296, 48),
+        23..=24 => (184, 199, 304, 48),
+        25 => (176, 191, 296, 40),
+        26..=27 => (176, 191, 304, 40),
         _ => return None,
     };
     let labels = runtime_layout(minor);
     Some(GoroutineLayout {
         status,
         wait_reason,
+        tracking_seq,
         start_pc,
         labels: usize::from(labels.g_labels),
         labels_form: labels.labels_form,
@@ -198,44 +204,7 @@ impl GoroutineReader {
     /// The goroutines of process `tgid` now, at most [`MAX_GOROUTINES`],
     /// with the minor number of the Go release that built it.
     pub fn read(&mut self, tgid: u32) -> Result<(u32, Vec<Goroutine>), Unread> {
-        let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).map_err(|_| Unread::Gone)?;
-        let key = (meta.dev(), meta.ino());
-        if self.not_go.contains(&key) {
-            return Err(Unread::NotGo);
-        }
-        let exe = match self.executables.get(&key) {
-            Some(exe) => exe.clone(),
-            None => {
-                let exe = read_executable(tgid);
-                // Gone before its file was read: nothing learnt of it.
-                if exe.as_ref().err() == Some(&Unread::Gone) {
-                    return Err(Unread::Gone);
-                }
-                if exe.as_ref().err() == Some(&Unread::NotGo) {
-                    if self.not_go.len() >= NOT_GO_KEPT {
-                        self.not_go.clear();
-                    }
-                    self.not_go.insert(key);
-                    return Err(Unread::NotGo);
-                }
-                if self.executables.len() >= EXECUTABLES_KEPT {
-                    self.executables.clear();
-                }
-                self.executables.insert(key, exe.clone());
-                exe
-            }
-        };
-        let exe = match exe {
-            Ok(exe) => exe,
-            Err(why) => {
-                match why {
-                    Unread::UnknownRelease => self.stats.unknown_release += 1,
-                    Unread::NoGoroutineList => self.stats.no_goroutine_list += 1,
-                    _ => {}
-                }
-                return Err(why);
-            }
-        };
+        let exe = self.executable(tgid)?;
         let bias = load_bias_of(tgid, exe.first_segment).ok_or(Unread::Gone)?;
         let mem = Memory::open(tgid).ok_or(Unread::Gone)?;
         let (list, len) = mem.pair(exe.allgs.wrapping_add(bias)).ok_or(Unread::Gone)?;
@@ -264,6 +233,52 @@ impl GoroutineReader {
         self.stats.read += out.len() as u64;
         Ok((exe.release, out))
     }
+
+    /// Where process `tgid`'s release keeps a goroutine's fields.
+    pub fn layout(&mut self, tgid: u32) -> Result<GoroutineLayout, Unread> {
+        Ok(self.executable(tgid)?.layout)
+    }
+
+    /// The facts of process `tgid`'s executable, read once per file.
+    fn executable(&mut self, tgid: u32) -> Result<Arc<Executable>, Unread> {
+        let meta = std::fs::metadata(format!("/proc/{tgid}/exe")).map_err(|_| Unread::Gone)?;
+        let key = (meta.dev(), meta.ino());
+        if self.not_go.contains(&key) {
+            return Err(Unread::NotGo);
+        }
+        let exe = match self.executables.get(&key) {
+            Some(exe) => exe.clone(),
+            None => {
+                let exe = read_executable(tgid);
+                // Gone before its file was read: nothing learnt of it.
+                if exe.as_ref().err() == Some(&Unread::Gone) {
+                    return Err(Unread::Gone);
+                }
+                if exe.as_ref().err() == Some(&Unread::NotGo) {
+                    if self.not_go.len() >= NOT_GO_KEPT {
+                        self.not_go.clear();
+                    }
+                    self.not_go.insert(key);
+                    return Err(Unread::NotGo);
+                }
+                if self.executables.len() >= EXECUTABLES_KEPT {
+                    self.executables.clear();
+                }
+                self.executables.insert(key, exe.clone());
+                exe
+            }
+        };
+        exe.inspect_err(|why| match why {
+            Unread::UnknownRelease => self.stats.unknown_release += 1,
+            Unread::NoGoroutineList => self.stats.no_goroutine_list += 1,
+            _ => {}
+        })
+    }
+}
+
+/// The labels of a goroutine whose `g.labels` holds `at`, read now.
+pub fn labels_at(mem: &Memory, layout: &GoroutineLayout, at: u64) -> Option<Labels> {
+    LabelCache::default().get(mem, layout, at)
 }
 
 /// Goroutines read per batch: their `g`s in one system call, then their
@@ -673,6 +688,7 @@ mod tests {
             let dwarf = GoroutineLayout {
                 status: at("runtime.g", "atomicstatus"),
                 wait_reason: at("runtime.g", "waitreason"),
+                tracking_seq: at("runtime.g", "trackingSeq"),
                 start_pc: at("runtime.g", "startpc"),
                 labels: at("runtime.g", "labels"),
                 labels_form: runtime_layout(release.minor).labels_form,

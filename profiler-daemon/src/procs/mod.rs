@@ -3,7 +3,8 @@
 //! gives them (container, pod, systemd unit), and what the kernel needs
 //! to read of a Go process (`go_runtime`) and the rate its runtime samples
 //! its heap by (`go_heap_rate`), and the goroutines read from
-//! a Go process's memory (`goroutines`); reading a process's memory
+//! a Go process's memory (`goroutines`), those parked past a park-probe
+//! window followed to their wait's end (`go_parked`); reading a process's memory
 //! (`memory`); and where a CPython process keeps its threads' frames
 //! (`python_runtime`), from 3.13 on as the interpreter says itself
 //! (`python_debug_offsets`).
@@ -11,6 +12,7 @@
 pub mod environment;
 pub(crate) mod go_code;
 pub(crate) mod go_heap_rate;
+pub(crate) mod go_parked;
 pub(crate) mod go_runtime;
 pub(crate) mod goroutines;
 mod lineage;

@@ -23,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
+use crate::bpf::park_budget::monotonic_ns;
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
@@ -34,12 +35,13 @@ use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::go_heap_rate::GoHeapRates;
+use crate::procs::go_parked::LeftOpen;
 use crate::procs::go_runtime::GoExecutables;
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
 use crate::profiles::cpu::{WaitingSamples, drain_once, read_stack_samples};
 use crate::profiles::heap::{HeapTable, read_heap_events};
-use crate::profiles::waits::{Waits, read_wait_events};
+use crate::profiles::waits::{Waits, add_followed_waits, read_wait_events};
 use crate::session::captures::{Captures, goroutines_now};
 use crate::session::events::take_proc_events;
 use crate::session::own_probes::LoadContext;
@@ -180,9 +182,11 @@ pub async fn run(settings: Settings) -> Result<()> {
                 s.heap.go_rates.check_due();
             }
             _ = sleep_opt(s.probes.park_budget_due().map(|at| at.saturating_duration_since(Instant::now()))) => {
-                for window in s.probes.park_budget_step() {
-                    s.waits.park_windows.open(window);
-                }
+                s.park_budget_step();
+            }
+            // Goroutines parked past their window, read until they run.
+            _ = sleep_opt(s.waits.go_parked.next_due_ns().map(|at| Duration::from_nanos(at.saturating_sub(monotonic_ns())))) => {
+                s.follow_parked(Vec::new());
             }
             Some(capture) = recv_opt(&mut s.capture_requests) => {
                 s.start_capture(capture);
@@ -512,6 +516,36 @@ impl Session {
         );
     }
 
+    /// Opens and closes the park probes' windows that are due; the
+    /// goroutines still parked in those closed are followed from now on.
+    fn park_budget_step(&mut self) {
+        let step = self.probes.park_budget_step();
+        for window in step.opened {
+            self.waits.park_windows.open(window);
+        }
+        self.follow_parked(step.left_open);
+    }
+
+    /// Takes goroutines `left_open` to follow, reads those due, and adds
+    /// the waits that ended to the block profile.
+    fn follow_parked(&mut self, left_open: Vec<LeftOpen>) {
+        let now = monotonic_ns();
+        let mut ended = match left_open.is_empty() {
+            true => Vec::new(),
+            false => self.waits.go_parked.take(left_open, now),
+        };
+        ended.extend(self.waits.go_parked.poll(now));
+        if !ended.is_empty() {
+            add_followed_waits(
+                ended,
+                &mut self.procs,
+                &mut self.unwinder,
+                &mut self.waits,
+                &mut self.window.cpu.go_labels,
+            );
+        }
+    }
+
     /// Has each owner of caches give back room it borrowed from the
     /// other: the unwinder grows as records are read, the symbolizer as a
     /// window is written, each within its own caches (stacks/budget.rs).
@@ -783,6 +817,7 @@ impl Session {
             self.goroutines.stats,
             self.heap.go_rates.stats,
             self.go_exes.stats,
+            self.waits.go_parked.stats,
         );
         self.observe();
         let sinks = std::mem::take(&mut self.publisher.sinks);

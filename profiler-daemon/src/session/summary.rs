@@ -13,6 +13,7 @@ use crate::config::{Settings, UnwindMode};
 use crate::model::profile_kind::ProfileKind;
 use crate::output::metrics::{Metrics, Observed};
 use crate::procs::go_heap_rate::GoHeapRateStats;
+use crate::procs::go_parked::FollowStats;
 use crate::procs::go_runtime::GoExecutableStats;
 use crate::procs::goroutines::GoroutineStats;
 use crate::procs::process::ProcessTable;
@@ -113,7 +114,8 @@ pub(crate) const LOSSES: [(u32, &str); 14] = [
 /// One line at exit with what was collected and every loss, so that a run
 /// can be judged from its log.
 /// The Go line of the exit summary: park probes put on a duty cycle
-/// (`bpf::park_budget`), labels, allocations the Go runtime sampled,
+/// (`bpf::park_budget`) and the waits followed past their windows
+/// (`procs::go_parked`), labels, allocations the Go runtime sampled,
 /// goroutine parks the block profile left out, and goroutines read for
 /// the goroutine profile; and new processes' executables read to tell
 /// whether they are Go.
@@ -123,6 +125,7 @@ pub(crate) fn log_go_summary(
     goroutines: GoroutineStats,
     heap_rates: GoHeapRateStats,
     executables: GoExecutableStats,
+    followed: FollowStats,
 ) {
     let c = probes.counters();
     let parks = probes.park_budget_stats();
@@ -132,6 +135,12 @@ pub(crate) fn log_go_summary(
         go_park_windows = parks.windows,
         go_park_window_failures = parks.resume_failures,
         go_waits_outlasting_windows = c[counter::GO_WAITS_OUTLASTING_WINDOWS as usize],
+        go_waits_followed = followed.followed,
+        go_waits_followed_ended = followed.ended,
+        go_waits_followed_at_once = followed.most,
+        go_waits_not_followed = followed.not_followed,
+        go_waits_followed_gone = followed.gone,
+        go_park_reads_failed = parks.parks_unread,
         go_waits_past_half_window = crate::profiles::waits::GO_WAITS_PAST_HALF_WINDOW
             .load(std::sync::atomic::Ordering::Relaxed),
         go_labeled_samples = c[counter::GO_LABELED_SAMPLES as usize],

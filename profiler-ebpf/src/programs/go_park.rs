@@ -19,9 +19,10 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES, GO_SEMA_CALLS_ENTRIES,
-    GO_SEMA_ROOTS_ENTRIES, GoPark, GoSemaCall, GoSemaRoot, LiveKey as FutexKey, MAX_STACK_DEPTH,
-    MutexDelay, ParkGate, STACK_COPY_BYTES, WaitHead, WaitStack, counter, go_fn, probe_cookie,
+    COMM_LEN, GO_PARK_CALL_BEFORE_WINDOW, GO_PARK_GATE_ENTRIES, GO_PARKED_ENTRIES,
+    GO_SEMA_CALLS_ENTRIES, GO_SEMA_ROOTS_ENTRIES, GoPark, GoSemaCall, GoSemaRoot,
+    LiveKey as FutexKey, MAX_STACK_DEPTH, MutexDelay, ParkGate, STACK_COPY_BYTES, WaitHead,
+    WaitStack, counter, go_fn, probe_cookie,
     sampling::{keep_block_event, keep_mutex_event},
     wait_event, wait_flags,
 };
@@ -153,7 +154,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
                 // root's.
                 // SAFETY: copied out at once.
                 let (queue, acquire, lifo) = match unsafe { GO_SEMA_CALLS.get(call) } {
-                    Some(c) if c.start_ns <= now && c.addr != 0 => {
+                    Some(c) if since <= c.start_ns && c.start_ns <= now && c.addr != 0 => {
                         (c.addr, c.acquire_ns, c.lifo != 0)
                     }
                     _ => (rbx, now, false),
@@ -169,7 +170,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
             bp,
             root,
             tid: pid_tgid as u32,
-            reason,
+            reason: reason | call_before_window(tgid, r14, cookie, reason, since),
             comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         };
         let key = FutexKey {
@@ -192,8 +193,9 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         leave_queue(tgid, park.root);
     }
     // Parked before this window opened: the goroutine may have been
-    // readied and parked again while the probes were detached.
-    if park.start_ns < since {
+    // readied and parked again while the probes were detached. Or a
+    // semaphore wait whose call began before it.
+    if park.start_ns < since || park.reason & GO_PARK_CALL_BEFORE_WINDOW != 0 {
         count(counter::GO_WAITS_OUTLASTING_WINDOWS);
         return Ok(0);
     }
@@ -201,7 +203,7 @@ fn try_go_park(ctx: ProbeContext) -> Result<u32, u32> {
         return Ok(0);
     }
     count(counter::FUTEX_WAITS);
-    let waited = now.saturating_sub(wait_start(tgid, rax, &park, cookie, now));
+    let waited = now.saturating_sub(wait_start(tgid, rax, &park, cookie, (since, now)));
     // SAFETY: plain helper.
     let random = unsafe { bpf_get_prandom_u32() };
     if keep_block_event(waited, global(&BLOCK_RATE_NS), random) {
@@ -350,13 +352,34 @@ fn send_release<const N: usize>(
     }
 }
 
+/// [`GO_PARK_CALL_BEFORE_WINDOW`] when goroutine `g` parks on a semaphore
+/// (`reason`) inside a window opened at `since` and its `semacquire1`
+/// call was not seen in it; else 0. Never set while a process is not
+/// cycled (`since` 0).
+#[inline(always)]
+fn call_before_window(tgid: u32, g: u64, cookie: u64, reason: u32, since: u64) -> u32 {
+    if since == 0 || !go_fn::is_sema_reason(cookie, reason as u8) {
+        return 0;
+    }
+    let key = FutexKey {
+        tgid,
+        _pad: 0,
+        addr: g,
+    };
+    // SAFETY: read at once.
+    match unsafe { GO_SEMA_CALLS.get(key) } {
+        Some(call) if call.start_ns >= since => 0,
+        _ => GO_PARK_CALL_BEFORE_WINDOW,
+    }
+}
+
 /// Where a readied goroutine's wait began, by Go's block rule: a
 /// semaphore wait from its `semacquire1` call's start (or its last
 /// readying in that call: a woken waiter that finds the semaphore taken
 /// parks again, and Go times the call as one wait, charged once), any
 /// other from its park.
 #[inline(always)]
-fn wait_start(tgid: u32, g: u64, park: &GoPark, cookie: u64, now: u64) -> u64 {
+fn wait_start(tgid: u32, g: u64, park: &GoPark, cookie: u64, (since, now): (u64, u64)) -> u64 {
     if !go_fn::is_sema_reason(cookie, park.reason as u8) {
         return park.start_ns;
     }
@@ -372,9 +395,11 @@ fn wait_start(tgid: u32, g: u64, park: &GoPark, cookie: u64, now: u64) -> u64 {
     unsafe {
         let (start, last) = ((*call).start_ns, (*call).last_ready_ns);
         (*call).last_ready_ns = now;
-        // A call from before this park's window, or an entry left by an
-        // earlier call (its goroutine parked on no semaphore since).
-        if start == 0 || start > park.start_ns {
+        // An entry left by an earlier call (its goroutine parked on no
+        // semaphore since), or by a call before this window opened: while
+        // the probes were detached the goroutine may have made other
+        // calls, and that entry would time this wait from then.
+        if start == 0 || start > park.start_ns || start < since {
             return park.start_ns;
         }
         if last > start { last } else { start }

@@ -25,7 +25,7 @@ use profiler_common::{
 
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
-use crate::bpf::park_budget::{BudgetStats, OpenWindow, ParkBudget};
+use crate::bpf::park_budget::{BudgetStats, ParkBudget, Step};
 use crate::bpf::ring::Ring;
 use crate::bpf::uprobes::{AttachMode, ExecMappings, LinkProgram, PreparedProgram, UprobeLinks};
 
@@ -430,6 +430,13 @@ impl Probes {
         let park_budget = match go_parks {
             Some(_) => Some(ParkBudget::new(
                 typed_map(&mut ebpf, "GO_PARK_GATES")?,
+                // Waits that outlast their window are followed for the
+                // block profile only (the mutex profile's are charged at
+                // their release, which a detached probe cannot see).
+                match config.block {
+                    true => Some(typed_map(&mut ebpf, "GO_PARKED")?),
+                    false => None,
+                },
                 config.limits.go_park_runs_per_second,
             )),
             None => None,
@@ -719,10 +726,10 @@ impl Probes {
     /// Opens and closes the Go park probes' windows that are due, and
     /// measures the processes' park rates once a period: the windows
     /// opened, by which their waits are weighted.
-    pub fn park_budget_step(&mut self) -> Vec<OpenWindow> {
+    pub fn park_budget_step(&mut self) -> Step {
         match (&mut self.park_budget, &mut self.go_parks) {
             (Some(budget), Some(links)) => budget.step(links),
-            _ => Vec::new(),
+            _ => Step::default(),
         }
     }
 

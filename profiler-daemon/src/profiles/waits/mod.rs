@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use aya::maps::{HashMap as AyaHashMap, MapData};
 use foldhash::HashMap;
+use profiler_common::sampling::keep_block_event;
 use profiler_common::{
     LONG_STACK_BYTES, MAX_STACK_DEPTH, MutexDelay, OFFCPU_KERNEL_DEPTH, OffcpuRecord,
     STACK_COPY_BYTES, WAIT_PY_FRAMES, WaitHead, WaitStack, WalkHint, WalkHintKey, wait_event,
@@ -27,6 +28,7 @@ use crate::model::frames::Frame;
 use crate::model::go_wait_reasons;
 use crate::model::profile_kind::ProfileKind;
 use crate::model::taps::Taps;
+use crate::procs::go_parked::{Ended, ParkedFollower};
 use crate::procs::go_runtime;
 use crate::procs::process::ProcessTable;
 use crate::profiles::cpu::{LONG_RECORDS, SHORT_RECORDS};
@@ -37,8 +39,9 @@ use crate::profiles::records::{
 };
 use crate::profiles::rescale::{block_event, mutex_event};
 use crate::profiles::samples::{
-    hide_go_park, hide_go_runtime, hide_go_wrappers, hide_sync_release, is_go_mutex_release,
-    is_tracing_frame, prefetch_user_stack, push_stack, python_frames, sample_labels, user_frames,
+    PythonFrames, hide_go_park, hide_go_runtime, hide_go_wrappers, hide_sync_release,
+    is_go_mutex_release, is_tracing_frame, prefetch_user_stack, push_stack, python_frames,
+    sample_labels, user_frames,
 };
 use crate::stacks::symbolize::Symbolizer;
 use crate::stacks::symbolize::python::PythonCodes;
@@ -66,6 +69,9 @@ pub(crate) struct Waits {
     /// The windows of duty-cycled Go park probes, by which the goroutine
     /// waits seen in them are weighted.
     pub(crate) park_windows: ParkWindows,
+    /// Goroutines still parked when their window closed, followed to
+    /// their wait's end.
+    pub(crate) go_parked: ParkedFollower,
 }
 
 impl Waits {
@@ -81,6 +87,7 @@ impl Waits {
             walk_hints,
             go_releases: HashMap::default(),
             park_windows: ParkWindows::default(),
+            go_parked: ParkedFollower::default(),
         }
     }
 
@@ -213,69 +220,145 @@ pub(crate) fn read_wait_events(
             } else {
                 continue;
             };
-        let event = head;
-        procs.ensure_child(event.tgid, event.parent);
-        let generation = procs.generation_at(event.tgid, event.time_ns);
-        // Registers saved at the system call: an exact instruction pointer;
-        // a goroutine's frames start with the return address it parked at.
-        let user = waits.user_stack(
-            procs,
-            unwinder,
-            Thread {
-                tgid: event.tgid,
-                generation,
-                tid: event.tid,
-            },
-            (event.ip, event.sp, event.bp),
+        add_wait(
+            kind,
+            &head,
             stack,
             (frames, frames_len),
-            (event.flags, event.hint_id),
+            python,
+            procs,
+            unwinder,
+            waits,
         );
-        let id = SampleId {
+    }
+    waits.retire_hints(unwinder);
+}
+
+/// Adds one kept wait or wake-up (`kind`), its record's head and stack as
+/// read from the ring.
+#[allow(clippy::too_many_arguments)]
+fn add_wait(
+    kind: u32,
+    event: &WaitHead,
+    stack: &[u8],
+    (frames, frames_len): (&[u64], u64),
+    python: PythonFrames,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+) {
+    procs.ensure_child(event.tgid, event.parent);
+    let generation = procs.generation_at(event.tgid, event.time_ns);
+    // Registers saved at the system call: an exact instruction pointer;
+    // a goroutine's frames start with the return address it parked at.
+    let user = waits.user_stack(
+        procs,
+        unwinder,
+        Thread {
             tgid: event.tgid,
             generation,
             tid: event.tid,
-            thread: event.comm,
-            user,
-            kernel: Stack::None,
-            object: event.uaddr,
-            cond: event.cond,
-            go_labels: event.go_labels,
-            go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
-            python,
+        },
+        (event.ip, event.sp, event.bp),
+        stack,
+        (frames, frames_len),
+        (event.flags, event.hint_id),
+    );
+    let id = SampleId {
+        tgid: event.tgid,
+        generation,
+        tid: event.tid,
+        thread: event.comm,
+        user,
+        kernel: Stack::None,
+        object: event.uaddr,
+        cond: event.cond,
+        go_labels: event.go_labels,
+        go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
+        python,
+    };
+    if kind == wait_event::BLOCK
+        && let Some(reason) = go_wait_reasons::key_text(id.go_wait)
+        && !go_wait_reasons::counts_as_blocking(reason)
+    {
+        GO_PARKS_NOT_BLOCKING.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // A goroutine's wait seen in a duty-cycled window of its park
+    // probes stands for the waits the window could not see.
+    let go = event.flags & wait_flags::GO_WAIT_REASON != 0;
+    if kind == wait_event::BLOCK {
+        waits.mutex.note_cond_word(&id);
+        let weight = match go {
+            true => waits
+                .park_windows
+                .weight(id.tgid, event.time_ns, event.value),
+            false => 1.0,
         };
-        if kind == wait_event::BLOCK
-            && let Some(reason) = go_wait_reasons::key_text(id.go_wait)
-            && !go_wait_reasons::counts_as_blocking(reason)
-        {
-            GO_PARKS_NOT_BLOCKING.fetch_add(1, Ordering::Relaxed);
+        if weight == 0.0 {
+            return;
+        }
+        waits
+            .block
+            .add_weighted(id, event.value, waits.block_rate_ns, weight);
+    } else {
+        let window = go
+            .then(|| waits.park_windows.window_at(id.tgid, event.time_ns))
+            .flatten();
+        waits.mutex.wake_in_window(event.value, id, window);
+    }
+}
+
+/// Goroutine waits followed past their park-probe window
+/// (`procs::go_parked`), each added as the kernel's record of it would
+/// have been: the same stack, reason, labels and weight.
+pub(crate) fn add_followed_waits(
+    ended: Vec<Ended>,
+    procs: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+    waits: &mut Waits,
+    go_labels: &mut GoLabelSets,
+) {
+    for wait in ended {
+        let park = wait.park;
+        // Kept as the kernel keeps a wait: one shorter than the block rate
+        // with probability its length over the rate.
+        let waited = wait.end_ns.saturating_sub(park.start_ns);
+        if !keep_block_event(waited, waits.block_rate_ns, fastrand::u32(..)) {
             continue;
         }
-        // A goroutine's wait seen in a duty-cycled window of its park
-        // probes stands for the waits the window could not see.
-        let go = event.flags & wait_flags::GO_WAIT_REASON != 0;
-        if kind == wait_event::BLOCK {
-            waits.mutex.note_cond_word(&id);
-            let weight = match go {
-                true => waits
-                    .park_windows
-                    .weight(id.tgid, event.time_ns, event.value),
-                false => 1.0,
-            };
-            if weight == 0.0 {
-                continue;
-            }
-            waits
-                .block
-                .add_weighted(id, event.value, waits.block_rate_ns, weight);
-        } else {
-            let window = go
-                .then(|| waits.park_windows.window_at(id.tgid, event.time_ns))
-                .flatten();
-            waits.mutex.wake_in_window(event.value, id, window);
-        }
+        let head = WaitHead {
+            kind: wait_event::BLOCK,
+            tgid: wait.tgid,
+            tid: park.tid,
+            flags: wait_flags::RETURN_ADDRESS
+                | wait_flags::GO_WAIT_REASON
+                | park.reason << wait_flags::GO_REASON_SHIFT,
+            parent: 0,
+            _pad: 0,
+            value: waited,
+            uaddr: 0,
+            ip: 0,
+            sp: park.sp,
+            bp: park.bp,
+            hint_id: 0,
+            time_ns: wait.end_ns,
+            cond: 0,
+            go_labels: wait.labels.map_or(0, |set| go_labels.insert_read(&set)),
+            comm: park.comm,
+        };
+        let frames = (&wait.frames[..], wait.frames.len() as u64);
+        add_wait(
+            wait_event::BLOCK,
+            &head,
+            &[],
+            frames,
+            None,
+            procs,
+            unwinder,
+            waits,
+        );
     }
-    waits.retire_hints(unwinder);
 }
 
 /// A kept off-CPU interval: the stacks at the thread's switch-out.

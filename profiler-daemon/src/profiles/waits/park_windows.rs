@@ -1,10 +1,17 @@
 //! The windows in which a duty-cycled Go process's park probes were open
-//! (`bpf::park_budget`), and the weight of a goroutine wait seen inside
-//! one. The kernel keeps a wait only when it began and ended inside one
-//! window; a window of length W opens once per period P at a random
-//! offset, so a wait of length L < W is seen with probability
-//! (W − L) / P, and stands for P / (W − L) waits (Horvitz–Thompson). A
-//! wait outside every window (its process not cycled) weighs 1.
+//! (`bpf::park_budget`), and the weight of a goroutine wait that began
+//! inside one. The kernel keeps the waits that begin and end inside a
+//! window; those still waiting when it closes are followed in memory to
+//! their end (`procs::go_parked`). So every wait that begins in a window
+//! is seen, whatever its length; a window of length W opens once per
+//! period P at a random offset, so a wait is seen with probability W / P
+//! and stands for P / W waits (Horvitz–Thompson). A wait outside every
+//! window (its process not cycled) weighs 1.
+//!
+//! The mutex profile's contentions are charged at their release, which
+//! the kernel sees only inside a window: a release is seen with
+//! probability (W − L) / P for a wait of length L, and weighs the inverse
+//! (`window_weight`), waits of half the window or more left out.
 
 use super::*;
 use crate::bpf::park_budget::OpenWindow;
@@ -55,8 +62,10 @@ impl ParkWindows {
                 format!(
                     "pid {tgid}: Go park probes on a duty cycle ([limits] go_park_runs_per_second): \
                      {windows} windows of {:.0} ms, one every {:.0} ms; its goroutines' waits are \
-                     estimates, each weighted by its chance to be seen in a window, and waits of \
-                     {:.0} ms or more are not seen",
+                     estimates: each that began in a window weighted by its chance to begin in one \
+                     (those still waiting at its close followed to their end), and in the mutex \
+                     profile each release seen weighted by its chance to be seen (waits of \
+                     {:.0} ms or more not seen there)",
                     length as f64 / 1e6,
                     period as f64 / 1e6,
                     length as f64 / 2e6,
@@ -75,16 +84,19 @@ impl ParkWindows {
             .map(|w| (w.period_ns, w.until_ns - w.since_ns))
     }
 
-    /// The weight of a wait of `waited_ns` in process `tgid` that ended at
-    /// `end_ns`.
+    /// The weight of a goroutine's wait of `waited_ns` in process `tgid`
+    /// that ended at `end_ns`: period over window for one that began in a
+    /// window, 1 for one that did not (its process was not cycled).
     pub fn weight(&self, tgid: u32, end_ns: u64, waited_ns: u64) -> f64 {
-        self.window_at(tgid, end_ns)
-            .map_or(1.0, |window| window_weight(window, waited_ns))
+        self.window_at(tgid, end_ns.saturating_sub(waited_ns))
+            .map_or(1.0, |(period_ns, length_ns)| {
+                period_ns as f64 / length_ns.max(1) as f64
+            })
     }
 }
 
-/// Waits left out because they lasted half their window or more (their
-/// weight would be unbounded as they near its length).
+/// Mutex releases left out because their waits lasted half their window or
+/// more (their weight would be unbounded as they near its length).
 pub static GO_WAITS_PAST_HALF_WINDOW: AtomicU64 = AtomicU64::new(0);
 
 /// What a wait of `waited_ns` seen in a window of (period, length) stands
@@ -121,14 +133,16 @@ mod tests {
         let mut w = ParkWindows::default();
         // A 20 ms window of each second.
         w.open(window(7, 5_000_000_000, 5_020_000_000));
-        // A 1 ms wait that ended in it: seen with probability 19/1000.
-        let weight = w.weight(7, 5_010_000_000, 1_000_000);
-        assert!((weight - 1000.0 / 19.0).abs() < 1e-9, "{weight}");
-        // One of half the window or more: left out.
-        assert_eq!(w.weight(7, 5_015_000_000, 10_000_000), 0.0);
-        // Another process, or a time outside the window: weight 1.
+        // Waits that began in it, ended in it or after it closed: each
+        // began in a window with probability 20/1000.
+        assert_eq!(w.weight(7, 5_010_000_000, 1_000_000), 50.0);
+        assert_eq!(w.weight(7, 5_015_000_000, 15_000_000), 50.0);
+        assert_eq!(w.weight(7, 6_000_000_000, 995_000_000), 50.0);
+        // Another process, or one that began outside it: weight 1.
         assert_eq!(w.weight(8, 5_010_000_000, 1_000_000), 1.0);
-        assert_eq!(w.weight(7, 5_020_000_000, 1_000_000), 1.0);
+        assert_eq!(w.weight(7, 5_030_000_000, 9_000_000), 1.0);
+        // A release of a wait of half the window or more: left out.
+        assert_eq!(window_weight((1_000_000_000, 20_000_000), 10_000_000), 0.0);
         // The profiles say so once.
         let notes = w.take_notes();
         assert_eq!(notes.len(), 1, "{notes:?}");
@@ -136,9 +150,11 @@ mod tests {
         assert!(w.take_notes().is_empty());
     }
 
-    /// Waits of many lengths, started uniformly over many periods with a
-    /// window at a random offset in each: the weighted sum of those seen
-    /// estimates their number and total length.
+    /// Waits of many lengths, shorter and far longer than the window,
+    /// started uniformly over many periods with a window at a random offset
+    /// in each: the weighted sum of those that began in a window (the
+    /// kernel's and those followed past it) estimates their number and
+    /// total length.
     #[test]
     fn weighted_waits_estimate_every_wait() {
         let period = 1_000_000_000u64;
@@ -150,17 +166,14 @@ mod tests {
             let mut windows = ParkWindows::default();
             let since = k * period + rng.u64(0..period - length);
             windows.open(window(1, since, since + length));
-            // 200 waits a period, 0.1 to 10 ms long (under half the
-            // window: every one has a bounded weight).
+            // 200 waits a period, 0.1 to 200 ms long.
             for _ in 0..200 {
                 let start = k * period + rng.u64(0..period);
-                let waited = rng.u64(100_000..10_000_000);
+                let waited = rng.u64(100_000..200_000_000);
                 true_count += 1.0;
                 true_delay += waited as f64;
-                let end = start + waited;
-                // What the kernel's gate keeps.
-                if start >= since && end < since + length {
-                    let weight = windows.weight(1, end, waited);
+                if start >= since && start < since + length {
+                    let weight = windows.weight(1, start + waited, waited);
                     count += weight;
                     delay += weight * waited as f64;
                 }
