@@ -212,7 +212,7 @@ fn tests_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
         Together::Yes,
         |kernel, outcome, log| {
             let results = suite::parse(&outcome.finished.output);
-            let section = format!(
+            let mut section = format!(
                 "Linux {} ({} {}): booted in {:.1} s, tests {:.1} s in all\nlog: {}\n\n{}\n",
                 kernel.name,
                 kernel.package,
@@ -222,7 +222,16 @@ fn tests_all(root: &Path, kernels: &[Kernel], args: &VmArgs) -> Result<()> {
                 log.display(),
                 suite::table(&results)
             );
-            (section, suite::failures(&tests, &results))
+            let failed = suite::failures(&tests, &results);
+            for test in failed.iter().chain(&suite::retried(&results)) {
+                if let Some(excerpt) = suite::failure_excerpt(&outcome.finished.output, test) {
+                    section.push_str(&format!(
+                        "{test} on {}:\n\n```\n{excerpt}\n```\n\n",
+                        kernel.name
+                    ));
+                }
+            }
+            (section, failed)
         },
     )
     .context("end-to-end tests in the VMs failed")
