@@ -36,7 +36,6 @@ use profiler_common::{GO_PARK_CALL_BEFORE_WINDOW, GoPark, LiveKey, ParkGate};
 
 use crate::bpf::map_syscalls;
 use crate::bpf::uprobes::{LinkKey, UprobeLinks};
-use crate::procs::go_parked::LeftOpen;
 
 /// How often the processes' rates are read.
 pub const CHECK: Duration = Duration::from_secs(1);
@@ -72,6 +71,18 @@ pub struct OpenWindow {
     pub since_ns: u64,
     pub until_ns: u64,
     pub period_ns: u64,
+}
+
+/// A park the kernel recorded in a window that closed before its ready.
+#[derive(Clone, Copy, Debug)]
+pub struct LeftOpen {
+    pub tgid: u32,
+    /// The goroutine (its `g`).
+    pub g: u64,
+    pub park: GoPark,
+    /// When the window closed (kernel monotonic time): the goroutine was
+    /// still waiting then, as the kernel saw no ready before.
+    pub window_end_ns: u64,
 }
 
 /// One link on the duty cycle.

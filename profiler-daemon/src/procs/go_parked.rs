@@ -28,6 +28,7 @@ use std::time::Duration;
 use foldhash::HashMap;
 use profiler_common::{GoPark, MAX_STACK_DEPTH};
 
+use crate::bpf::park_budget::LeftOpen;
 use crate::procs::goroutines::{GoroutineLayout, GoroutineReader, Labels, labels_at, status};
 use crate::procs::memory::Memory;
 
@@ -42,18 +43,6 @@ const MIN_POLL: Duration = Duration::from_millis(1);
 const POLL_SHARE: u64 = 16;
 /// `_Gscan`: set on a state while the collector scans the goroutine.
 const G_SCAN: u32 = 0x1000;
-
-/// A park the kernel recorded in a window that closed before its ready.
-#[derive(Clone, Copy, Debug)]
-pub struct LeftOpen {
-    pub tgid: u32,
-    /// The goroutine (its `g`).
-    pub g: u64,
-    pub park: GoPark,
-    /// When the window closed (kernel monotonic time): the goroutine was
-    /// still waiting then, as the kernel saw no ready before.
-    pub window_end_ns: u64,
-}
 
 /// A followed wait that ended.
 #[derive(Clone, Debug)]

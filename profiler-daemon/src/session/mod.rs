@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::bpf::check::{probe_config, settle_profiles};
 use crate::bpf::features::KernelFeatures;
-use crate::bpf::park_budget::monotonic_ns;
+use crate::bpf::park_budget::{LeftOpen, monotonic_ns};
 use crate::bpf::probes::Probes;
 use crate::bpf::ring::Ring;
 use crate::config::{Settings, UnwindMode};
@@ -35,7 +35,6 @@ use crate::output::push::queue::finish_all;
 use crate::output::retention::Retention;
 use crate::output::writer::ProfileWriter;
 use crate::procs::go_heap_rate::GoHeapRates;
-use crate::procs::go_parked::LeftOpen;
 use crate::procs::go_runtime::GoExecutables;
 use crate::procs::goroutines::GoroutineReader;
 use crate::procs::process::{ProcessTable, all_pids};
