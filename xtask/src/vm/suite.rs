@@ -172,7 +172,13 @@ pub struct Outcome {
     pub seconds: u64,
     /// It failed once and was run again.
     pub retried: bool,
+    /// The test binary said it passed one test (`--exact` with a name that
+    /// matches none runs nothing and exits 0).
+    pub ran: bool,
 }
+
+/// What libtest prints when exactly one test ran and passed.
+const ONE_PASSED: &str = "test result: ok. 1 passed";
 
 /// The results in the script's output, in order; a test begun and never
 /// ended (the deadline struck) has no status.
@@ -185,7 +191,12 @@ pub fn parse(output: &str) -> Vec<Outcome> {
                 status: None,
                 seconds: 0,
                 retried: false,
+                ran: false,
             });
+        } else if line.contains(ONE_PASSED) {
+            if let Some(last) = results.last_mut().filter(|r| r.status.is_none()) {
+                last.ran = true;
+            }
         } else if let Some(test) = line.find(RETRY).map(|at| line[at + RETRY.len()..].trim()) {
             if let Some(last) = results.iter_mut().rev().find(|r| r.test == test) {
                 last.retried = true;
@@ -211,6 +222,7 @@ pub fn table(results: &[Outcome]) -> String {
     let mut t = String::from("| test | result | seconds |\n|---|---|---|\n");
     for r in results {
         let result = match r.status {
+            Some(0) if !r.ran => "**ran no test** (no test of that name)".to_string(),
             Some(0) if r.retried => "passed on the second run".to_string(),
             Some(0) => "passed".to_string(),
             Some(s) => format!("**failed** (exit {s})"),
@@ -225,7 +237,7 @@ pub fn table(results: &[Outcome]) -> String {
 pub fn retried(results: &[Outcome]) -> Vec<String> {
     results
         .iter()
-        .filter(|r| r.retried && r.status == Some(0))
+        .filter(|r| r.retried && r.status == Some(0) && r.ran)
         .map(|r| r.test.clone())
         .collect()
 }
@@ -235,7 +247,11 @@ pub fn failures(tests: &[(&str, &str)], results: &[Outcome]) -> Vec<String> {
     tests
         .iter()
         .map(|(file, name)| format!("{file}::{name}"))
-        .filter(|t| !results.iter().any(|r| &r.test == t && r.status == Some(0)))
+        .filter(|t| {
+            !results
+                .iter()
+                .any(|r| &r.test == t && r.status == Some(0) && r.ran)
+        })
         .collect()
 }
 
@@ -359,8 +375,9 @@ mod tests {
     #[test]
     fn results_are_read_back_from_the_script_output() {
         let out = format!(
-            "noise\n{BEGIN}a::x\nrunning 1 test\n[  1.0] kernel {END}a::x 0 12\n\
-             {BEGIN}r::s\nthread 'r' panicked at r.rs:1:1:\nslow\n{RETRY}r::s\nok\n{END}r::s 0 9\n\
+            "noise\n{BEGIN}a::x\nrunning 1 test\n{ONE_PASSED}; 0 failed\n[  1.0] kernel {END}a::x 0 12\n\
+             {BEGIN}r::s\nthread 'r' panicked at r.rs:1:1:\nslow\n{RETRY}r::s\n{ONE_PASSED}\n{END}r::s 0 9\n\
+             {BEGIN}n::m\nrunning 0 tests\ntest result: ok. 0 passed\n{END}n::m 0 1\n\
              {BEGIN}b::y\nok\nthread 't' panicked at t.rs:1:2:\nratio 0.8\nstack backtrace:\n  0: f\n\
              {END}b::y 101 30\n{BEGIN}c::z\npanicked\n"
         );
@@ -373,24 +390,35 @@ mod tests {
                     status: Some(0),
                     seconds: 12,
                     retried: false,
+                    ran: true,
                 },
                 Outcome {
                     test: "r::s".into(),
                     status: Some(0),
                     seconds: 9,
                     retried: true,
+                    ran: true,
+                },
+                Outcome {
+                    test: "n::m".into(),
+                    status: Some(0),
+                    seconds: 1,
+                    retried: false,
+                    ran: false,
                 },
                 Outcome {
                     test: "b::y".into(),
                     status: Some(101),
                     seconds: 30,
                     retried: false,
+                    ran: false,
                 },
                 Outcome {
                     test: "c::z".into(),
                     status: None,
                     seconds: 0,
                     retried: false,
+                    ran: false,
                 },
             ]
         );
@@ -406,8 +434,9 @@ mod tests {
             failure_excerpt(&out, "b::y").as_deref(),
             Some("thread 't' panicked at t.rs:1:2:\nratio 0.8")
         );
-        let tests = [("a", "x"), ("b", "y"), ("c", "z"), ("d", "w")];
-        assert_eq!(failures(&tests, &results), ["b::y", "c::z", "d::w"]);
+        let tests = [("a", "x"), ("b", "y"), ("c", "z"), ("d", "w"), ("n", "m")];
+        assert_eq!(failures(&tests, &results), ["b::y", "c::z", "d::w", "n::m"]);
+        assert!(table(&results).contains("| n::m | **ran no test**"));
         assert!(table(&results).contains("| c::z | **did not finish** | 0 |"));
     }
 
