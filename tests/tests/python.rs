@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
-use profiler_tests::pprof_tool::check_readable;
+use profiler_tests::pprof_tool::{check_readable, go_pprof};
 use profiler_tests::process::child_of;
 use profiler_tests::profiles::{
     FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
@@ -313,6 +313,19 @@ fn check_named(
         "\nprofilerd's Python stacks: {ours:#?}\npy-spy's: {spy:#?}\n{}\n{}",
         summary(&samples),
         daemon.describe()
+    );
+    // `go tool pprof` shows the module's frame as py-spy does: it cuts
+    // `<…>` from a name that looks like C++ unless the function carries
+    // a system name of its own.
+    let cum: Vec<String> = files
+        .iter()
+        .map(|f| go_pprof(&["-top", "-cum", "-nodecount=60"], &f.path))
+        .collect();
+    assert!(
+        cum.iter()
+            .any(|top| top.lines().any(|l| l.trim_end().ends_with(" <module>"))),
+        "{name}: no <module> in go tool pprof -top -cum:\n{}",
+        cum.join("\n")
     );
     println!(
         "{name}: heavy share {share:.3}, timed {timed_share:.3}, py-spy {spy_share:.3}; {:.3} of the process's time in Python frames; {:.3} of spin_heavy's under <module>, main, run, call_heavy; {:.3} with a native leaf and PyEval_EvalCode around Python frames; {} Python samples, {} Python frames named",

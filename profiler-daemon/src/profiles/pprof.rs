@@ -290,8 +290,12 @@ impl ProfileBuilder {
                 self.functions.push(pb::Function {
                     id,
                     name,
-                    // The symbolizer gives demangled names only.
-                    system_name: name,
+                    // The symbolizer gives demangled names only: the
+                    // system's name is the same, unless pprof would cut it.
+                    system_name: match cut_by_pprof(&l.function) {
+                        true => 0,
+                        false => name,
+                    },
                     filename,
                     start_line: 0,
                 });
@@ -299,6 +303,22 @@ impl ProfileBuilder {
             }
         }
     }
+}
+
+/// Whether `go tool pprof` would cut `name` to nothing: a function whose
+/// system name equals its name is "demangled" again for display, and a
+/// name that looks like demangled C++ (it holds `<`) loses every `<…>`,
+/// so Python's `<module>`, `<lambda>` and `<listcomp>` read `<unknown>`.
+/// With no system name pprof shows the name as it is.
+fn cut_by_pprof(name: &str) -> bool {
+    name.strip_prefix('<')
+        .and_then(|n| n.strip_suffix('>'))
+        .is_some_and(|inner| {
+            !inner.is_empty()
+                && inner
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ' ')
+        })
 }
 
 fn value_type(strings: &mut StringTable, (ty, unit): (&str, &str)) -> pb::ValueType {
@@ -655,5 +675,25 @@ mod tests {
         assert_eq!(p.location.len(), 2);
         assert_eq!(p.function.len(), 1);
         assert_eq!(p.sample.len(), 2);
+    }
+
+    /// Python's `<module>`, `<lambda>`, `<listcomp>` carry no system name,
+    /// so that pprof shows them as they are; C++ and Rust names keep
+    /// theirs (pprof simplifies those as it always has).
+    #[test]
+    fn names_pprof_would_cut_carry_no_system_name() {
+        for name in ["<module>", "<lambda>", "<listcomp>", "<genexpr>"] {
+            assert!(cut_by_pprof(name), "{name}");
+        }
+        for name in [
+            "work",
+            "f.<locals>.g",
+            "std::vector<int>::push_back",
+            "<alloc::vec::Vec<T> as core::ops::Drop>::drop",
+            "<>",
+            "[truncated]",
+        ] {
+            assert!(!cut_by_pprof(name), "{name}");
+        }
     }
 }
