@@ -135,6 +135,7 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         ("/debug/pprof/profile?debug=1", 400),
         ("/debug/pprof/profile?pid=999999999", 404),
         ("/debug/pprof/nothing", 404),
+        ("/debug/pprof/allocs?hz=99", 400),
     ] {
         let (got, _, body) = get(addr, path);
         assert_eq!(got, status, "{path}: {body}");
@@ -144,6 +145,27 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
             "{path}: one line: {body:?}"
         );
     }
+    // Go's allocs: the heap profile, over a capture, read by its
+    // allocations (pprof's default sample type alloc_space).
+    let allocs_dir = tmp.path().join("allocs");
+    std::fs::create_dir_all(&allocs_dir).expect("a directory");
+    let allocs = fetch_with_pprof(
+        &format!(
+            "http://{addr}/debug/pprof/allocs?seconds=1&pid={}",
+            std::process::id()
+        ),
+        &allocs_dir,
+    );
+    let types: Vec<&str> = allocs
+        .sample_type
+        .iter()
+        .map(|t| allocs.string_table[t.r#type as usize].as_str())
+        .collect();
+    let default = &allocs.string_table[allocs.default_sample_type as usize];
+    assert!(
+        types.contains(&"alloc_space") && default == "alloc_space",
+        "allocs: sample types {types:?}, default {default:?}"
+    );
     // Where `go tool pprof` asks for names a profile left out: none more.
     let (status, _, body) = get(addr, "/debug/pprof/symbol");
     assert_eq!((status, body.as_str()), (200, "num_symbols: 1\n"));

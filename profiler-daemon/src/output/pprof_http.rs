@@ -252,6 +252,7 @@ pub async fn respond<B>(server: &PprofServer, req: &Request<B>) -> Reply {
                 index(server, &listed),
             )
         }
+        "/debug/pprof/allocs" => allocs(server, req.uri().query().unwrap_or("")).await,
         path => match path.strip_prefix("/debug/pprof/").and_then(kind_of_path) {
             Some(kind) => profile(server, kind, req.uri().query().unwrap_or("")).await,
             None => refuse(
@@ -436,11 +437,40 @@ fn daemons_rate(kind: ProfileKind, rates: &Rates) -> String {
     }
 }
 
+/// Go's `allocs`: the heap profile, read by its allocations
+/// (`default_sample_type` alloc_space). Go counts them from the program's
+/// start, which the daemon does not keep: over `seconds`, by default as
+/// long as the other profiles over time.
+async fn allocs(server: &PprofServer, query: &str) -> Reply {
+    let mut parsed = match parse_query(ProfileKind::Heap, query, &server.rates) {
+        Ok(query) => query,
+        Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
+    };
+    let has_seconds = query
+        .split('&')
+        .any(|part| part.split('=').next() == Some("seconds"));
+    if !has_seconds {
+        parsed.seconds = DEFAULT_CAPTURE_SECONDS;
+    }
+    captured(server, ProfileKind::Heap, parsed, Some("alloc_space")).await
+}
+
 async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply {
     let query = match parse_query(kind, query, &server.rates) {
         Ok(query) => query,
         Err(why) => return refuse(StatusCode::BAD_REQUEST, &why),
     };
+    captured(server, kind, query, None).await
+}
+
+/// The capture `query` of `kind`, answered; read by `default_type` if
+/// given.
+async fn captured(
+    server: &PprofServer,
+    kind: ProfileKind,
+    query: ProfileQuery,
+    default_type: Option<&str>,
+) -> Reply {
     if let Some(pid) = query
         .pids
         .iter()
@@ -461,6 +491,13 @@ async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply 
     if server.captures.try_send(capture).is_err() {
         return busy(1);
     }
+    let rx = async {
+        let answer = rx.await;
+        match (answer, default_type) {
+            (Ok(Ok(bytes)), Some(ty)) => Ok(Ok(with_default_type(&bytes, ty).unwrap_or(bytes))),
+            (answer, _) => answer,
+        }
+    };
     match rx.await {
         Ok(Ok(bytes)) if format == Format::Svg => flame_graph(&bytes, &what),
         Ok(Ok(bytes)) => {
@@ -482,6 +519,27 @@ async fn profile(server: &PprofServer, kind: ProfileKind, query: &str) -> Reply 
             "the daemon is stopping; the capture was not finished",
         ),
     }
+}
+
+/// Gzipped profile `bytes` with its `default_sample_type` set to `ty`
+/// (pprof shows that type first); None if it cannot be read.
+fn with_default_type(bytes: &[u8], ty: &str) -> Option<Vec<u8>> {
+    use prost::Message as _;
+    use std::io::Read as _;
+    let mut raw = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut raw)
+        .ok()?;
+    let mut profile = pprof_proto::Profile::decode(raw.as_slice()).ok()?;
+    let at = match profile.string_table.iter().position(|s| s == ty) {
+        Some(at) => at,
+        None => {
+            profile.string_table.push(ty.to_string());
+            profile.string_table.len() - 1
+        }
+    };
+    profile.default_sample_type = at as i64;
+    Some(crate::output::push::wire::gzip(&profile))
 }
 
 /// The capture as a flame graph's subtitle names it.
@@ -701,6 +759,13 @@ fn header(server: &PprofServer) -> String {
                 path = path_of(kind),
             ),
         };
+        if kind == ProfileKind::Heap {
+            endpoints += &format!(
+                "<tr><td>allocs</td><td>the heap profile over <code>seconds</code> (default \
+                 {DEFAULT_CAPTURE_SECONDS}; Go's counts from the program's start, which this \
+                 daemon does not keep), shown by <code>alloc_space</code></td></tr>\n"
+            );
+        }
     }
     format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>profilerd: /debug/pprof/</title></head>\n<body>\n\
@@ -920,5 +985,30 @@ mod tests {
         for other in [&b""[..], b"ab", b"abd", b"abcd", b"xbc"] {
             assert!(!same_secret(other, b"abc"), "{other:?}");
         }
+    }
+
+    /// `allocs` is the heap profile read by its allocations: pprof shows
+    /// `alloc_space` first.
+    #[test]
+    fn allocs_are_the_heap_read_by_alloc_space() {
+        use prost::Message as _;
+        use std::io::Read as _;
+        let profile = pprof_proto::Profile {
+            string_table: vec![String::new(), "inuse_space".into(), "bytes".into()],
+            default_sample_type: 1,
+            ..Default::default()
+        };
+        let bytes = crate::output::push::wire::gzip(&profile);
+        let out = with_default_type(&bytes, "alloc_space").expect("a profile");
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(out.as_slice())
+            .read_to_end(&mut raw)
+            .expect("gzip");
+        let p = pprof_proto::Profile::decode(raw.as_slice()).expect("pprof");
+        assert_eq!(
+            p.string_table[p.default_sample_type as usize],
+            "alloc_space"
+        );
+        assert!(with_default_type(b"not gzip", "alloc_space").is_none());
     }
 }
