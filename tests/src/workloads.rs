@@ -261,7 +261,11 @@ impl Workload {
     /// tests build per Go toolchain ([`Workload::build_with_go`], which
     /// never copies a prebuilt one) are left out.
     pub fn is_prebuilt(self) -> bool {
-        !self.is_go() || matches!(self, Workload::ChanBlockGo | Workload::GoLocks)
+        !self.is_go()
+            || matches!(
+                self,
+                Workload::ChanBlockGo | Workload::GoLocks | Workload::GoGoroutines
+            )
     }
 
     /// Whether it is linked without symbol table and DWARF (`-s -w`).

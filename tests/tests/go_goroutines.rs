@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use profiler_tests::daemon::{Daemon, require_root};
@@ -120,145 +121,164 @@ fn goroutines_agree_with_go_to_the_goroutine() {
     } in go_builds(Workload::GoGoroutines, Workload::GoGoroutinesStripped)
     {
         let exe = workload.build_with_go(tmp.path(), &format!("goroutines_{tag}"), &go);
-        let own = tmp.path().join(format!("own-{tag}.pprof"));
-        let out = tmp.path().join(format!("out-{tag}"));
-        let WholeLife {
-            pid,
-            report,
-            daemon,
-        } = profile_whole_life(
-            &exe,
-            &["5", own.to_str().expect("UTF-8 path")],
-            &out,
-            99,
-            &["--profiles", "goroutine"],
-        );
-        let theirs = flatten_file(&own);
-        let dump = std::fs::read_to_string(own.with_extension("pprof.txt")).expect("Go's dump");
-        let go_sites = per_site(&theirs);
-        let go_reasons = dump_reasons(&dump);
-        let diag = format!("\n{}", daemon.describe());
-        // Go's profile of the moment its goroutines were parked.
-        for &(site, count, _, _) in &SITES {
-            assert_eq!(
-                go_sites.get(site).copied(),
-                Some(count),
-                "{version}: runtime/pprof's own count at {site} ({go_sites:?})"
-            );
-        }
-        let files = read_profiles(&out, "goroutine");
-        let windows: Vec<Vec<FlatSample>> = files
-            .iter()
-            .map(|f| {
-                flatten(&f.profile)
-                    .into_iter()
-                    .filter(|s| s.pid() == pid)
-                    .collect::<Vec<_>>()
-            })
-            .filter(|w| !w.is_empty())
-            .collect();
-        println!(
-            "{version}: {} windows with the program's goroutines; runtime/pprof {go_sites:?}; NumGoroutine {}",
-            windows.len(),
-            field(&report, "goroutines")
-        );
-        // Parked from 0.3 s to 5.3 s after the daemon's start: the windows
-        // that close at 2 s and 4 s see every one of them.
-        assert!(
-            windows.len() >= 2,
-            "{version}: {} goroutine windows with pid {pid}, expected at least 2{diag}",
-            windows.len()
-        );
-        for (i, window) in windows.iter().take(2).enumerate() {
-            let ours = per_site(window);
-            println!("{version}: window {i}: {ours:?}");
-            let stacks: Vec<String> = window
-                .iter()
-                .map(|s| format!("{} x{} {:?}", s.stack_text(), s.values[0], s.labels))
-                .collect();
-            let stacks = stacks.join("\n  ");
-            for &(site, count, reason_19, reason_now) in &SITES {
-                assert_eq!(
-                    ours.get(site).copied(),
-                    Some(count),
-                    "{version}: window {i}: goroutines at {site}, against runtime/pprof's {count}:\n  {stacks}{diag}"
-                );
-                // Each with Go's own wait reason, as its dump gives it.
-                let want = if version.starts_with("go1.19") {
-                    reason_19
-                } else {
-                    reason_now
-                };
-                let dumped = &go_reasons[site];
-                assert!(
-                    dumped.iter().all(|r| r == want),
-                    "{version}: Go's dump gives {site} the reasons {dumped:?}, expected {want}"
-                );
-                let reasons: Vec<&str> = window
-                    .iter()
-                    .filter(|s| site_is(s, site))
-                    .map(|s| s.label("wait_reason").unwrap_or("<none>"))
-                    .collect();
-                assert!(
-                    reasons.iter().all(|&r| r == want),
-                    "{version}: window {i}: {site} has the wait reasons {reasons:?}, Go's dump {want}{diag}"
-                );
-            }
-            // The same stacks as Go's, frame for frame (a stripped
-            // binary's inlined frames from the pclntab's inline tree).
-            let (ours_stacks, go_stacks) = (site_stacks(window), site_stacks(&theirs));
-            for &(site, ..) in &SITES {
-                assert_eq!(
-                    ours_stacks.get(site),
-                    go_stacks.get(site),
-                    "{version}: window {i}: the stacks of {site}, against runtime/pprof's"
-                );
-            }
-            // Every goroutine but main's is at a site: the runtime's own
-            // goroutines are left out, as Go leaves them out.
-            let total: i64 = window.iter().map(|s| s.values[0]).sum();
-            let main: i64 = window
-                .iter()
-                .filter(|s| is_main(s))
-                .map(|s| s.values[0])
-                .sum();
-            let expected: i64 = SITES.iter().map(|s| s.1).sum();
-            assert_eq!(
-                (total, main),
-                (expected + 1, 1),
-                "{version}: window {i}: goroutines in all and in main.main:\n  {stacks}{diag}"
-            );
-            // The labels pprof.Do set, per goroutine.
-            let mut shards: Vec<&str> = window
-                .iter()
-                .filter(|s| site_is(s, "main.recvWait"))
-                .map(|s| {
-                    assert_eq!(s.label("role"), Some("receiver"), "{version}: {stacks}");
-                    s.label("shard").unwrap_or("<none>")
-                })
-                .collect();
-            shards.sort();
-            assert_eq!(shards, ["0", "1", "2"], "{version}: the shard labels");
-            assert!(
-                window
-                    .iter()
-                    .filter(|s| !site_is(s, "main.recvWait"))
-                    .all(|s| s.label("role").is_none()),
-                "{version}: labels on goroutines that have none:\n  {stacks}"
-            );
-            // Every stack reaches runtime.goexit (or runtime.main), as Go's
-            // do.
-            assert!(
-                window.iter().all(|s| !s.has_function("[truncated]")),
-                "{version}: truncated goroutine stacks:\n  {stacks}"
-            );
-        }
-        assert!(
-            daemon.summary_field("goroutines_read")
-                >= 2 * (SITES.iter().map(|s| s.1).sum::<i64>() as u64 + 1),
-            "{version}: goroutines read{diag}"
+        check_goroutines(&version, &tag, &exe, tmp.path());
+    }
+}
+
+/// The same program built beforehand with the default Go (in the VMs, where
+/// no Go toolchain is): its goroutines read on each kernel as Go counts
+/// them, with its wait reasons, stacks and labels.
+#[test]
+fn goroutines_of_a_program_built_beforehand() {
+    require_root();
+    let tmp = temp_dir();
+    let exe = Workload::GoGoroutines.build(tmp.path(), "goroutines_prebuilt");
+    check_goroutines("prebuilt", "prebuilt", &exe, tmp.path());
+}
+
+/// Profiles `exe` (go_goroutines.go, labelled `version`, its files under
+/// `tag` in `dir`) under `--profiles goroutine` and holds each of two
+/// windows against runtime/pprof's own goroutine profile and dump of the
+/// same moment.
+fn check_goroutines(version: &str, tag: &str, exe: &Path, dir: &Path) {
+    let own = dir.join(format!("own-{tag}.pprof"));
+    let out = dir.join(format!("out-{tag}"));
+    let WholeLife {
+        pid,
+        report,
+        daemon,
+    } = profile_whole_life(
+        exe,
+        &["5", own.to_str().expect("UTF-8 path")],
+        &out,
+        99,
+        &["--profiles", "goroutine"],
+    );
+    let theirs = flatten_file(&own);
+    let dump = std::fs::read_to_string(own.with_extension("pprof.txt")).expect("Go's dump");
+    let go_sites = per_site(&theirs);
+    let go_reasons = dump_reasons(&dump);
+    let diag = format!("\n{}", daemon.describe());
+    // Go's profile of the moment its goroutines were parked.
+    for &(site, count, _, _) in &SITES {
+        assert_eq!(
+            go_sites.get(site).copied(),
+            Some(count),
+            "{version}: runtime/pprof's own count at {site} ({go_sites:?})"
         );
     }
+    let files = read_profiles(&out, "goroutine");
+    let windows: Vec<Vec<FlatSample>> = files
+        .iter()
+        .map(|f| {
+            flatten(&f.profile)
+                .into_iter()
+                .filter(|s| s.pid() == pid)
+                .collect::<Vec<_>>()
+        })
+        .filter(|w| !w.is_empty())
+        .collect();
+    println!(
+        "{version}: {} windows with the program's goroutines; runtime/pprof {go_sites:?}; NumGoroutine {}",
+        windows.len(),
+        field(&report, "goroutines")
+    );
+    // Parked from 0.3 s to 5.3 s after the daemon's start: the windows
+    // that close at 2 s and 4 s see every one of them.
+    assert!(
+        windows.len() >= 2,
+        "{version}: {} goroutine windows with pid {pid}, expected at least 2{diag}",
+        windows.len()
+    );
+    for (i, window) in windows.iter().take(2).enumerate() {
+        let ours = per_site(window);
+        println!("{version}: window {i}: {ours:?}");
+        let stacks: Vec<String> = window
+            .iter()
+            .map(|s| format!("{} x{} {:?}", s.stack_text(), s.values[0], s.labels))
+            .collect();
+        let stacks = stacks.join("\n  ");
+        for &(site, count, reason_19, reason_now) in &SITES {
+            assert_eq!(
+                ours.get(site).copied(),
+                Some(count),
+                "{version}: window {i}: goroutines at {site}, against runtime/pprof's {count}:\n  {stacks}{diag}"
+            );
+            // Each with Go's own wait reason, as its dump gives it.
+            let want = if field(&report, "go_minor") == 19 {
+                reason_19
+            } else {
+                reason_now
+            };
+            let dumped = &go_reasons[site];
+            assert!(
+                dumped.iter().all(|r| r == want),
+                "{version}: Go's dump gives {site} the reasons {dumped:?}, expected {want}"
+            );
+            let reasons: Vec<&str> = window
+                .iter()
+                .filter(|s| site_is(s, site))
+                .map(|s| s.label("wait_reason").unwrap_or("<none>"))
+                .collect();
+            assert!(
+                reasons.iter().all(|&r| r == want),
+                "{version}: window {i}: {site} has the wait reasons {reasons:?}, Go's dump {want}{diag}"
+            );
+        }
+        // The same stacks as Go's, frame for frame (a stripped
+        // binary's inlined frames from the pclntab's inline tree).
+        let (ours_stacks, go_stacks) = (site_stacks(window), site_stacks(&theirs));
+        for &(site, ..) in &SITES {
+            assert_eq!(
+                ours_stacks.get(site),
+                go_stacks.get(site),
+                "{version}: window {i}: the stacks of {site}, against runtime/pprof's"
+            );
+        }
+        // Every goroutine but main's is at a site: the runtime's own
+        // goroutines are left out, as Go leaves them out.
+        let total: i64 = window.iter().map(|s| s.values[0]).sum();
+        let main: i64 = window
+            .iter()
+            .filter(|s| is_main(s))
+            .map(|s| s.values[0])
+            .sum();
+        let expected: i64 = SITES.iter().map(|s| s.1).sum();
+        assert_eq!(
+            (total, main),
+            (expected + 1, 1),
+            "{version}: window {i}: goroutines in all and in main.main:\n  {stacks}{diag}"
+        );
+        // The labels pprof.Do set, per goroutine.
+        let mut shards: Vec<&str> = window
+            .iter()
+            .filter(|s| site_is(s, "main.recvWait"))
+            .map(|s| {
+                assert_eq!(s.label("role"), Some("receiver"), "{version}: {stacks}");
+                s.label("shard").unwrap_or("<none>")
+            })
+            .collect();
+        shards.sort();
+        assert_eq!(shards, ["0", "1", "2"], "{version}: the shard labels");
+        assert!(
+            window
+                .iter()
+                .filter(|s| !site_is(s, "main.recvWait"))
+                .all(|s| s.label("role").is_none()),
+            "{version}: labels on goroutines that have none:\n  {stacks}"
+        );
+        // Every stack reaches runtime.goexit (or runtime.main), as Go's
+        // do.
+        assert!(
+            window.iter().all(|s| !s.has_function("[truncated]")),
+            "{version}: truncated goroutine stacks:\n  {stacks}"
+        );
+    }
+    assert!(
+        daemon.summary_field("goroutines_read")
+            >= 2 * (SITES.iter().map(|s| s.1).sum::<i64>() as u64 + 1),
+        "{version}: goroutines read{diag}"
+    );
 }
 
 /// `/debug/pprof/goroutine?pid=P` (`go tool pprof` fetching it) from a

@@ -149,6 +149,15 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
     // allocations (pprof's default sample type alloc_space).
     let allocs_dir = tmp.path().join("allocs");
     std::fs::create_dir_all(&allocs_dir).expect("a directory");
+    // This process allocates during the capture: some 500 MiB in 1 MiB
+    // blocks, a thousand samples at the daemon's rate.
+    let allocating = std::thread::spawn(|| {
+        let until = std::time::Instant::now() + Duration::from_millis(1500);
+        while std::time::Instant::now() < until {
+            std::hint::black_box(vec![1u8; 1 << 20]);
+            std::thread::sleep(Duration::from_millis(3));
+        }
+    });
     let allocs = fetch_with_pprof(
         &format!(
             "http://{addr}/debug/pprof/allocs?seconds=1&pid={}",
@@ -161,6 +170,7 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         .iter()
         .map(|t| allocs.string_table[t.r#type as usize].as_str())
         .collect();
+    allocating.join().expect("the allocating thread");
     let default = &allocs.string_table[allocs.default_sample_type as usize];
     assert!(
         types.contains(&"alloc_space") && default == "alloc_space",

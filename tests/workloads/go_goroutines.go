@@ -37,6 +37,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -142,5 +143,11 @@ func main() {
 	write(os.Args[2], 0)
 	write(os.Args[2]+".txt", 2)
 	time.Sleep(time.Duration(seconds * float64(time.Second)))
-	fmt.Printf("pid=%d goroutines=%d\n", os.Getpid(), count)
+	// The release's minor number, by which the tests expect its wait
+	// reasons ("go1.19.8": 19).
+	minor := 0
+	if parts := strings.Split(runtime.Version(), "."); len(parts) > 1 {
+		minor, _ = strconv.Atoi(parts[1])
+	}
+	fmt.Printf("pid=%d goroutines=%d go_minor=%d\n", os.Getpid(), count, minor)
 }

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, bail};
 
 /// The tests run in the VMs: (test file, test name). Each profile type's
 /// accuracy against what the workload measured of itself, under `--pid`
-/// and under `-- COMMAND`, the Go runtime's park points, environment
-/// labels, a process started after the daemon, process churn (with a
+/// and under `-- COMMAND`, the Go runtime's park points, its goroutines,
+/// environment labels, a process started after the daemon, process churn (with a
 /// thread's id taken by a new process), and `--check` (which loads every
 /// program, those of Go and Python samples too).
 pub const SUITE: &[(&str, &str)] = &[
@@ -31,6 +31,9 @@ pub const SUITE: &[(&str, &str)] = &[
     // Go's semaphore queues followed in the park probe, the mutex profile
     // on: what each kernel's verifier takes, and Go's own profiles agree.
     ("go_waits", "queued_contention_on_this_kernel"),
+    // Goroutines read from a Go program's memory, as its runtime counts
+    // them.
+    ("go_goroutines", "goroutines_of_a_program_built_beforehand"),
     // One waiting thread: under emulation the daemon's unwinding runs tens
     // of times slower while waits keep their length, so the tests with two
     // and four waiting threads outrun its drain (222 and 930 wait events
