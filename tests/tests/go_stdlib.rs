@@ -349,7 +349,7 @@ fn sync_benchmarks_agree_with_go_s_block_and_mutex_profiles() {
 
 /// |share ours - share Go's| bound of each of the top block sites when the
 /// park probes are on their budget (an estimate from the windows). Issue
-/// 41 asks for 10: five runs on go1.27.3 read 1.1, 5.2, 5.6, 5.6 and 12.1
+/// 41 asks for 10: four runs on go1.27.3 read 1.1, 5.2, 5.6 and 12.1
 /// points at most (the test driver's few long waits are each seen with
 /// the duty's chance, some one in ten), so 10 is not met reliably yet;
 /// before the waits past a window were followed, 20-30 points.
