@@ -403,7 +403,7 @@ fn process_churn_every_profile() {
         // 91% of the 6,000 asked, as of the 8,000 in 40 s before.
         at_least: 5_450,
         children_in_cpu: 200,
-        // The host reads 0.37-0.40 (0.365 in one CI run under load); 0.32
+        // The host reads about 0.40 (0.365 in one CI run under load); 0.32
         // before parents' snapshots stood in for children gone first.
         symbolized_share: 0.34,
         burns: 20,
