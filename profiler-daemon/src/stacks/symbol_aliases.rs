@@ -116,9 +116,7 @@ impl SymbolAliases {
     pub fn perf_name(&self, addr: u64, found: &str) -> Option<&str> {
         let at = self.best.binary_search_by_key(&addr, |e| e.0).ok()?;
         let (_, best, rank) = &self.best[at];
-        // A mangled name (C++ constructors' C1/C2 aliases, Rust's) is one
-        // blazesym gave demangled, as perf shows it: kept as found.
-        if **best == *found || is_mangled(best) {
+        if **best == *found {
             return None;
         }
         let known = self.names.binary_search(&(addr, name_hash(found))).is_ok();
@@ -131,11 +129,6 @@ impl SymbolAliases {
             + self.best.iter().map(|e| e.1.len()).sum::<usize>()
             + self.names.capacity() * size_of::<(u64, u64)>()
     }
-}
-
-/// An Itanium C++ or Rust mangled name.
-fn is_mangled(name: &str) -> bool {
-    name.starts_with("_Z") || name.starts_with("_R")
 }
 
 fn name_hash(name: &str) -> u64 {
@@ -166,27 +159,6 @@ mod tests {
         assert!(rank("cfree@GLIBC_2.2.5", true, false, true) > rank("free", true, false, true));
         // A sized symbol over one without a size.
         assert!(rank("__x", true, true, false) > rank("x", false, false, true));
-    }
-
-    /// C++ constructors have two mangled names at one address (C1, C2);
-    /// blazesym gives the demangled one, which stays.
-    #[test]
-    fn mangled_aliases_leave_the_demangled_name() {
-        let rank = Rank::of("_ZN8opt_passC1ERK9pass_data", true, false, true);
-        let aliases = SymbolAliases {
-            best: vec![(0x1000, "_ZN8opt_passC1ERK9pass_data".into(), rank)],
-            names: vec![],
-        };
-        assert_eq!(aliases.perf_name(0x1000, "opt_pass::opt_pass"), None);
-        let rank = Rank::of("malloc", true, false, true);
-        let aliases = SymbolAliases {
-            best: vec![(0x2000, "malloc".into(), rank)],
-            names: vec![],
-        };
-        assert_eq!(
-            aliases.perf_name(0x2000, "__GI___libc_malloc"),
-            Some("malloc")
-        );
     }
 
     #[test]
