@@ -53,9 +53,9 @@ impl Rank {
 #[derive(Debug, Default)]
 pub struct SymbolAliases {
     best: Vec<(u64, Box<str>, Rank)>,
-    /// Every name of those addresses, hashed, to tell one of them from a
-    /// name the table does not hold (a DWARF name).
-    names: Vec<(u64, u64)>,
+    /// Every name of those addresses, to tell one of them from a name the
+    /// table does not hold (a DWARF name).
+    names: Vec<(u64, Box<str>)>,
 }
 
 impl SymbolAliases {
@@ -102,7 +102,7 @@ impl SymbolAliases {
             }
             aliases
                 .names
-                .extend(names.iter().map(|(n, _)| (addr, name_hash(n))));
+                .extend(names.into_iter().map(|(n, _)| (addr, n.into_boxed_str())));
         }
         aliases.best.sort_unstable_by_key(|e| e.0);
         aliases.names.sort_unstable();
@@ -119,7 +119,10 @@ impl SymbolAliases {
         if **best == *found {
             return None;
         }
-        let known = self.names.binary_search(&(addr, name_hash(found))).is_ok();
+        let known = self
+            .names
+            .binary_search_by(|(a, n)| (*a, &**n).cmp(&(addr, found)))
+            .is_ok();
         (known || *rank > Rank::of(found, true, false, false)).then_some(&**best)
     }
 
@@ -127,13 +130,9 @@ impl SymbolAliases {
     pub fn heap_bytes(&self) -> usize {
         self.best.capacity() * size_of::<(u64, Box<str>, Rank)>()
             + self.best.iter().map(|e| e.1.len()).sum::<usize>()
-            + self.names.capacity() * size_of::<(u64, u64)>()
+            + self.names.capacity() * size_of::<(u64, Box<str>)>()
+            + self.names.iter().map(|e| e.1.len()).sum::<usize>()
     }
-}
-
-fn name_hash(name: &str) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(name)
 }
 
 /// The debug file of build ID `hex` under [`DEBUG_ROOT`].
@@ -168,31 +167,5 @@ mod tests {
             Some(Path::new("/usr/lib/debug/.build-id/93/ac61ec.debug"))
         );
         assert_eq!(debug_file("9"), None);
-    }
-
-    /// What glibc's table costs to read and keep (design 024):
-    /// `cargo test -p profiler-daemon --lib measure_glibc_aliases -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn measure_glibc_aliases() {
-        let libc = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
-        let data = std::fs::read(libc).expect("glibc");
-        let file = object::File::parse(&*data).expect("ELF");
-        let id = file
-            .build_id()
-            .ok()
-            .flatten()
-            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect::<String>());
-        for (what, build_id) in [("with its debug file", id.as_deref()), ("alone", None)] {
-            let start = std::time::Instant::now();
-            let aliases = SymbolAliases::read(libc, build_id);
-            println!(
-                "glibc {what}: {} aliased addresses, {} names, {} heap bytes, read in {:?}",
-                aliases.best.len(),
-                aliases.names.len(),
-                aliases.heap_bytes(),
-                start.elapsed()
-            );
-        }
     }
 }
