@@ -29,7 +29,9 @@ use foldhash::HashMap;
 use profiler_common::{GoPark, MAX_STACK_DEPTH};
 
 use crate::bpf::park_budget::LeftOpen;
-use crate::procs::goroutines::{GoroutineLayout, GoroutineReader, Labels, labels_at, status};
+use crate::procs::goroutines::{
+    GoroutineLayout, GoroutineReader, Labels, labels_at, push_fp_chain, status,
+};
 use crate::procs::memory::Memory;
 
 /// Goroutines followed at once, over every process; more are counted
@@ -260,21 +262,7 @@ fn park_frames(mem: &Memory, park: &GoPark) -> Vec<u64> {
         return frames;
     };
     frames.push(ret);
-    let mut bp = park.bp;
-    while frames.len() < MAX_STACK_DEPTH && bp != 0 {
-        let Some((next, ret)) = mem.pair(bp) else {
-            break;
-        };
-        if ret == 0 {
-            break;
-        }
-        frames.push(ret);
-        // Frames lie at increasing addresses towards the root.
-        if next <= bp {
-            break;
-        }
-        bp = next;
-    }
+    push_fp_chain(&mut frames, MAX_STACK_DEPTH, park.bp, |at| mem.pair(at));
     frames
 }
 

@@ -478,7 +478,7 @@ fn walk(
     piece: &StackPiece<'_>,
     pc: u64,
     sp: u64,
-    mut bp: u64,
+    bp: u64,
     at_entry: bool,
 ) -> Vec<u64> {
     let mut frames = Vec::with_capacity(32);
@@ -490,8 +490,21 @@ fn walk(
         return frames;
     }
     frames.push(pc.saturating_sub(1));
-    while frames.len() < MAX_FRAMES && bp != 0 {
-        let Some((next, ret)) = piece.pair(mem, bp) else {
+    push_fp_chain(&mut frames, MAX_FRAMES, bp, |at| piece.pair(mem, at));
+    frames
+}
+
+/// Appends to `frames`, up to `max` in all, the return addresses of the
+/// frame-pointer chain from `bp`: each frame's saved frame pointer and
+/// return address, two adjacent words read by `pair`.
+pub(crate) fn push_fp_chain(
+    frames: &mut Vec<u64>,
+    max: usize,
+    mut bp: u64,
+    pair: impl Fn(u64) -> Option<(u64, u64)>,
+) {
+    while frames.len() < max && bp != 0 {
+        let Some((next, ret)) = pair(bp) else {
             break;
         };
         if ret == 0 {
@@ -504,7 +517,6 @@ fn walk(
         }
         bp = next;
     }
-    frames
 }
 
 /// Label sets by the address `g.labels` holds: goroutines that share a set
