@@ -100,9 +100,13 @@ pub mod counter {
     /// Labeled samples (Go 1.23 and before) whose label map was known by
     /// its header, its bucket not read again.
     pub const GO_LABEL_MAP_CACHE_HITS: u32 = 37;
+    /// Allocator calls made by another allocator function (a wrapper's
+    /// malloc calling libc's): not counted again, the outer call counts
+    /// the allocation once.
+    pub const HEAP_NESTED_CALLS: u32 = 38;
     /// Number of counters (at most 64: the daemon logs each loss once by a
     /// bit of a `u64`).
-    pub const COUNT: u32 = 38;
+    pub const COUNT: u32 = 39;
 }
 
 /// Index of the one-element `CONTROL` array entries.

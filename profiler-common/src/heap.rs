@@ -120,6 +120,30 @@ pub const HEAP_LIVE_ENTRIES: u32 = 2 * 1024 * 1024;
 /// Threads with heap-probe state at once (least recently used go first).
 pub const HEAP_THREADS_ENTRIES: u32 = 65_536;
 
+/// Code ranges of allocator functions a process maps, in its address
+/// space, each `[start, end)`: at most this many per process (the rest are
+/// left out, and counted by the daemon).
+pub const ALLOC_CALLER_RANGES: usize = 32;
+
+/// Processes with allocator-caller ranges at once: only those that map two
+/// or more allocator files (an interposer such as heaptrack's preload
+/// library beside libc) get an entry.
+pub const ALLOC_CALLERS_ENTRIES: u32 = 4096;
+
+/// A process's allocator functions (every probed entry point of every
+/// allocator file it maps), by address: an allocator call whose return
+/// address lies in one of them was made by another allocator (a wrapper
+/// calling the allocator it wraps) and is counted by that outer call only.
+/// The value of the kernel's `ALLOC_CALLERS` map, by process id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocCallers {
+    /// Ranges in use, from the first.
+    pub len: u32,
+    pub _pad: u32,
+    pub ranges: [[u64; 2]; ALLOC_CALLER_RANGES],
+}
+
 /// Python frames a heap sample of a CPython thread carries (nearest the
 /// leaf kept): as many as a CPU sample's, since heap samples are few and
 /// their records long already.

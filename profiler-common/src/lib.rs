@@ -77,6 +77,8 @@ mod user {
     // SAFETY: as below.
     unsafe impl aya::Pod for super::LiveKey {}
     // SAFETY: as below.
+    unsafe impl aya::Pod for super::AllocCallers {}
+    // SAFETY: as below.
     unsafe impl aya::Pod for super::WalkHintKey {}
     // SAFETY: as below.
     unsafe impl aya::Pod for super::WalkHint {}

@@ -49,6 +49,11 @@ const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(90);
 /// Bound on the daemon's exit once its targets are gone.
 const DAEMON_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 const LEAK: &str = HEAP_LEAK;
+/// |estimated / true - 1| bound per site under heaptrack: each site has
+/// 700 expected samples or more there (a standard deviation of 4% at most).
+const WRAPPED_TOLERANCE: f64 = 0.2;
+/// Debian's heaptrack, an allocator interposer.
+const HEAPTRACK: &str = "/usr/bin/heaptrack";
 const SITES: [&str; 12] = HEAP_SITES;
 type Site = HeapSiteLine;
 
@@ -885,10 +890,10 @@ fn process_exiting_mid_window() {
 #[test]
 fn jemalloc_alloc_per_site() {
     require_root();
-    if !Path::new(JEMALLOC_LIB).exists() {
-        println!("SKIPPED: {JEMALLOC_LIB} is absent (install the Debian package libjemalloc-dev)");
-        return;
-    }
+    assert!(
+        Path::new(JEMALLOC_LIB).exists(),
+        "{JEMALLOC_LIB} is absent: `cargo xtask test` installs it (Debian's libjemalloc-dev)"
+    );
     let tmp = temp_dir();
     let exe = Workload::HeapSitesJemalloc.build(tmp.path(), "heap_sites_je");
     let out = tmp.path().join("out");
@@ -922,6 +927,88 @@ fn jemalloc_alloc_per_site() {
             run.diag()
         );
     }
+}
+
+/// heaptrack, an allocator interposer (LD_PRELOAD) whose malloc, calloc,
+/// realloc, ... record each call and call libc's: both files are probed,
+/// and each allocation is counted once, at the outer call (before, 1.75
+/// times the bytes and twice the allocations). Checked per site against
+/// the workload's own count, and in all against heaptrack's own.
+#[test]
+fn allocator_wrapper_counted_once() {
+    require_root();
+    let heaptrack = Path::new(HEAPTRACK);
+    assert!(
+        heaptrack.exists(),
+        "{HEAPTRACK} is absent: `cargo xtask test` installs it (Debian's heaptrack)"
+    );
+    let tmp = temp_dir();
+    let exe = Workload::HeapSites.build(tmp.path(), "heap_sites_wrapped");
+    let out = tmp.path().join("out");
+    let trace = tmp.path().join("trace");
+    let mut args = heap_args(RATE, "60s", &out);
+    args.push("--".to_string());
+    for arg in [
+        HEAPTRACK,
+        "-o",
+        trace.to_str().expect("temporary paths are UTF-8"),
+        exe.to_str().expect("temporary paths are UTF-8"),
+        // Every call traps twice (heaptrack's function and libc's): half
+        // the calls, some 10 s, and still 700 expected samples a site.
+        "--scale",
+        "0.5",
+    ] {
+        args.push(arg.to_string());
+    }
+    let mut daemon = Probes::Best.start(&args);
+    daemon.wait_success(WORKLOAD_TIMEOUT);
+    let stdout = daemon.stdout_text();
+    let run = HeapRun::read(&out, RATE, &stdout, daemon);
+    let nested = run.daemon.summary_field("heap_nested_calls");
+    let processes = run.daemon.summary_field("allocator_caller_processes");
+    println!(
+        "calls made by another allocator, not counted again: {nested} in {processes} processes"
+    );
+    assert!(
+        nested > 0 && processes >= 1,
+        "no allocator call was told nested{}",
+        run.diag()
+    );
+    assert_alloc_per_site(&run, &run.samples, false);
+    assert_site_stacks(&run);
+    // Fewer samples a site than assert_alloc_per_site holds to its bound;
+    // counted twice would read 2.
+    for site in &run.sites {
+        let r = ratio(site_heap(&run.samples, &site.name).alloc_space, site.bytes);
+        assert!(
+            (r - 1.0).abs() <= WRAPPED_TOLERANCE,
+            "{}: alloc_space {r:.3} of the truth (allowed ±{WRAPPED_TOLERANCE}){}",
+            site.name,
+            run.diag()
+        );
+    }
+
+    // heaptrack's own count of the same run's allocation calls.
+    let print = std::process::Command::new("heaptrack_print")
+        .arg("-f")
+        .arg(tmp.path().join("trace.zst"))
+        .output()
+        .expect("run heaptrack_print");
+    let text = String::from_utf8_lossy(&print.stdout);
+    let calls: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("calls to allocation functions: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("heaptrack_print gave no call count:\n{text}"));
+    let ours = heap_of(&run.samples).alloc_objects;
+    let r = ours as f64 / calls as f64;
+    println!("allocations: profilerd {ours}, heaptrack {calls} (ratio {r:.3})");
+    assert!(
+        (r - 1.0).abs() <= 0.15,
+        "profilerd counted {ours} allocations, heaptrack {calls} (ratio {r:.3}, allowed ±0.15){}",
+        run.diag()
+    );
 }
 
 /// System-wide: the allocator is probed by file for every process, so a

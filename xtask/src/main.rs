@@ -272,6 +272,11 @@ fn setup_system(for_tests: bool) -> Result<()> {
         if !Path::new("/usr/share/doc/libc6-dbg").exists() {
             packages.push("libc6-dbg");
         }
+        // The heap tests profile a program under heaptrack, an allocator
+        // interposer, and compare with its counts.
+        if !have("heaptrack") {
+            packages.push("heaptrack");
+        }
         // The heap tests profile a program linked against jemalloc.
         if !Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so").exists() {
             packages.push("libjemalloc-dev");

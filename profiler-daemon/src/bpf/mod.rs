@@ -6,10 +6,12 @@
 //! (`uprobes`, `perf_uprobe`; the raw loads and links aya lacks:
 //! `raw_programs`) and link closing, the CPU-clock events of on-demand
 //! captures (`capture_events`), Go park probes on a duty
-//! cycle (`park_budget`), the
+//! cycle (`park_budget`), allocator wrappers told apart
+//! (`allocator_callers`), the
 //! kernel programs' own log (`log`), and where user-space probes go
 //! (`attach/`: allocators, Go and pthread park points, probe placement).
 
+pub(crate) mod allocator_callers;
 pub mod attach;
 pub(crate) mod capture_events;
 pub mod check;

@@ -60,10 +60,17 @@ struct ExecFile {
     id: FileId,
     start: u64,
     end: u64,
+    /// The file offset mapped at `start`.
+    offset: u64,
     path: PathBuf,
 }
 
 impl ExecMappings {
+    /// The process the mappings are of.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// Process `pid`'s executable file mappings; None when it has gone (or
     /// cannot be read).
     pub fn read(pid: u32) -> Option<Self> {
@@ -81,6 +88,7 @@ impl ExecMappings {
                     id: (map.dev.0 as u64 * 256 + map.dev.1 as u64, map.inode),
                     start: map.address.0,
                     end: map.address.1,
+                    offset: map.offset,
                     path: path.clone(),
                 }),
                 _ => None,
@@ -174,6 +182,10 @@ pub struct ProbePoints {
     /// Cookies of the probes the kernel must single-step (no emulated
     /// instruction before an argument changes; glibc's reallocarray).
     pub single_stepped: Vec<u64>,
+    /// File offsets `[start, end)` of the probed functions' code, where a
+    /// call returning into them must be told from the program's own
+    /// (allocators: a wrapper calling the allocator it wraps); else empty.
+    pub functions: Vec<(u64, u64)>,
 }
 
 /// Finds the probe points of an ELF file.
@@ -535,6 +547,34 @@ impl UprobeLinks {
             };
             self.attach(map.id, owner, &via, &probes);
         }
+    }
+
+    /// Where the probed functions' code lies in the address space of
+    /// `mappings`' process: `[start, end)` per function, and how many
+    /// distinct probed files the process maps.
+    pub fn probed_code(&mut self, mappings: &ExecMappings) -> (usize, Vec<(u64, u64)>) {
+        let mut files: Vec<FileId> = Vec::new();
+        let mut ranges = Vec::new();
+        for map in &mappings.files {
+            let via = PathBuf::from(format!(
+                "/proc/{}/map_files/{:x}-{:x}",
+                mappings.pid, map.start, map.end
+            ));
+            let Some(probes) = self.probes_of(map.id, &via, &map.path) else {
+                continue;
+            };
+            if !files.contains(&map.id) {
+                files.push(map.id);
+            }
+            let mapped = map.offset..map.offset.saturating_add(map.end - map.start);
+            for &(start, end) in &probes.functions {
+                if mapped.contains(&start) {
+                    let at = map.start + (start - map.offset);
+                    ranges.push((at, at.saturating_add(end - start)));
+                }
+            }
+        }
+        (files.len(), ranges)
     }
 
     /// Attaches to a file by path for one process (or all: pid 0), before

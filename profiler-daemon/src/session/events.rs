@@ -82,7 +82,7 @@ pub(crate) fn take_proc_events(
                 for links in probes.uprobe_links() {
                     links.forget_process(event.tgid);
                 }
-                probes.forget_park_gate(event.tgid);
+                probes.forget_process_state(event.tgid);
                 if unwind == UnwindMode::Auto {
                     probes.unmark_frame_pointer_process(event.tgid);
                 }
@@ -128,7 +128,7 @@ pub(crate) fn apply_new_images(
     for NewImage { event, exited } in images {
         let gone = heap.forget_process(event.tgid);
         probes.forget_live(event.tgid, &gone);
-        probes.forget_park_gate(event.tgid);
+        probes.forget_process_state(event.tgid);
         procs.retire(event.tgid, event.time_ns);
         if !exited {
             new_image(event, procs, probes, heap, exec_rescan, unwind, go_exes);

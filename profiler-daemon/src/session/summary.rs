@@ -200,9 +200,14 @@ pub(crate) fn log_summary(
     }
     if let Some(allocators) = probes.allocators() {
         let a = allocators.stats();
+        let callers = probes.allocator_caller_stats();
         let c = probes.counters();
         tracing::info!(target: "profilerd::session",
             heap_samples = c[counter::HEAP_SAMPLES as usize],
+            heap_nested_calls = c[counter::HEAP_NESTED_CALLS as usize],
+            allocator_caller_processes = callers.processes,
+            allocator_caller_ranges_cut = callers.ranges_cut,
+            allocator_callers_full = callers.full,
             heap_allocs_lost = c[counter::HEAP_ALLOCS_LOST as usize],
             heap_frees_lost = c[counter::HEAP_FREES_LOST as usize],
             heap_live_full = c[counter::HEAP_LIVE_FULL as usize],

@@ -17,10 +17,10 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use profiler_common::{
-    COMM_LEN, HEAP_EVENTS_BYTES, HEAP_LIVE_ENTRIES, HEAP_PY_FRAMES, HEAP_THREADS_ENTRIES,
-    HeapAlloc, HeapFree, HeapThread, LONG_STACK_BYTES, LiveKey, PyFrames, SHORT_STACK_BYTES,
-    STACK_COPY_BYTES, WithPython, alloc_fn, counter, heap_event, probe_cookie,
-    sampling::next_sample_distance,
+    ALLOC_CALLER_RANGES, ALLOC_CALLERS_ENTRIES, AllocCallers, COMM_LEN, HEAP_EVENTS_BYTES,
+    HEAP_LIVE_ENTRIES, HEAP_PY_FRAMES, HEAP_THREADS_ENTRIES, HeapAlloc, HeapFree, HeapThread,
+    LONG_STACK_BYTES, LiveKey, PyFrames, SHORT_STACK_BYTES, STACK_COPY_BYTES, WithPython, alloc_fn,
+    counter, heap_event, probe_cookie, sampling::next_sample_distance,
 };
 
 use crate::{
@@ -45,6 +45,12 @@ pub(crate) static HEAP_THREADS: LruHashMap<u32, HeapThread> =
 #[map]
 static HEAP_LIVE: HashMap<LiveKey, u64> =
     HashMap::with_max_entries(HEAP_LIVE_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// The allocator functions of each process that maps two allocator files
+/// or more (the daemon writes them; other processes have no entry).
+#[map]
+static ALLOC_CALLERS: HashMap<u32, AllocCallers> =
+    HashMap::with_max_entries(ALLOC_CALLERS_ENTRIES, BPF_F_NO_PREALLOC);
 
 #[map]
 static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
@@ -145,6 +151,12 @@ fn try_heap_probe(ctx: ProbeContext, cookie: u64) -> Result<u32, u32> {
         // A pending call that never returned (longjmp out of it): forget it.
         state.pending_sp = 0;
     }
+    if made_by_an_allocator(tgid, sp) {
+        // A wrapper's call of the allocator it wraps (heaptrack's preload
+        // library calls libc's malloc): its outer call counts it.
+        count(counter::HEAP_NESTED_CALLS);
+        return Ok(1);
+    }
     let (size, out, old) = match function {
         alloc_fn::MALLOC | alloc_fn::VALLOC => (arg0, 0, 0),
         alloc_fn::CALLOC => (mul_or_zero(arg0, arg1), 0, 0),
@@ -171,6 +183,34 @@ fn try_heap_probe(ctx: ProbeContext, cookie: u64) -> Result<u32, u32> {
     state.pending_fn = function as u32;
     state.pending_sampled = u32::from(sampled);
     Ok(0)
+}
+
+/// Whether the call entered at `sp` returns into one of process `tgid`'s
+/// allocator functions, i.e. another allocator made it. Only processes
+/// that map two allocator files have ranges; the others pay one lookup.
+#[inline(always)]
+fn made_by_an_allocator(tgid: u32, sp: u64) -> bool {
+    // SAFETY: the value is only read during this run.
+    let Some(callers) = (unsafe { ALLOC_CALLERS.get(tgid) }) else {
+        return false;
+    };
+    // The probe sees an entry's state (attach/placement.rs): the return
+    // address is at [sp].
+    // SAFETY: a user pointer, read through the checked helper.
+    let Ok(ret) = (unsafe { read_user(sp as *const u64) }) else {
+        return false;
+    };
+    let len = callers.len as usize;
+    for i in 0..ALLOC_CALLER_RANGES {
+        if i >= len {
+            break;
+        }
+        let [start, end] = callers.ranges[i];
+        if ret >= start && ret < end {
+            return true;
+        }
+    }
+    false
 }
 
 /// n * size as calloc computes it; a request that overflows fails and

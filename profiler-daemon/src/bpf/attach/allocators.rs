@@ -56,6 +56,7 @@ pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
         offsets: Vec::new(),
         cookies: Vec::new(),
         single_stepped: Vec::new(),
+        functions: Vec::new(),
     };
     let mut seen_addresses = Vec::new();
     for (cookie, name) in alloc_fn::NAMES.iter().enumerate() {
@@ -71,6 +72,11 @@ pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
         let Some((offset, code)) = code_at(&file, data, address, size) else {
             continue;
         };
+        // A symbol without a size gives no range: a call from it is taken
+        // for the program's own.
+        if size > 0 {
+            probes.functions.push((offset, offset.saturating_add(size)));
+        }
         let placement = placement::choose(code, address);
         if !placement.emulated {
             probes.single_stepped.push(cookie as u64);
@@ -388,6 +394,12 @@ mod tests {
                 .all(|&f| f == alloc_fn::REALLOCARRAY),
             "{probes:?}"
         );
+        // Each probe lies in its function's code, which a call returning
+        // into it is told by (allocator_callers).
+        assert_eq!(probes.functions.len(), probes.offsets.len(), "{probes:?}");
+        for (&offset, &(start, end)) in probes.offsets.iter().zip(&probes.functions) {
+            assert!(start <= offset && offset < end, "{offset:#x} in {start:#x}..{end:#x}");
+        }
     }
 
     #[test]

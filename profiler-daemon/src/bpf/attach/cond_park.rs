@@ -56,6 +56,7 @@ pub fn find_in(data: &[u8]) -> Result<Option<ProbePoints>, String> {
         offsets: Vec::new(),
         cookies: Vec::new(),
         single_stepped: Vec::new(),
+        functions: Vec::new(),
     };
     for (address, size, cookie) in found {
         let Some((offset, code)) = code_at(&file, data, address, size) else {

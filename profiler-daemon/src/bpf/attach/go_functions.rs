@@ -46,6 +46,7 @@ pub(crate) fn probe_points(
         offsets: Vec::new(),
         cookies: Vec::new(),
         single_stepped: Vec::new(),
+        functions: Vec::new(),
     };
     for (index, (address, size)) in functions(file, names)?.into_iter().enumerate() {
         let (offset, code) = code_at(file, data, address, size)?;

@@ -23,6 +23,7 @@ use profiler_common::{
     FpProcess, GoLabels, LiveKey, PyRuntime, SampleKey, StackHash, WalkHint, WalkHintKey,
 };
 
+use crate::bpf::allocator_callers::{AllocatorCallers, CallerStats};
 use crate::bpf::link_closer::LinkCloser;
 use crate::bpf::log::KernelLog;
 use crate::bpf::park_budget::{BudgetStats, ParkBudget, Step};
@@ -163,6 +164,8 @@ pub struct Probes {
     heap_live: HashMap<MapData, LiveKey, u64>,
     /// The heap probes' program and links (when heap profiles are on).
     allocators: Option<UprobeLinks>,
+    /// The allocator functions of processes with two allocators (likewise).
+    allocator_callers: Option<AllocatorCallers>,
     /// The Go runtime's heap probes (likewise).
     go_heap: Option<UprobeLinks>,
     /// The Go park probes' program and links (when block profiles are on).
@@ -427,6 +430,13 @@ impl Probes {
         let stack_tops = typed_map(&mut ebpf, "STACK_TOPS")?;
         let deep_threads = typed_map(&mut ebpf, "DEEP_THREADS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
+        let allocator_callers = match allocators {
+            Some(_) => Some(AllocatorCallers::new(typed_map(
+                &mut ebpf,
+                "ALLOC_CALLERS",
+            )?)),
+            None => None,
+        };
         let park_budget = match go_parks {
             Some(_) => Some(ParkBudget::new(
                 typed_map(&mut ebpf, "GO_PARK_GATES")?,
@@ -472,6 +482,7 @@ impl Probes {
             deep_threads,
             heap_live,
             allocators,
+            allocator_callers,
             go_heap,
             go_parks,
             park_budget,
@@ -734,7 +745,7 @@ impl Probes {
     }
 
     /// Forgets the park-probe gate of a process that exited or exec'd.
-    pub fn forget_park_gate(&mut self, tgid: u32) {
+    fn forget_park_gate(&mut self, tgid: u32) {
         if let Some(budget) = &mut self.park_budget {
             budget.forget(tgid);
         }
@@ -769,6 +780,26 @@ impl Probes {
         for links in self.uprobe_links() {
             links.attach_mappings(mappings);
         }
+        if let (Some(links), Some(callers)) = (&mut self.allocators, &mut self.allocator_callers) {
+            let (files, ranges) = links.probed_code(mappings);
+            callers.set(mappings.pid(), files, &ranges);
+        }
+    }
+
+    /// Forgets what the kernel keeps of a process that exited or exec'd:
+    /// its park-probe gate and its allocator callers.
+    pub fn forget_process_state(&mut self, tgid: u32) {
+        self.forget_park_gate(tgid);
+        if let Some(callers) = &mut self.allocator_callers {
+            callers.forget(tgid);
+        }
+    }
+
+    pub fn allocator_caller_stats(&self) -> CallerStats {
+        self.allocator_callers
+            .as_ref()
+            .map(AllocatorCallers::stats)
+            .unwrap_or_default()
     }
 
     /// The same for the files process `pid` maps now (none if it is gone).
