@@ -46,7 +46,8 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run every check and test: fmt, clippy, unit and end-to-end tests.
+    /// Run every check and test: fmt, clippy, unit tests, the fuzz targets
+    /// on their corpora and end-to-end tests.
     Test {
         /// Skip fmt and clippy.
         #[arg(long)]
@@ -73,7 +74,8 @@ enum Task {
     /// side by side (writes target/bench-kernel-log.md).
     BenchKernelLog(bench_kernel_log::KernelLogArgs),
     /// Run each fuzz target of fuzz/ for a while on its seed corpus
-    /// (installs cargo-fuzz; needs nightly).
+    /// (installs cargo-fuzz; needs nightly), or with --replay once on each
+    /// input of its corpus (stable, as `test` does).
     Fuzz(fuzz::FuzzArgs),
     /// Run the daemon system-wide with cpu, heap and block profiles over a
     /// steady load for --minutes and judge its memory growth after warm-up
@@ -431,6 +433,12 @@ fn test(quick: bool) -> Result<()> {
     let seed = std::env::var("PROPTEST_RNG_SEED").unwrap_or_else(|_| PROPTEST_SEED.into());
     lints::unit_tests(!quick, &[("PROPTEST_RNG_SEED", &seed)])?;
     phase("unit tests");
+    // The fuzz targets, which only `cargo xtask fuzz` runs, built without
+    // sanitizers and each run once on every input of its corpus, so that a
+    // change to the daemon's API breaks them here; after the unit tests,
+    // whose dependencies they reuse (fuzz.rs).
+    fuzz::replay(&root(), &fuzz::TARGETS)?;
+    phase("fuzz targets' corpora");
     // End-to-end tests measure CPU shares: one at a time, on an idle machine.
     run(cargo()
         .args([
