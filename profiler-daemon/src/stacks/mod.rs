@@ -9,6 +9,7 @@ pub mod budget;
 pub mod file_pages;
 pub mod plt;
 pub mod stack_tops;
+pub mod symbol_aliases;
 pub mod symbolize;
 pub mod unwind;
 pub mod walk_memo;

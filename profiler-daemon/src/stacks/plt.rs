@@ -28,6 +28,7 @@ use object::read::elf::{FileHeader as _, Rela as _, SectionHeader as _, SectionT
 use object::{Endianness, ReadCache, SectionIndex, SymbolIndex};
 
 use crate::model::go_pclntab::PclntabSection;
+use crate::stacks::symbol_aliases::SymbolAliases;
 
 /// Stubs kept per object: more than any real PLT (libpython has ~500).
 const MAX_STUBS: usize = 1 << 16;
@@ -119,6 +120,8 @@ pub struct ObjectLayout {
     stubs: Option<Vec<Stub>>,
     /// A Go binary's function table (model/go_pclntab.rs).
     go_pclntab: Option<PclntabSection>,
+    /// The names perf gives aliased functions; read at the first lookup.
+    aliases: Option<SymbolAliases>,
 }
 
 impl ObjectLayout {
@@ -161,6 +164,7 @@ impl ObjectLayout {
             sections,
             stubs: None,
             go_pclntab,
+            aliases: None,
         })
     }
 
@@ -187,6 +191,20 @@ impl ObjectLayout {
             Some(stub) if offset - stub.offset < stub.size => Placement::Stub(&stub.name),
             _ => Placement::UnnamedPlt,
         }
+    }
+
+    /// Reads the names of the file's aliased functions, once
+    /// (`stacks::symbol_aliases`).
+    pub fn load_aliases(&mut self, path: &Path, build_id: Option<&str>) {
+        if self.aliases.is_none() {
+            self.aliases = Some(SymbolAliases::read(path, build_id));
+        }
+    }
+
+    /// perf's name of the function at `addr` (the file's address space)
+    /// that blazesym named `found`, when it is another.
+    pub fn perf_name(&self, addr: u64, found: &str) -> Option<&str> {
+        self.aliases.as_ref()?.perf_name(addr, found)
     }
 
     /// The Go function table, if the file is a Go binary that has one.
@@ -218,6 +236,7 @@ impl ObjectLayout {
         self.sections.capacity() * std::mem::size_of::<CodeSection>()
             + size_of_val(stubs)
             + stubs.iter().map(|s| s.name.len()).sum::<usize>()
+            + self.aliases.as_ref().map_or(0, SymbolAliases::heap_bytes)
     }
 
     fn section_at_offset(&self, offset: u64) -> Option<&CodeSection> {

@@ -398,7 +398,10 @@ mod tests {
         // into it is told by (allocator_callers).
         assert_eq!(probes.functions.len(), probes.offsets.len(), "{probes:?}");
         for (&offset, &(start, end)) in probes.offsets.iter().zip(&probes.functions) {
-            assert!(start <= offset && offset < end, "{offset:#x} in {start:#x}..{end:#x}");
+            assert!(
+                start <= offset && offset < end,
+                "{offset:#x} in {start:#x}..{end:#x}"
+            );
         }
     }
 

@@ -416,6 +416,9 @@ impl Symbolizer {
             // What blazesym keeps of the file (its symbol table index, the
             // DWARF units it parsed) is what the heap grew by, less the
             // answer it returns.
+            if let Some(layout) = layout.as_mut() {
+                layout.load_aliases(&path, object.build_id().map(|id| &**id));
+            }
             let before = heap_in_use();
             let answer = self.user.symbolize(&source, Input::FileOffset(&lookup));
             let grown = heap_in_use().saturating_sub(before);
@@ -424,7 +427,13 @@ impl Symbolizer {
                 syms.iter()
                     .map(|sym| {
                         if covers(sym, layout.as_deref()) {
-                            lines_of(sym, &self.empty)
+                            let perf_name = match sym {
+                                Symbolized::Sym(sym) => layout
+                                    .as_deref()
+                                    .and_then(|l| l.perf_name(sym.addr, &sym.name)),
+                                _ => None,
+                            };
+                            named_as(lines_of(sym, &self.empty), perf_name)
                         } else {
                             self.stats.uncovered += 1;
                             Arc::clone(&self.empty)
@@ -896,6 +905,19 @@ fn lines_of(sym: &Symbolized<'_>, empty: &Arc<[Line]>) -> Arc<[Line]> {
     lines.into()
 }
 
+/// `lines` with their outermost function (the symbol's, not one inlined
+/// in it) named `name`, if given.
+fn named_as(lines: Arc<[Line]>, name: Option<&str>) -> Arc<[Line]> {
+    let Some(name) = name else {
+        return lines;
+    };
+    let mut lines = lines.to_vec();
+    if let Some(outer) = lines.last_mut() {
+        outer.function = name.to_string();
+    }
+    lines.into()
+}
+
 fn line(function: &str, code_info: Option<&CodeInfo<'_>>) -> Line {
     Line {
         function: function.to_owned(),
@@ -1055,6 +1077,33 @@ mod tests {
         );
         let mapping = frames[0].mapping.as_ref().unwrap();
         assert!(mapping.path.contains("libc"), "{mapping:?}");
+    }
+
+    /// glibc's allocator has several names at one address (`malloc`,
+    /// `__libc_malloc`, and in its debug file `__GI___libc_malloc`): each
+    /// is named as perf names it (`perf report --sort sym` of a loop of
+    /// malloc, free and calloc on Debian 12's glibc 2.36 with its debug
+    /// file: `malloc`, `cfree@GLIBC_2.2.5`, `__libc_calloc`), among the
+    /// names a user writes: `free`, not the versioned compatibility name.
+    #[test]
+    fn aliased_functions_get_perf_s_name() {
+        let pid = std::process::id();
+        let mut procs = ProcessTable::new(16);
+        let mut sym = Symbolizer::new().unwrap();
+        let addrs = [
+            libc::malloc as *const () as u64 + 1,
+            libc::free as *const () as u64 + 1,
+            libc::calloc as *const () as u64 + 1,
+        ];
+        let frames = sym.user_stack(&mut procs, pid, &addrs);
+        let names: Vec<&str> = frames
+            .iter()
+            .map(|f| outermost(f).function.as_str())
+            .collect();
+        assert!(
+            names[0] == "malloc" && names[1] == "free" && names[2] == "__libc_calloc",
+            "{names:?}: {frames:?}"
+        );
     }
 
     #[test]
