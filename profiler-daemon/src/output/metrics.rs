@@ -154,6 +154,7 @@ pub struct Metrics {
     push: SinkMetrics,
     otlp: SinkMetrics,
     resident: IntGauge,
+    heap: IntGauge,
     bpf_memory: IntGauge,
     bpf_map_bytes: IntGaugeVec,
     unavailable: IntGaugeVec,
@@ -351,6 +352,10 @@ impl Metrics {
                 "profilerd_resident_memory_bytes",
                 "Resident memory of the daemon.",
             )?,
+            heap: gauge(
+                "profilerd_heap_bytes",
+                "Bytes the daemon's allocator has handed out and not taken back, its caches (profilerd_cache_bytes) included.",
+            )?,
             bpf_memory: gauge(
                 "profilerd_bpf_memory_bytes",
                 "Memory the kernel charges for the daemon's BPF maps and rings (memlock), each map counted once.",
@@ -516,6 +521,8 @@ impl Metrics {
         if let Some(rss) = resident_bytes() {
             self.resident.set(rss as i64);
         }
+        self.heap
+            .set(i64::try_from(crate::model::own_heap::heap_in_use()).unwrap_or(i64::MAX));
         let maps = crate::bpf::map_syscalls::map_memory();
         let total: u64 = maps.iter().map(|(_, bytes)| bytes).sum();
         self.bpf_memory
@@ -682,6 +689,7 @@ mod tests {
             "# TYPE profilerd_processes gauge",
             "profilerd_processes 5",
             "# TYPE profilerd_resident_memory_bytes gauge",
+            "# TYPE profilerd_heap_bytes gauge",
             "# TYPE profilerd_bpf_memory_bytes gauge",
             "profilerd_cache_bytes{cache=\"symbols\"} 1000",
             "profilerd_cache_bytes{cache=\"unwind_objects\"} 0",
