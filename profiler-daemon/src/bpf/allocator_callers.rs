@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{Array, HashMap, MapData};
 use profiler_common::{ALLOC_CALLER_RANGES, ALLOC_CALLERS_ENTRIES, AllocCallers};
 
 /// What the table did, for the exit summary.
@@ -24,15 +24,19 @@ pub struct CallerStats {
 
 pub struct AllocatorCallers {
     map: HashMap<MapData, u32, AllocCallers>,
+    /// `ALLOC_CALLERS_ON[0]`: 1 while `map` has an entry, so that the
+    /// probes of every other process skip the lookup.
+    on: Array<MapData, u32>,
     /// Processes with an entry.
     written: HashSet<u32>,
     stats: CallerStats,
 }
 
 impl AllocatorCallers {
-    pub fn new(map: HashMap<MapData, u32, AllocCallers>) -> Self {
+    pub fn new(map: HashMap<MapData, u32, AllocCallers>, on: Array<MapData, u32>) -> Self {
         AllocatorCallers {
             map,
+            on,
             written: HashSet::new(),
             stats: CallerStats::default(),
         }
@@ -66,6 +70,9 @@ impl AllocatorCallers {
         match self.map.insert(pid, value, 0) {
             Ok(()) => {
                 if new {
+                    if self.written.is_empty() {
+                        self.switch(true);
+                    }
                     self.written.insert(pid);
                     self.stats.processes += 1;
                     tracing::debug!(
@@ -94,6 +101,20 @@ impl AllocatorCallers {
     pub fn forget(&mut self, pid: u32) {
         if self.written.remove(&pid) {
             let _ = self.map.remove(&pid);
+            if self.written.is_empty() {
+                self.switch(false);
+            }
+        }
+    }
+
+    /// Turns the probes' lookup on (before the first entry counts) or off
+    /// (after the last is gone).
+    fn switch(&mut self, on: bool) {
+        if let Err(e) = self.on.set(0, u32::from(on), 0) {
+            tracing::debug!(
+                "allocator callers not switched {}: {e}",
+                if on { "on" } else { "off" }
+            );
         }
     }
 

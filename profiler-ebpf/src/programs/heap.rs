@@ -13,7 +13,7 @@ use aya_ebpf::{
         },
     },
     macros::map,
-    maps::{HashMap, LruHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, RingBuf},
     programs::ProbeContext,
 };
 use profiler_common::{
@@ -51,6 +51,12 @@ static HEAP_LIVE: HashMap<LiveKey, u64> =
 #[map]
 static ALLOC_CALLERS: HashMap<u32, AllocCallers> =
     HashMap::with_max_entries(ALLOC_CALLERS_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// 1 while any process has an `ALLOC_CALLERS` entry: until then (on most
+/// nodes, always) an allocator call costs no hash lookup, only this
+/// array's, which the verifier inlines.
+#[map]
+static ALLOC_CALLERS_ON: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static HEAP_EVENTS: RingBuf = RingBuf::with_byte_size(HEAP_EVENTS_BYTES, 0);
@@ -187,9 +193,13 @@ fn try_heap_probe(ctx: ProbeContext, cookie: u64) -> Result<u32, u32> {
 
 /// Whether the call entered at `sp` returns into one of process `tgid`'s
 /// allocator functions, i.e. another allocator made it. Only processes
-/// that map two allocator files have ranges; the others pay one lookup.
+/// that map two allocator files have ranges; while none has, no call pays
+/// more than one inlined array read, and then the others one lookup.
 #[inline(always)]
 fn made_by_an_allocator(tgid: u32, sp: u64) -> bool {
+    if ALLOC_CALLERS_ON.get(0).copied().unwrap_or(0) == 0 {
+        return false;
+    }
     // SAFETY: the value is only read during this run.
     let Some(callers) = (unsafe { ALLOC_CALLERS.get(tgid) }) else {
         return false;

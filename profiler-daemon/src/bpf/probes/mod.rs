@@ -431,10 +431,10 @@ impl Probes {
         let deep_threads = typed_map(&mut ebpf, "DEEP_THREADS")?;
         let heap_live = typed_map(&mut ebpf, "HEAP_LIVE")?;
         let allocator_callers = match allocators {
-            Some(_) => Some(AllocatorCallers::new(typed_map(
-                &mut ebpf,
-                "ALLOC_CALLERS",
-            )?)),
+            Some(_) => Some(AllocatorCallers::new(
+                typed_map(&mut ebpf, "ALLOC_CALLERS")?,
+                typed_map(&mut ebpf, "ALLOC_CALLERS_ON")?,
+            )),
             None => None,
         };
         let park_budget = match go_parks {
