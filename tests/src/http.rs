@@ -1,4 +1,5 @@
-//! HTTP on the tests' side: a plain GET for scraping `/metrics`, a reader
+//! HTTP on the tests' side: a plain GET for scraping `/metrics` (and a
+//! POST, for `/debug/pprof/symbol`), a reader
 //! of the Prometheus text format, and a port nobody listens on. (The
 //! stand-in Pyroscope server is in pyroscope/.)
 //!
@@ -32,6 +33,21 @@ pub fn get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> (u16, BTreeMap<String, String>, String) {
+    request(addr, "GET", path, headers, "")
+}
+
+/// POST `body` (text) to `path` at `addr`, as [`get`] does a GET.
+pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, BTreeMap<String, String>, String) {
+    request(addr, "POST", path, &[], body)
+}
+
+fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, BTreeMap<String, String>, String) {
     let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
         .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
     stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
@@ -39,9 +55,13 @@ pub fn get_with(
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
+    let length = match method {
+        "GET" => String::new(),
+        _ => format!("content-length: {}\r\n", body.len()),
+    };
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\n{extra}connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\n{extra}{length}connection: close\r\n\r\n{body}"
     )
     .unwrap();
     let mut raw = Vec::new();

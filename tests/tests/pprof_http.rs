@@ -176,9 +176,7 @@ fn a_process_profile_on_demand_from_a_daemon_profiling_the_node() {
         types.contains(&"alloc_space") && default == "alloc_space",
         "allocs: sample types {types:?}, default {default:?}"
     );
-    // Where `go tool pprof` asks for names a profile left out: none more.
-    let (status, _, body) = get(addr, "/debug/pprof/symbol");
-    assert_eq!((status, body.as_str()), (200, "num_symbols: 1\n"));
+    check_symbol_lookups(addr);
     let (status, headers, body) = get(addr, "/debug/pprof/");
     assert_eq!(status, 200, "{body}");
     assert!(
@@ -999,4 +997,51 @@ fn the_index_page_lists_processes_and_its_links_work_in_chromium() {
     );
     daemon.signal(libc::SIGINT);
     daemon.wait_success(Duration::from_secs(20));
+}
+
+#[inline(never)]
+fn a_function_the_daemon_names() -> u64 {
+    std::hint::black_box(42)
+}
+
+/// `/debug/pprof/symbol` as Go's handler answers it: `num_symbols: 1`,
+/// then the names of a process's addresses (this test's own function)
+/// when a pid is given; none without one (pprof's own request); a
+/// one-line 4xx for a bad pid, a gone process or a bad address.
+fn check_symbol_lookups(addr: std::net::SocketAddr) {
+    use profiler_tests::http::post;
+    let (status, _, body) = get(addr, "/debug/pprof/symbol");
+    assert_eq!((status, body.as_str()), (200, "num_symbols: 1\n"));
+    let function = a_function_the_daemon_names as *const () as u64;
+    let addresses = format!("{function:#x}+0x1");
+    let (status, _, body) = post(
+        addr,
+        &format!("/debug/pprof/symbol?pid={}", std::process::id()),
+        &addresses,
+    );
+    let mut lines = body.lines();
+    assert_eq!(
+        (status, lines.next()),
+        (200, Some("num_symbols: 1")),
+        "{body}"
+    );
+    let named: Vec<&str> = lines.collect();
+    assert!(
+        named.len() == 1
+            && named[0].starts_with(&format!("{function:#x} "))
+            && named[0].contains("a_function_the_daemon_names"),
+        "{body}"
+    );
+    let (status, _, body) = post(addr, "/debug/pprof/symbol", &addresses);
+    assert_eq!((status, body.as_str()), (200, "num_symbols: 1\n"));
+    for (path, text, want) in [
+        ("/debug/pprof/symbol?pid=abc", "0x1", 400),
+        ("/debug/pprof/symbol?pid=4194305", "0x1", 404),
+        ("/debug/pprof/symbol?pid=1", "0xnope", 400),
+        ("/debug/pprof/symbol?seconds=1", "0x1", 400),
+    ] {
+        let (status, _, body) = post(addr, path, text);
+        assert_eq!(status, want, "{path} {text}: {body}");
+        assert_eq!(body.trim_end().lines().count(), 1, "one line: {body}");
+    }
 }

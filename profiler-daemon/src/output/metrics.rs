@@ -610,6 +610,9 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, pprof: Option
                         .and_then(|server| pprof_http::check_token(server, &req));
                     let response = match (&pprof, denied) {
                         (_, Some(denied)) => denied,
+                        (Some(_), None) if req.uri().path() == "/debug/pprof/symbol" => {
+                            pprof_http::symbol(req).await
+                        }
                         (Some(server), None) if req.uri().path().starts_with("/debug/pprof") => {
                             pprof_http::respond(server, &req).await
                         }

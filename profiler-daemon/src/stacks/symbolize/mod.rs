@@ -13,7 +13,8 @@
 //! `go_leaf.rs` puts back the caller a frame-pointer walk skipped under a
 //! Go leaf; `prefetch.rs` resolves a window's misses one object at a time;
 //! `perf_map.rs` names JIT code; `python.rs` names Python frames and
-//! places them among the native ones.
+//! places them among the native ones; `lookup.rs` names a running
+//! process's addresses once, outside the caches (`/debug/pprof/symbol`).
 //! A little over the ~800 lines a file should hold: user and kernel
 //! lookups and the three caches they share are one state; the caches'
 //! eviction (`shed`) is the next part to go to a file of its own.
@@ -41,6 +42,7 @@ use crate::stacks::file_pages::FilePages;
 use crate::stacks::plt::{ObjectLayout, Placement};
 
 mod go_leaf;
+pub mod lookup;
 mod perf_map;
 mod prefetch;
 pub mod python;
