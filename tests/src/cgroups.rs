@@ -1,5 +1,6 @@
 //! Cgroups made by a test: created in the real hierarchies (cgroup v2, and
-//! systemd's named v1 hierarchy where the host has one), workloads placed in
+//! systemd's named v1 hierarchy, the host's or one the test mounts),
+//! workloads placed in
 //! them before they run, and everything undone when the guard is dropped,
 //! also while a failed assertion unwinds: the test's own processes still in
 //! them are moved back to the test's cgroup and every directory created is
@@ -57,6 +58,67 @@ pub fn random_uuid() -> String {
 /// A random 64-hex-digit id, as container runtimes name containers.
 pub fn random_container_id() -> String {
     format!("{}{}", random_uuid(), random_uuid()).replace('-', "")
+}
+
+/// systemd's named v1 hierarchy, the host's or one mounted for the test: a
+/// host on cgroup v2 alone still lets a named hierarchy with no controllers
+/// be mounted beside it, as hybrid hosts have it. One mounted here is
+/// unmounted when this is dropped, so drop it after the [`TestCgroups`]
+/// made in it (declare it first).
+pub struct V1SystemdHierarchy {
+    pub mount: PathBuf,
+    ours: bool,
+}
+
+impl V1SystemdHierarchy {
+    /// The host's, else one mounted now; why not, if neither.
+    pub fn find_or_mount() -> Result<Self, String> {
+        if let Some(mount) = v1_systemd_mount() {
+            return Ok(Self { mount, ours: false });
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "profilerd-test-v1-systemd-{}-{}",
+            std::process::id(),
+            &random_uuid()[..8]
+        ));
+        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "cgroup", "-o", "none,name=systemd", "cgroup"])
+            .arg(&dir)
+            .output();
+        match mounted {
+            Ok(out) if out.status.success() => Ok(Self {
+                mount: dir,
+                ours: true,
+            }),
+            other => {
+                let _ = std::fs::remove_dir(&dir);
+                Err(match other {
+                    Ok(out) => format!(
+                        "mounting a name=systemd cgroup v1 hierarchy failed: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                    Err(e) => format!("running mount: {e}"),
+                })
+            }
+        }
+    }
+}
+
+impl Drop for V1SystemdHierarchy {
+    fn drop(&mut self) {
+        if self.ours {
+            match std::process::Command::new("umount")
+                .arg(&self.mount)
+                .status()
+            {
+                Ok(status) if status.success() => {
+                    let _ = std::fs::remove_dir(&self.mount);
+                }
+                _ => eprintln!("could not unmount {}", self.mount.display()),
+            }
+        }
+    }
 }
 
 /// The cgroup of this process in the hierarchy mounted at `mount`.

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use profiler_tests::cgroups::{
-    TestCgroups, in_cgroups_args, random_container_id, random_uuid, v1_systemd_mount, v2_mount,
+    TestCgroups, V1SystemdHierarchy, in_cgroups_args, random_container_id, random_uuid, v2_mount,
 };
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::pprof_tool::check_readable;
@@ -169,16 +169,15 @@ fn service(cgroups: &mut TestCgroups, node: &Node) -> Place {
 }
 
 /// A pod's container under the cgroupfs driver in systemd's v1 hierarchy
-/// (the process stays at the v2 root), named only by containerd's bundle;
-/// none on a host without that hierarchy.
-fn cgroupfs_v1_pod(cgroups: &mut TestCgroups, node: &Node) -> Option<Place> {
-    let mount = v1_systemd_mount()?;
+/// mounted at `mount` (the process stays at the v2 root), named only by
+/// containerd's bundle.
+fn cgroupfs_v1_pod(cgroups: &mut TestCgroups, node: &Node, mount: &Path) -> Place {
     let uid = random_uuid();
     let id = random_container_id();
-    let procs = cgroups.create(&mount, &format!("kubepods/besteffort/pod{uid}/{id}"));
+    let procs = cgroups.create(mount, &format!("kubepods/besteffort/pod{uid}/{id}"));
     let pod = format!("batch-{}", &uid[..5]);
     node.containerd_bundle("team-b", &pod, "worker", &id);
-    Some(Place {
+    Place {
         what: "containerd pod (cgroupfs driver, cgroup v1)",
         procs: vec![procs],
         want: labels(&[
@@ -189,7 +188,7 @@ fn cgroupfs_v1_pod(cgroups: &mut TestCgroups, node: &Node) -> Option<Place> {
             ("pod_uid", &uid),
             ("node", &node.name),
         ]),
-    })
+    }
 }
 
 /// Checks the samples of every file of `kind`: each sample of a pid in
@@ -279,15 +278,20 @@ fn system_wide_every_profile_type_carries_the_environment() {
     require_root();
     let tmp = temp_dir();
     let node = Node::new(tmp.path());
+    // Unmounted (if the test mounted it) after the cgroups made in it go.
+    let v1 = V1SystemdHierarchy::find_or_mount();
     // Dropped last: after the workloads are killed.
     let mut cgroups = TestCgroups::new();
     let pod = containerd_pod(&mut cgroups, &node);
     let docker = docker_container(&mut cgroups, &node);
     let unit = service(&mut cgroups, &node);
-    let v1_pod = cgroupfs_v1_pod(&mut cgroups, &node);
-    if v1_pod.is_none() {
-        eprintln!("no name=systemd v1 hierarchy: the cgroupfs v1 case is not run");
-    }
+    let v1_pod = match &v1 {
+        Ok(hierarchy) => Some(cgroupfs_v1_pod(&mut cgroups, &node, &hierarchy.mount)),
+        Err(why) => {
+            eprintln!("NOT RUN: the cgroupfs v1 case: {why}");
+            None
+        }
+    };
 
     let burner = Workload::CpuRatioC.build(tmp.path(), "env_burner");
     let heap = Workload::HeapSites.build(tmp.path(), "env_heap");
