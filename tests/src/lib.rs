@@ -37,6 +37,7 @@ pub mod perf;
 pub mod pprof_tool;
 pub mod process;
 pub mod profiles;
+pub mod py_spy;
 pub mod pyroscope;
 pub mod resources;
 pub mod sinks;

