@@ -170,12 +170,31 @@ fn regexp_benchmarks_agree_with_go_s_cpu_and_heap_profiles() {
         let cpu_files = read_profiles(&out, "cpu");
         let ours_cpu = pid_of(flatten_all(&cpu_files));
         let ours_heap = pid_of(flatten_all(&read_profiles(&out, "heap")));
-        let diag = format!("\n{}\n{}", pprof_tops(&cpu_files, None), daemon.describe());
+        let (ours_flat, go_flat) = (
+            flat_shares(&ours_cpu, 1),
+            flat_shares(&flatten_file(&cpu), 1),
+        );
+        // Both sides' heaviest leaves, so that a failure shows where a
+        // share went (a leaf one side has and the other lacks).
+        let leaves = |shares: &BTreeMap<String, f64>| -> String {
+            top(shares, 20)
+                .iter()
+                .map(|(f, v)| format!("  {v:6.2}% {f}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let diag = format!(
+            "\nprofilerd's leaves:\n{}\nruntime/pprof's leaves:\n{}\n{}\n{}",
+            leaves(&ours_flat),
+            leaves(&go_flat),
+            pprof_tops(&cpu_files, None),
+            daemon.describe()
+        );
         let before = failures.len();
         failures.extend(compare_tops(
             &format!("{version} cpu"),
-            &flat_shares(&ours_cpu, 1),
-            &flat_shares(&flatten_file(&cpu), 1),
+            &ours_flat,
+            &go_flat,
             10,
             CPU_POINTS,
         ));

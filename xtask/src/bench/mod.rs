@@ -85,7 +85,7 @@ pub struct BenchArgs {
     #[arg(long, conflicts_with_all = ["interval", "unwind", "heap", "waits", "footprint", "go", "runtimes"])]
     on_demand: bool,
     /// With --go: only these tables (comma-separated: cpu, heap,
-    /// channels, goroutines).
+    /// channels, goroutines, labels).
     #[arg(long, value_name = "TABLES", requires = "go", value_delimiter = ',')]
     go_tables: Vec<String>,
     /// With --waits or --footprint: also run every profilerd setup with
