@@ -611,7 +611,7 @@ async fn accept_loop(listener: TcpListener, metrics: Arc<Metrics>, pprof: Option
                     let response = match (&pprof, denied) {
                         (_, Some(denied)) => denied,
                         (Some(_), None) if req.uri().path() == "/debug/pprof/symbol" => {
-                            pprof_http::symbol(req).await
+                            crate::output::pprof_symbol::symbol(req).await
                         }
                         (Some(server), None) if req.uri().path().starts_with("/debug/pprof") => {
                             pprof_http::respond(server, &req).await
