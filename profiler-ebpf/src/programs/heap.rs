@@ -211,17 +211,26 @@ fn made_by_an_allocator(tgid: u32, sp: u64) -> bool {
         return false;
     };
     let len = callers.len as usize;
-    for i in 0..ALLOC_CALLER_RANGES {
-        if i >= len {
-            break;
-        }
-        let [start, end] = callers.ranges[i];
-        if ret >= start && ret < end {
-            return true;
-        }
+    // Unrolled by hand, each range at a constant offset: Linux 6.1's
+    // verifier lost the bound of a loop's index into the map value and
+    // refused the program (invalid access at offset 528 of 520).
+    macro_rules! range {
+        ($($k:literal)*) => {$(
+            if len <= $k {
+                return false;
+            }
+            let [start, end] = callers.ranges[$k];
+            if ret >= start && ret < end {
+                return true;
+            }
+        )*};
     }
+    range!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31);
     false
 }
+
+// The unrolled checks above cover every slot.
+const _: () = assert!(ALLOC_CALLER_RANGES == 32);
 
 /// n * size as calloc computes it; a request that overflows fails and
 /// allocates nothing. (An overflow check by division or checked_mul makes
