@@ -1045,3 +1045,83 @@ fn check_symbol_lookups(addr: std::net::SocketAddr) {
         assert_eq!(body.trim_end().lines().count(), 1, "one line: {body}");
     }
 }
+
+/// Mutex and off-CPU profiles on demand from a daemon that collects CPU
+/// only, each on probes loaded for the named process: `go tool pprof`
+/// fetches them; the mutex capture charges the holder's unlock with what
+/// the waiter had waited (mutex_hold measures it at each unlock), at the
+/// capture's own `mutex_fraction=1`; the off-CPU capture holds each of
+/// block_sites' sites within BLOCK_TOLERANCE of the time it timed; neither
+/// holds another process.
+#[test]
+fn mutex_and_offcpu_on_demand_agree_with_what_the_programs_measured() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let (daemon, addr) = http_daemon(&out, &["--profiles", "cpu"]);
+
+    let mutex_exe = Workload::MutexHold.build(tmp.path(), "demand_mutex");
+    let mut holder = Running::start(&mutex_exe, &["--wait-stdin", "--iterations", "1000"]);
+    let pid = holder.pid();
+    let captures = fetch_at_rates(
+        addr,
+        tmp.path(),
+        &format!("mutex?seconds=5&pid={pid}"),
+        ("mutex_fraction", &["1"]),
+    );
+    daemon.wait_log(Duration::from_secs(30), |l| {
+        l.contains(&format!("mutex of pid {pid} for 5 s"))
+    });
+    holder.release();
+    let report = parse_report(&holder.finish(Duration::from_secs(60)), "holds");
+    let waited = report["waited_ns"] as f64;
+    for capture in captures {
+        let samples = flatten(&capture.join().expect("the mutex capture"));
+        assert!(
+            other_pids(&samples, pid).is_empty(),
+            "samples of other processes in the mutex capture"
+        );
+        let delay = site_value(&samples, "holder_unlock", 1) as f64 / waited;
+        println!("mutex on demand: holder_unlock delay {delay:.3} of what the waiter waited");
+        assert!(
+            (delay - 1.0).abs() <= BLOCK_TOLERANCE,
+            "mutex on demand: holder_unlock delay {delay:.3} of {waited} ns\n{}",
+            daemon.describe()
+        );
+    }
+
+    let block_exe = Workload::BlockSites.build(tmp.path(), "demand_offcpu");
+    let mut waiter = Running::start(&block_exe, &["--wait-stdin", "--rounds", "100"]);
+    let pid = waiter.pid();
+    let captures = fetch_at_rates(
+        addr,
+        tmp.path(),
+        &format!("offcpu?seconds=5&pid={pid}"),
+        ("block_rate", &[""]),
+    );
+    daemon.wait_log(Duration::from_secs(30), |l| {
+        l.contains(&format!("offcpu of pid {pid} for 5 s"))
+    });
+    waiter.release();
+    let sites = parse_site_lines(&waiter.finish(Duration::from_secs(60)), &BLOCK_SITES);
+    for capture in captures {
+        let samples = flatten(&capture.join().expect("the off-CPU capture"));
+        assert!(
+            other_pids(&samples, pid).is_empty(),
+            "samples of other processes in the off-CPU capture"
+        );
+        for site in &sites {
+            let off = site_value(&samples, &site.name, 1) as f64 / site.total_ns as f64;
+            println!(
+                "off-CPU on demand: {}: {off:.3} of what it timed",
+                site.name
+            );
+            assert!(
+                (off - 1.0).abs() <= BLOCK_TOLERANCE,
+                "off-CPU on demand: {}: {off:.3} of what it timed\n{}",
+                site.name,
+                daemon.describe()
+            );
+        }
+    }
+}
