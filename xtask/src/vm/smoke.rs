@@ -141,6 +141,19 @@ pub fn disagreements(results: &[TypeResult], states: &[(String, String)]) -> Vec
     out
 }
 
+/// Types `--check` called unavailable on a kernel of the matrix, where
+/// every type works (6.1, 6.12 and the host's): a program the kernel
+/// refuses is a regression there, though the run then agrees with the
+/// check (Linux 6.1's verifier once refused `heap_probe`, and the smoke
+/// passed).
+pub fn unavailable(states: &[(String, String)]) -> Vec<String> {
+    states
+        .iter()
+        .filter(|(kind, state)| PROFILE_TYPES.contains(&kind.as_str()) && state == "unavailable")
+        .map(|(kind, _)| format!("{kind}: unavailable on a kernel where every type works"))
+        .collect()
+}
+
 /// The results of every type found in the smoke's output, in run order.
 pub fn parse(output: &str) -> Vec<TypeResult> {
     let mut results = Vec::new();
@@ -360,6 +373,15 @@ profilerd: loading sys_enter_futex_wait: sys_enter_futex_wait/id: No such file o
             wrong[1].starts_with("offcpu: --check said ready"),
             "{wrong:?}"
         );
+        // A refusal the run agreed with is still a failure on these
+        // kernels; the goroutine type and the unwinding rows are not
+        // profile types of the matrix.
+        assert_eq!(
+            unavailable(&states),
+            vec!["heap: unavailable on a kernel where every type works".to_string()]
+        );
+        let all_ready = check_states("cpu ready\nheap degraded (z)\nunwind fp ready\n");
+        assert!(unavailable(&all_ready).is_empty());
     }
 
     #[test]
