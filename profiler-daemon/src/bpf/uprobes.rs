@@ -65,6 +65,17 @@ struct ExecFile {
     path: PathBuf,
 }
 
+impl ExecFile {
+    /// The mapping's own file as process `pid` maps it, whichever mount
+    /// namespace or deleted state it is in.
+    fn via(&self, pid: u32) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/{pid}/map_files/{:x}-{:x}",
+            self.start, self.end
+        ))
+    }
+}
+
 impl ExecMappings {
     /// The process the mappings are of.
     pub fn pid(&self) -> u32 {
@@ -536,12 +547,7 @@ impl UprobeLinks {
             {
                 continue;
             }
-            // The mapping's own file, whichever mount namespace or deleted
-            // state it is in.
-            let via = PathBuf::from(format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                map.start, map.end
-            ));
+            let via = map.via(pid);
             let Some(probes) = self.probes_of(map.id, &via, &map.path) else {
                 continue;
             };
@@ -556,11 +562,7 @@ impl UprobeLinks {
         let mut files: Vec<FileId> = Vec::new();
         let mut ranges = Vec::new();
         for map in &mappings.files {
-            let via = PathBuf::from(format!(
-                "/proc/{}/map_files/{:x}-{:x}",
-                mappings.pid, map.start, map.end
-            ));
-            let Some(probes) = self.probes_of(map.id, &via, &map.path) else {
+            let Some(probes) = self.probes_of(map.id, &map.via(mappings.pid), &map.path) else {
                 continue;
             };
             if !files.contains(&map.id) {

@@ -9,6 +9,10 @@
 //! (`drain.rs`), the target table (`targets.rs`), the loader made without
 //! the kernel's BTF (`loader.rs`),
 //! the small steps of loading (`load.rs`) and the errors (`error.rs`).
+//! A little over the ~800 lines a file should hold: the load and the
+//! handles it keeps are one state; the uprobe link sets and what is kept
+//! per process beside them (park gates, allocator callers) are the next
+//! part to go to a file of their own.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
