@@ -1061,26 +1061,16 @@ fn mutex_and_offcpu_on_demand_agree_with_what_the_programs_measured() {
     let (daemon, addr) = http_daemon(&out, &["--profiles", "cpu"]);
 
     let mutex_exe = Workload::MutexHold.build(tmp.path(), "demand_mutex");
-    let mut holder = Running::start(&mutex_exe, &["--wait-stdin", "--iterations", "1000"]);
-    let pid = holder.pid();
-    let captures = fetch_at_rates(
+    let (stdout, captures) = captured_while_it_runs(
+        &daemon,
         addr,
         tmp.path(),
-        &format!("mutex?seconds=5&pid={pid}"),
+        (&mutex_exe, &["--iterations", "1000"]),
+        "mutex",
         ("mutex_fraction", &["1"]),
     );
-    daemon.wait_log(Duration::from_secs(30), |l| {
-        l.contains(&format!("mutex of pid {pid} for 5 s"))
-    });
-    holder.release();
-    let report = parse_report(&holder.finish(Duration::from_secs(60)), "holds");
-    let waited = report["waited_ns"] as f64;
-    for capture in captures {
-        let samples = flatten(&capture.join().expect("the mutex capture"));
-        assert!(
-            other_pids(&samples, pid).is_empty(),
-            "samples of other processes in the mutex capture"
-        );
+    let waited = parse_report(&stdout, "holds")["waited_ns"] as f64;
+    for samples in captures {
         let delay = site_value(&samples, "holder_unlock", 1) as f64 / waited;
         println!("mutex on demand: holder_unlock delay {delay:.3} of what the waiter waited");
         assert!(
@@ -1091,25 +1081,16 @@ fn mutex_and_offcpu_on_demand_agree_with_what_the_programs_measured() {
     }
 
     let block_exe = Workload::BlockSites.build(tmp.path(), "demand_offcpu");
-    let mut waiter = Running::start(&block_exe, &["--wait-stdin", "--rounds", "100"]);
-    let pid = waiter.pid();
-    let captures = fetch_at_rates(
+    let (stdout, captures) = captured_while_it_runs(
+        &daemon,
         addr,
         tmp.path(),
-        &format!("offcpu?seconds=5&pid={pid}"),
+        (&block_exe, &["--rounds", "100"]),
+        "offcpu",
         ("block_rate", &[""]),
     );
-    daemon.wait_log(Duration::from_secs(30), |l| {
-        l.contains(&format!("offcpu of pid {pid} for 5 s"))
-    });
-    waiter.release();
-    let sites = parse_site_lines(&waiter.finish(Duration::from_secs(60)), &BLOCK_SITES);
-    for capture in captures {
-        let samples = flatten(&capture.join().expect("the off-CPU capture"));
-        assert!(
-            other_pids(&samples, pid).is_empty(),
-            "samples of other processes in the off-CPU capture"
-        );
+    let sites = parse_site_lines(&stdout, &BLOCK_SITES);
+    for samples in captures {
         for site in &sites {
             let off = site_value(&samples, &site.name, 1) as f64 / site.total_ns as f64;
             println!(
@@ -1124,4 +1105,40 @@ fn mutex_and_offcpu_on_demand_agree_with_what_the_programs_measured() {
             );
         }
     }
+}
+
+/// `exe ARGS --wait-stdin` captured as `KIND?seconds=5&pid=P` (once per
+/// rate of `rates`, see [`fetch_at_rates`]), released once the daemon has
+/// opened the capture: the program's output, and each capture's samples,
+/// checked to hold none of another process.
+fn captured_while_it_runs(
+    daemon: &Daemon,
+    addr: SocketAddr,
+    tmp: &Path,
+    (exe, args): (&Path, &[&str]),
+    kind: &str,
+    rates: (&str, &[&str]),
+) -> (String, Vec<Vec<FlatSample>>) {
+    let mut all = vec!["--wait-stdin"];
+    all.extend_from_slice(args);
+    let mut workload = Running::start(exe, &all);
+    let pid = workload.pid();
+    let captures = fetch_at_rates(addr, tmp, &format!("{kind}?seconds=5&pid={pid}"), rates);
+    daemon.wait_log(Duration::from_secs(30), |l| {
+        l.contains(&format!("{kind} of pid {pid} for 5 s"))
+    });
+    workload.release();
+    let stdout = workload.finish(Duration::from_secs(60));
+    let samples = captures
+        .into_iter()
+        .map(|capture| {
+            let samples = flatten(&capture.join().expect("the capture"));
+            assert!(
+                other_pids(&samples, pid).is_empty(),
+                "samples of other processes in the {kind} capture"
+            );
+            samples
+        })
+        .collect();
+    (stdout, samples)
 }
