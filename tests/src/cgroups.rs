@@ -212,3 +212,186 @@ pub fn in_cgroups_args(procs: &[&Path], exe: &Path, args: &[&str]) -> Vec<String
     all.extend(args.iter().map(|a| a.to_string()));
     all
 }
+
+/// `256M` (systemd) or `256Mi` (Kubernetes) in bytes; both are binary.
+pub fn bytes_of(text: &str) -> u64 {
+    let text = text.trim().trim_matches('"');
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number: u64 = digits
+        .parse()
+        .unwrap_or_else(|_| panic!("{text:?} is not a memory size"));
+    let shift = match &text[digits.len()..] {
+        "" => 0,
+        "K" | "Ki" => 10,
+        "M" | "Mi" => 20,
+        "G" | "Gi" => 30,
+        unit => panic!("{text:?}: unknown unit {unit:?}"),
+    };
+    number << shift
+}
+
+/// A memory cgroup made for the test: cgroup v2's memory controller where
+/// the host enables it, else v1's (hybrid hosts).
+pub enum MemoryCgroup {
+    V2(PathBuf),
+    V1(PathBuf),
+}
+
+/// What the cgroup recorded of a run.
+pub struct MemoryRecord {
+    pub oom_kills: u64,
+    /// Times usage reached the limit (and reclaim ran).
+    pub limit_hits: u64,
+    pub peak: Option<u64>,
+    pub anon: u64,
+    pub file: u64,
+}
+
+impl MemoryCgroup {
+    /// Creates the cgroup with `limit` bytes and no swap; returns it and
+    /// its `cgroup.procs`.
+    pub fn create(cgroups: &mut TestCgroups, limit: u64) -> (MemoryCgroup, PathBuf) {
+        let name = format!("profilerd-e2e-memory-{}", random_uuid());
+        let v2 = v2_mount();
+        let v2_memory = std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "memory");
+        let (cgroup, procs) = if v2_memory {
+            let procs = cgroups.create(&v2, &name);
+            let dir: PathBuf = procs
+                .parent()
+                .expect("cgroup.procs is in its cgroup")
+                .into();
+            std::fs::write(dir.join("memory.max"), limit.to_string()).expect("setting memory.max");
+            // Swap would hide an overrun; not every kernel has the file.
+            let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+            (MemoryCgroup::V2(dir), procs)
+        } else {
+            let mount = v1_memory_mount().unwrap_or_else(|| {
+                panic!(
+                    "no memory controller: not enabled under {} and no v1 hierarchy",
+                    v2.display()
+                )
+            });
+            let procs = cgroups.create(&mount, &name);
+            let dir: PathBuf = procs
+                .parent()
+                .expect("cgroup.procs is in its cgroup")
+                .into();
+            std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
+                .expect("setting memory.limit_in_bytes");
+            // Memory plus swap at the same limit: no swap (absent without
+            // swap accounting).
+            let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
+            (MemoryCgroup::V1(dir), procs)
+        };
+        (cgroup, procs)
+    }
+
+    /// The cgroup's directory.
+    pub fn dir(&self) -> &Path {
+        match self {
+            MemoryCgroup::V2(dir) | MemoryCgroup::V1(dir) => dir,
+        }
+    }
+
+    pub fn record(&self) -> MemoryRecord {
+        match self {
+            MemoryCgroup::V2(dir) => MemoryRecord {
+                oom_kills: keyed(dir, "memory.events", "oom_kill "),
+                limit_hits: keyed(dir, "memory.events", "max "),
+                peak: read_number(&dir.join("memory.peak")),
+                anon: keyed(dir, "memory.stat", "anon "),
+                file: keyed(dir, "memory.stat", "file "),
+            },
+            MemoryCgroup::V1(dir) => MemoryRecord {
+                oom_kills: keyed(dir, "memory.oom_control", "oom_kill "),
+                limit_hits: read_number(&dir.join("memory.failcnt")).unwrap_or(0),
+                peak: read_number(&dir.join("memory.max_usage_in_bytes")),
+                anon: keyed(dir, "memory.stat", "rss "),
+                file: keyed(dir, "memory.stat", "cache "),
+            },
+        }
+    }
+}
+
+/// A number from a cgroup's flat-keyed file (`memory.events`), 0 when
+/// absent.
+pub fn keyed(dir: &Path, file: &str, key: &str) -> u64 {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+pub fn read_number(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A CPU cgroup made for the test with a quota of `percent` of one CPU per
+/// 100 ms period (systemd's CPUQuota= and default period): cgroup v2's cpu
+/// controller where the host enables it, else v1's (hybrid hosts).
+pub struct CpuCgroup {
+    pub dir: PathBuf,
+    v2: bool,
+}
+
+impl CpuCgroup {
+    /// Creates the cgroup; returns it and its `cgroup.procs`.
+    pub fn create(cgroups: &mut TestCgroups, percent: u64) -> (CpuCgroup, PathBuf) {
+        const PERIOD_US: u64 = 100_000;
+        let quota_us = PERIOD_US * percent / 100;
+        let name = format!("profilerd-e2e-cpu-{}", random_uuid());
+        let v2 = v2_mount();
+        let v2_cpu = std::fs::read_to_string(v2.join("cgroup.subtree_control"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "cpu");
+        let mount = if v2_cpu {
+            v2
+        } else {
+            v1_cpu_mount().unwrap_or_else(|| {
+                panic!(
+                    "no cpu controller: not enabled under {} and no v1 hierarchy",
+                    v2.display()
+                )
+            })
+        };
+        let procs = cgroups.create(&mount, &name);
+        let dir: PathBuf = procs
+            .parent()
+            .expect("cgroup.procs is in its cgroup")
+            .into();
+        if v2_cpu {
+            std::fs::write(dir.join("cpu.max"), format!("{quota_us} {PERIOD_US}"))
+                .expect("setting cpu.max");
+        } else {
+            std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())
+                .expect("setting cpu.cfs_period_us");
+            std::fs::write(dir.join("cpu.cfs_quota_us"), quota_us.to_string())
+                .expect("setting cpu.cfs_quota_us");
+        }
+        (CpuCgroup { dir, v2: v2_cpu }, procs)
+    }
+
+    /// (periods, throttled periods, throttled time in ms) from `cpu.stat`.
+    pub fn throttling(&self) -> (u64, u64, u64) {
+        let throttled_ms = if self.v2 {
+            keyed(&self.dir, "cpu.stat", "throttled_usec ") / 1000
+        } else {
+            keyed(&self.dir, "cpu.stat", "throttled_time ") / 1_000_000
+        };
+        (
+            keyed(&self.dir, "cpu.stat", "nr_periods "),
+            keyed(&self.dir, "cpu.stat", "nr_throttled "),
+            throttled_ms,
+        )
+    }
+}
+
+/// Where the v1 cpu controller is mounted, if the host has one.
+pub fn v1_cpu_mount() -> Option<PathBuf> {
+    find_mount("cgroup", |opts| opts.split(',').any(|o| o == "cpu"))
+}

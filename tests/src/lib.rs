@@ -24,6 +24,8 @@
 //! - [`perf`]: `perf record` over the same stretch as the daemon, and its
 //!   samples read back with `perf script`.
 //! - [`resources`]: the daemon's memory and open descriptors over time.
+//! - [`sandbox`]: the sandbox of `deploy/profilerd.service` applied as
+//!   systemd applies it, with the launcher `src/bin/sandbox_exec.rs`.
 //!
 //! Every test needs root (see [`daemon::require_root`]) and the suite is meant
 //! to run serially: `cargo test -p profiler-tests --release -- --test-threads=1`.
@@ -40,6 +42,7 @@ pub mod profiles;
 pub mod py_spy;
 pub mod pyroscope;
 pub mod resources;
+pub mod sandbox;
 pub mod sinks;
 pub mod standin;
 pub mod workloads;

@@ -5,6 +5,9 @@
 //!   and with -- COMMAND: the daemon runs as root with exactly that set
 //!   (checked in /proc/PID/status) and no-new-privs, as systemd starts it,
 //!   and writes non-empty, symbolized profiles of a real workload;
+//! - with every other property of the unit's sandbox applied as systemd
+//!   applies it (profiler_tests::sandbox), a run of all five types still
+//!   writes complete profiles;
 //! - without CAP_BPF or CAP_PERFMON it stops at once with one line;
 //! - `--retention` deletes exactly the daemon's own old files.
 
@@ -12,11 +15,12 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use profiler_tests::daemon::{Daemon, profilerd_bin, require_root, workspace_root};
 use profiler_tests::process::run_with_timeout;
 use profiler_tests::profiles::{self, FlatSample, dir_entries, flatten_all, read_profiles};
+use profiler_tests::sandbox::{Sandbox, Unit};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{Running, Workload, comm_of};
 
@@ -81,10 +85,6 @@ fn unit_capabilities() -> BTreeSet<String> {
 /// so also permitted and effective after exec) and no-new-privs: what
 /// systemd does for CapabilityBoundingSet= and NoNewPrivileges=.
 fn daemon_with_caps(caps: &BTreeSet<String>) -> Command {
-    daemon_at_with_caps(&profilerd_bin(), caps)
-}
-
-fn daemon_at_with_caps(bin: &Path, caps: &BTreeSet<String>) -> Command {
     let list: Vec<String> = caps
         .iter()
         .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
@@ -92,7 +92,7 @@ fn daemon_at_with_caps(bin: &Path, caps: &BTreeSet<String>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.arg(format!("--bounding-set=-all,{}", list.join(",")))
         .args(["--inh-caps=-all", "--no-new-privs", "--"])
-        .arg(bin);
+        .arg(profilerd_bin());
     cmd
 }
 
@@ -270,18 +270,28 @@ fn unit_capabilities_suffice_for_command() {
     profile_with_unit_caps(Mode::Command);
 }
 
-/// The unit's mount sandbox, rebuilt in a private mount namespace from its
-/// settings (systemd is not PID 1 here): ProtectSystem=strict (the root
-/// mount read-only, the state directory writable), PrivateTmp (the
-/// workload's binary, in /tmp, is hidden from the daemon), ProtectHome and
-/// ProtectProc=invisible. Profiles must stay complete: every type, stacks
-/// to main, named kernel frames.
+/// Every property of the unit's `[Service]` section applied as systemd
+/// applies it (see `profiler_tests::sandbox`: namespaces and mounts, the
+/// capability bounding set, every seccomp filter from the system-call sets
+/// of `systemd-analyze syscall-filter`, umask, nice, the memory and CPU
+/// limits in cgroups), on a run of all five profile types of a workload
+/// in a /tmp the daemon cannot see. What is in force is read from the
+/// daemon's /proc entries and from the launcher's probes; the profiles
+/// must stay complete (every type, stacks to main, named kernel frames)
+/// and within the unit's umask, and the daemon must be done within
+/// TimeoutStopSec= of the workload's end. A property that is not exercised
+/// is printed as such.
 #[test]
 fn unit_sandbox_keeps_profiles_complete() {
     require_root();
-    let text = unit_text();
-    let setting = |key: &str| unit_list(&text, key).into_iter().next().unwrap_or_default();
-    let caps = unit_capabilities();
+    let started = Instant::now();
+    let mut sandbox = Sandbox::new(
+        Unit::read(),
+        &unit_capabilities(),
+        &profilerd_bin(),
+        Path::new(env!("CARGO_BIN_EXE_sandbox_exec")),
+    );
+    sandbox.print_report();
     let tmp = temp_dir();
     let exe = Workload::Mixed.build(tmp.path(), "mixed");
     assert!(
@@ -289,67 +299,64 @@ fn unit_sandbox_keeps_profiles_complete() {
         "the workload must live in /tmp: {}",
         exe.display()
     );
-    // The state directory lives outside /tmp, like /var/lib/profilerd.
-    let state = tempfile::Builder::new()
-        .prefix("profilerd-e2e-state-")
-        .tempdir_in("/var/tmp")
-        .expect("creating a state directory");
-    let out = state.path().join("out");
-    std::fs::create_dir(&out).unwrap();
-    // The sandbox hides /tmp and home directories, where a checkout (and
-    // so the binary under test) may live; the unit's binary is in /usr.
-    let bin = state.path().join("profilerd");
-    std::fs::copy(profilerd_bin(), &bin).expect("copying the daemon out of the hidden paths");
-
-    let mut script = vec![
-        "set -e".to_owned(),
-        format!("mount --bind {0} {0}", out.display()),
-    ];
-    if setting("ProtectSystem") == "strict" {
-        script.push("mount -o remount,bind,ro /".into());
-    }
-    if setting("PrivateTmp") == "yes" {
-        script.push("mount -t tmpfs tmpfs /tmp".into());
-    }
-    if setting("ProtectHome") == "yes" {
-        script.push(
-            "for d in /home /root /run/user; do [ -d $d ] && mount -t tmpfs tmpfs $d; done; true"
-                .into(),
-        );
-    }
-    if setting("ProtectProc") == "invisible" {
-        script.push("mount -t proc -o hidepid=invisible proc /proc".into());
-    }
-    // The sandbox is in place: the daemon can write nowhere else.
-    script.push(
-        "if touch /profilerd-sandbox-check 2>/dev/null; then rm /profilerd-sandbox-check; \
-         echo 'sandbox: / is writable' >&2; exit 1; fi"
-            .into(),
-    );
-    script.push(format!("test ! -e {}", exe.display()));
-    script.push("exec \"$@\"".into());
-
+    let socket = std::os::unix::net::UnixDatagram::bind(&sandbox.notify_socket)
+        .expect("binding the notify socket");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("a read timeout");
     let mut work = Running::start(&exe, &["3", "--wait-stdin"]);
     work.wait_line(Duration::from_secs(10), |l| l.starts_with("ready"));
-    let inner = daemon_at_with_caps(&bin, &caps);
-    let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(script.join("\n"))
-        .arg("sh")
-        .arg(inner.get_program())
-        .args(inner.get_args())
-        .args(ALL_KINDS_ARGS)
-        .arg("--output-dir")
-        .arg(&out)
-        .arg("--pid")
-        .arg(work.pid().to_string());
+    let mut args: Vec<String> = ALL_KINDS_ARGS.iter().map(|a| a.to_string()).collect();
+    // --pid: the daemon's share of the quota goes to this workload alone,
+    // whatever else the machine runs (system-wide under the quota, a busy
+    // machine costs it stacks; tests/memory_limit.rs loads the limit).
+    args.extend([
+        "--output-dir".into(),
+        sandbox.state.display().to_string(),
+        "--pid".into(),
+        work.pid().to_string(),
+    ]);
+    let mut cmd = sandbox.command(&args);
+    cmd.env("NOTIFY_SOCKET", &sandbox.notify_socket);
     let mut daemon = Daemon::start_command(cmd);
     daemon.wait_ready();
-    assert_exact_caps(&daemon, &caps);
+    println!("sandbox: ready {:?} after the start", daemon.elapsed());
+    let mut buf = [0u8; 256];
+    let n = socket.recv(&mut buf).expect("READY=1 on NOTIFY_SOCKET");
+    assert_eq!(&buf[..n], b"READY=1");
+    sandbox.check_probes(&daemon.stderr_lines());
+    sandbox.check_process(daemon.pid());
+    let hidden = format!("/proc/{}/root{}", daemon.pid(), exe.display());
+    assert!(
+        !Path::new(&hidden).exists(),
+        "the daemon sees the workload's binary in /tmp"
+    );
+    assert_exact_caps(&daemon, &sandbox.caps);
     work.release();
     work.finish(Duration::from_secs(20));
-    daemon.wait_success(RUN_BOUND);
-    check_outputs(&out, &comm_of(&exe), &daemon);
+    // Its target gone, the daemon writes the last window and exits, as on
+    // SIGTERM: within the time systemd gives it.
+    let stopping = Instant::now();
+    daemon.wait_success(sandbox.stop_timeout.unwrap_or(RUN_BOUND));
+    println!(
+        "sandbox: exit {:?} after the workload's",
+        stopping.elapsed()
+    );
+    check_outputs(&sandbox.state, &comm_of(&exe), &daemon);
+    // What the CPU quota cost, if anything.
+    let losses: Vec<String> = [
+        "stack_copies_dropped",
+        "wait_events_lost",
+        "process_events_lost",
+        "heap_allocs_lost",
+    ]
+    .iter()
+    .map(|k| format!("{k}={}", daemon.summary_field(k)))
+    .collect();
+    println!("sandbox: losses {}", losses.join(" "));
+    sandbox.check_files();
+    sandbox.check_resources();
+    println!("sandbox: the run took {:?}", started.elapsed());
 }
 
 #[test]

@@ -7,13 +7,11 @@
 //! charges what the daemon's memory really is: its heap, its file pages,
 //! and its BPF maps and rings (charged to the creator's cgroup since 5.11).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use profiler_tests::cgroups::{
-    TestCgroups, in_cgroups_args, random_uuid, v1_memory_mount, v2_mount,
-};
+use profiler_tests::cgroups::{MemoryCgroup, MemoryRecord, TestCgroups, bytes_of, in_cgroups_args};
 use profiler_tests::daemon::{Daemon, profilerd_bin, require_root, workspace_root};
 use profiler_tests::process::Guarded;
 use profiler_tests::profiles::read_profiles;
@@ -49,116 +47,6 @@ fn shipped_limit(root: &Path) -> u64 {
         "the unit's MemoryMax={unit_max} and the DaemonSet's limit {pod_max} differ"
     );
     unit_bytes
-}
-
-/// `256M` (systemd) or `256Mi` (Kubernetes) in bytes; both are binary.
-fn bytes_of(text: &str) -> u64 {
-    let text = text.trim().trim_matches('"');
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let number: u64 = digits
-        .parse()
-        .unwrap_or_else(|_| panic!("{text:?} is not a memory size"));
-    let shift = match &text[digits.len()..] {
-        "" => 0,
-        "K" | "Ki" => 10,
-        "M" | "Mi" => 20,
-        "G" | "Gi" => 30,
-        unit => panic!("{text:?}: unknown unit {unit:?}"),
-    };
-    number << shift
-}
-
-/// A memory cgroup made for the test: cgroup v2's memory controller where
-/// the host enables it, else v1's (hybrid hosts).
-enum MemoryCgroup {
-    V2(PathBuf),
-    V1(PathBuf),
-}
-
-/// What the cgroup recorded of a run.
-struct MemoryRecord {
-    oom_kills: u64,
-    /// Times usage reached the limit (and reclaim ran).
-    limit_hits: u64,
-    peak: Option<u64>,
-    anon: u64,
-    file: u64,
-}
-
-impl MemoryCgroup {
-    /// Creates the cgroup with `limit` bytes and no swap; returns it and
-    /// its `cgroup.procs`.
-    fn create(cgroups: &mut TestCgroups, limit: u64) -> (MemoryCgroup, PathBuf) {
-        let name = format!("profilerd-e2e-memory-{}", random_uuid());
-        let v2 = v2_mount();
-        let v2_memory = std::fs::read_to_string(v2.join("cgroup.subtree_control"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .any(|c| c == "memory");
-        let (cgroup, procs) = if v2_memory {
-            let procs = cgroups.create(&v2, &name);
-            let dir: PathBuf = procs
-                .parent()
-                .expect("cgroup.procs is in its cgroup")
-                .into();
-            std::fs::write(dir.join("memory.max"), limit.to_string()).expect("setting memory.max");
-            // Swap would hide an overrun; not every kernel has the file.
-            let _ = std::fs::write(dir.join("memory.swap.max"), "0");
-            (MemoryCgroup::V2(dir), procs)
-        } else {
-            let mount = v1_memory_mount().unwrap_or_else(|| {
-                panic!(
-                    "no memory controller: not enabled under {} and no v1 hierarchy",
-                    v2.display()
-                )
-            });
-            let procs = cgroups.create(&mount, &name);
-            let dir: PathBuf = procs
-                .parent()
-                .expect("cgroup.procs is in its cgroup")
-                .into();
-            std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
-                .expect("setting memory.limit_in_bytes");
-            // Memory plus swap at the same limit: no swap (absent without
-            // swap accounting).
-            let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), limit.to_string());
-            (MemoryCgroup::V1(dir), procs)
-        };
-        (cgroup, procs)
-    }
-
-    fn record(&self) -> MemoryRecord {
-        match self {
-            MemoryCgroup::V2(dir) => MemoryRecord {
-                oom_kills: keyed(dir, "memory.events", "oom_kill "),
-                limit_hits: keyed(dir, "memory.events", "max "),
-                peak: read_number(&dir.join("memory.peak")),
-                anon: keyed(dir, "memory.stat", "anon "),
-                file: keyed(dir, "memory.stat", "file "),
-            },
-            MemoryCgroup::V1(dir) => MemoryRecord {
-                oom_kills: keyed(dir, "memory.oom_control", "oom_kill "),
-                limit_hits: read_number(&dir.join("memory.failcnt")).unwrap_or(0),
-                peak: read_number(&dir.join("memory.max_usage_in_bytes")),
-                anon: keyed(dir, "memory.stat", "rss "),
-                file: keyed(dir, "memory.stat", "cache "),
-            },
-        }
-    }
-}
-
-/// A number from a cgroup's flat-keyed file (`memory.events`), 0 when
-/// absent.
-fn keyed(dir: &Path, file: &str, key: &str) -> u64 {
-    std::fs::read_to_string(dir.join(file))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-fn read_number(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 #[test]
