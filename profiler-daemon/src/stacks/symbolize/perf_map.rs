@@ -46,8 +46,11 @@ struct PerfMap {
     file: (u64, u64),
     /// Bytes read so far (lines are added from there).
     read: u64,
-    /// Regions sorted by start: (start, end, name).
-    regions: Vec<(u64, u64, Arc<[Line]>)>,
+    /// Regions sorted by start: (start, end, name, the line's place in
+    /// the map).
+    regions: Vec<(u64, u64, Arc<[Line]>, u64)>,
+    /// Lines taken so far.
+    lines: u64,
     /// Regions appended since the last sort.
     unsorted: bool,
     checked: Instant,
@@ -140,6 +143,7 @@ impl PerfMap {
             file: (meta.dev(), meta.ino()),
             read: 0,
             regions: Vec::new(),
+            lines: 0,
             unsorted: false,
             checked: Instant::now(),
             used: 0,
@@ -159,6 +163,7 @@ impl PerfMap {
             self.file = (meta.dev(), meta.ino());
             self.read = 0;
             self.regions.clear();
+            self.lines = 0;
             self.full = false;
         }
         if meta.len() == self.read || self.full {
@@ -184,7 +189,8 @@ impl PerfMap {
             }
             match parse_line(&line) {
                 Some((start, size, name)) => {
-                    self.unsorted |= self.regions.last().is_some_and(|&(s, _, _)| s > start);
+                    self.unsorted |= self.regions.last().is_some_and(|&(s, ..)| s > start);
+                    self.lines += 1;
                     self.regions.push((
                         start,
                         start.saturating_add(size),
@@ -193,32 +199,34 @@ impl PerfMap {
                             file: None,
                             line: 0,
                         }]),
+                        self.lines,
                     ));
                 }
                 None => stats.bad_lines += 1,
             }
         }
         if self.unsorted {
-            // A region written later for the same address replaces the
-            // earlier one (code moved or recompiled): the stable sort
-            // keeps it after, and `find` takes the last that covers.
-            self.regions.sort_by_key(|&(start, _, _)| start);
+            self.regions.sort_by_key(|&(start, ..)| start);
             self.unsorted = false;
         }
     }
 
-    /// The last region (in the map's order) that starts at or before
-    /// `address` and covers it.
+    /// Of the regions that cover `address`, the one written last: a
+    /// region written later over the same addresses replaces the earlier
+    /// (code freed, and other code put there), whether it starts at, before
+    /// or after the earlier one's start. Only the 64 regions that start
+    /// nearest below `address` are looked at.
     fn find(&self, address: u64) -> Option<Arc<[Line]>> {
         let after = self
             .regions
-            .partition_point(|&(start, _, _)| start <= address);
+            .partition_point(|&(start, ..)| start <= address);
         self.regions[..after]
             .iter()
             .rev()
             .take(64)
-            .find(|&&(_, end, _)| address < end)
-            .map(|(_, _, lines)| Arc::clone(lines))
+            .filter(|&&(_, end, ..)| address < end)
+            .max_by_key(|&&(.., place)| place)
+            .map(|(_, _, lines, _)| Arc::clone(lines))
     }
 }
 
@@ -292,6 +300,14 @@ mod tests {
         assert_eq!(name(&map, 0x3005).as_deref(), Some("half"));
         assert_eq!(name(&map, 0x1050).as_deref(), Some("recompiled"));
         assert_eq!(stats.bad_lines, 1);
+        // Code freed and other code written over part of it, starting
+        // before it (as Node's map had it): the later wins where they
+        // overlap, the earlier is left where they do not.
+        writeln!(f, "4100 100 first_there\n4040 100 written_over").expect("write");
+        map.update(&mut stats);
+        assert_eq!(name(&map, 0x4120).as_deref(), Some("written_over"));
+        assert_eq!(name(&map, 0x4150).as_deref(), Some("first_there"));
+        assert_eq!(name(&map, 0x4050).as_deref(), Some("written_over"));
         // Replaced: read from the start.
         drop(f);
         std::fs::remove_file(&path).expect("remove");
