@@ -247,6 +247,7 @@ pub(crate) fn log_summary(
         unwinds = u.unwinds,
         unwinds_truncated = u.truncated,
         jit_frames_by_frame_pointer = u.jit_frames,
+        leaves_by_frame_pointer = u.leaves_by_frame_pointer,
         unwinds_remembered = u.memo.hits + u.memo.matched_in_kernel,
         unwinds_matched_in_kernel = u.memo.matched_in_kernel,
         unwinds_matched_but_forgotten = u.memo.matched_but_forgotten,

@@ -85,6 +85,11 @@ pub struct UnwindStats {
     pub truncated: u64,
     /// Frames of JIT code stepped over by their frame pointers.
     pub jit_frames: u64,
+    /// Leaves in a file's code without unwind information (V8's builtins
+    /// inside Node's text) whose caller was found by the frame pointer:
+    /// the rule for such code, a return address on top of the stack, gave
+    /// an address in no code.
+    pub leaves_by_frame_pointer: u64,
     /// Objects whose unwind information was read from their file.
     pub objects_loaded: u64,
     /// Object loads that failed (not ELF, no unwind sections, I/O, or
@@ -583,15 +588,28 @@ impl Unwinder {
                 );
                 break true;
             }
+            let leaf_regs = (frames.len() == 1).then_some(regs);
             match entry
                 .unwinder
                 .unwind_frame(address, &mut regs, &mut entry.cache, &mut read_stack)
             {
                 // The outermost frame: no return address (_start, clone).
                 Ok(None) | Ok(Some(0)) => break false,
-                Ok(Some(return_address)) => {
+                Ok(Some(mut return_address)) => {
                     if frames.len() >= MAX_FRAMES {
                         break true;
+                    }
+                    if let Some(leaf) = leaf_regs
+                        && let Some((by_fp, next)) = leaf_caller_by_frame_pointer(
+                            process,
+                            &leaf,
+                            return_address,
+                            &mut read_stack,
+                        )
+                    {
+                        stats.leaves_by_frame_pointer += 1;
+                        return_address = by_fp;
+                        regs = next;
                     }
                     frames.push(return_address);
                     match FrameAddress::from_return_address(return_address) {
@@ -783,6 +801,26 @@ fn is_jit_code(process: &ProcessInfo, addr: u64) -> bool {
     process
         .find(addr)
         .is_none_or(|m| m.object.is_none() && m.mapping.path == crate::procs::process::ANON_NAME)
+}
+
+/// The caller of a leaf by its frame pointer, where the module's rule gave
+/// `return_address` in no code and the frame pointer gives one in code.
+/// framehop takes code of a file that no unwind entry covers for a leaf
+/// without a frame (a return address on top of the stack); V8's builtins,
+/// which lie in Node's text without unwind entries, mostly set up a frame
+/// (`push rbp; mov rbp, rsp`), so that word is one of their locals (0x3ff,
+/// a heap pointer) and their caller would follow an `<unknown>` frame.
+fn leaf_caller_by_frame_pointer(
+    process: &ProcessInfo,
+    leaf: &UnwindRegsX86_64,
+    return_address: u64,
+    read: &mut impl FnMut(u64) -> Result<u64, ()>,
+) -> Option<(u64, UnwindRegsX86_64)> {
+    let in_code = |addr: u64| process.find(addr.wrapping_sub(1)).is_some();
+    if in_code(return_address) {
+        return None;
+    }
+    frame_pointer_step(leaf.sp(), leaf.bp(), read).filter(|&(by_fp, _)| in_code(by_fp))
 }
 
 /// Whether `addr` lies in a file's code (which has unwind information).
@@ -1186,6 +1224,34 @@ mod tests {
         let unwound = unwinder.unwind(info, sample.ip, sample.sp, sample.bp, &[]);
         assert!(unwound.truncated);
         assert_eq!(&*unwound.frames, &[sample.ip]);
+    }
+
+    #[test]
+    fn a_leaf_whose_rule_gives_no_code_is_left_by_its_frame_pointer() {
+        let (table, pid) = own_table();
+        let info = table.get(pid).unwrap();
+        // A return address in this test's own code.
+        let code = a_leaf_whose_rule_gives_no_code_is_left_by_its_frame_pointer as *const () as u64;
+        // The leaf's frame at bp 0x1000: saved bp 0x1040, its caller's
+        // return address in code; the word on top of the stack (sp
+        // 0xfe0) is one of its locals.
+        let words = [(0xfe0, 0x3ff), (0x1000, 0x1040), (0x1008, code + 4)];
+        let mut read = |addr: u64| {
+            words
+                .iter()
+                .find(|&&(a, _)| a == addr)
+                .map(|&(_, w)| w)
+                .ok_or(())
+        };
+        let leaf = UnwindRegsX86_64::new(code, 0xfe0, 0x1000);
+        let (ret, next) = leaf_caller_by_frame_pointer(info, &leaf, 0x3ff, &mut read)
+            .expect("by the frame pointer");
+        assert_eq!((ret, next.sp(), next.bp()), (code + 4, 0x1010, 0x1040));
+        // A return address in code is kept, and a frame pointer that gives
+        // none is not taken.
+        assert!(leaf_caller_by_frame_pointer(info, &leaf, code + 8, &mut read).is_none());
+        let stray = UnwindRegsX86_64::new(code, 0xfe0, 0xfe0);
+        assert!(leaf_caller_by_frame_pointer(info, &stray, 0x3ff, &mut read).is_none());
     }
 
     #[test]
