@@ -86,6 +86,10 @@ pub enum Workload {
     /// `set_tid`) burns CPU in reuse_burn without exec; `PID SECONDS`,
     /// exit status 3 if the pid is taken; frame pointers.
     PidReuse,
+    /// `jit_rewrite.c`: JIT code named `jit_first` in the perf map, then
+    /// (the same address) `jit_second`, each spun for SECONDS;
+    /// `SECONDS [--wait-stdin]`.
+    JitRewrite,
     /// `chan_block.go`: goroutines blocked on a channel receive, built with
     /// `go build` (GOPATH mode, offline, the tests' own cache).
     ChanBlockGo,
@@ -210,7 +214,7 @@ pub const JEMALLOC_LIB: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so";
 
 impl Workload {
     /// Every workload, for building them all beforehand.
-    pub const ALL: [Workload; 25] = [
+    pub const ALL: [Workload; 26] = [
         Workload::CpuRatioC,
         Workload::CpuRatioRust,
         Workload::CpuRatioGo,
@@ -226,6 +230,7 @@ impl Workload {
         Workload::Mixed,
         Workload::Churn,
         Workload::PidReuse,
+        Workload::JitRewrite,
         Workload::ChanBlockGo,
         Workload::GoHandlers,
         Workload::GoHeap,
@@ -316,6 +321,7 @@ impl Workload {
             Workload::Mixed => "mixed.c",
             Workload::Churn => "churn.c",
             Workload::PidReuse => "pid_reuse.c",
+            Workload::JitRewrite => "jit_rewrite.c",
             Workload::ChanBlockGo => "chan_block.go",
             Workload::GoHandlers => "go_handlers.go",
             Workload::GoHeap | Workload::GoHeapStripped => "go_heap.go",

@@ -13,7 +13,10 @@
 //! timed; and when they are (by default), the Python frames stand in for
 //! the trampolines, none left beside them. A container's map, in
 //! the `/tmp` of the process's own mount namespace and under its pid in
-//! its own pid namespace, is found there.
+//! its own pid namespace, is found there. Code written over (a C program's
+//! JIT spin loop named `jit_first`, then at the same address
+//! `jit_second`, each spun for three seconds, in one profile window) is
+//! named by the line that was there when each sample was taken.
 //! (Garbage lines, maps that grow and maps replaced are the unit tests'
 //! of `stacks/symbolize/perf_map.rs`.)
 
@@ -27,7 +30,9 @@ use profiler_tests::profiles::{
     FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
 };
 use profiler_tests::temp_dir;
-use profiler_tests::workloads::{Running, WholeLife, field, profile_whole_life, pyenv_python};
+use profiler_tests::workloads::{
+    Running, WholeLife, Workload, field, parse_report, profile_whole_life, pyenv_python,
+};
 
 /// |profiled heavy share / timed heavy share - 1| bound, and the least
 /// share of the process's samples whose leaf the map names.
@@ -512,5 +517,65 @@ fn a_perf_map_is_found_in_the_process_own_namespaces() {
     assert!(
         named >= 0.8,
         "{named:.3} of node's time named from the map in its own /tmp (expected ≥ 0.8){diag}"
+    );
+}
+
+/// Bound of |the share of `jit_first` among the two names - its phase's
+/// share of the CPU time|: the maps are read once a second and a line is
+/// taken as written halfway between two reads, and a sample is placed
+/// within a quarter second (`SampleId::jit_quarter`), so up to 0.75 s of
+/// the six can take the other name (measured: 0.397 to 0.406 against
+/// 0.5). Named by the last line alone, every sample of the one window was
+/// `jit_second`.
+const REWRITE_TOLERANCE: f64 = 0.2;
+
+#[test]
+fn code_written_over_is_named_as_it_was_when_sampled() {
+    require_root();
+    let tmp = temp_dir();
+    let out = tmp.path().join("out");
+    let exe = Workload::JitRewrite.build(tmp.path(), "jit_rewrite");
+    let mut work = Running::start(&exe, &["3", "--wait-stdin"]);
+    work.wait_line(Duration::from_secs(10), |l| l.starts_with("ready"));
+    let pid = work.pid();
+    // One window for the whole run: both names in it.
+    let mut daemon = Daemon::start(&[
+        "--pid",
+        &pid.to_string(),
+        "--profiles",
+        "cpu",
+        "--cpu-frequency",
+        "199",
+        "--interval",
+        "60s",
+        "--output-dir",
+        out.to_str().expect("UTF-8 path"),
+    ]);
+    daemon.wait_ready();
+    work.release();
+    let report = parse_report(&work.finish(Duration::from_secs(30)), "pid");
+    work.kill();
+    daemon.wait_success(Duration::from_secs(10));
+    let samples = of_pid(&flatten_all(&read_profiles(&out, "cpu")), pid);
+    let named = |name: &str| cpu_where(&samples, |s| s.has_function(name)) as f64;
+    let (first, second) = (named("jit_first"), named("jit_second"));
+    let (timed_first, timed_second) = (
+        field(&report, "first_ns") as f64,
+        field(&report, "second_ns") as f64,
+    );
+    let share = first / (first + second).max(1.0);
+    let timed = timed_first / (timed_first + timed_second);
+    let of_process = (first + second) / total_cpu(&samples).max(1) as f64;
+    println!(
+        "code written over: jit_first {share:.3} of the two names (timed {timed:.3}); the names on {of_process:.3} of the process's time"
+    );
+    let diag = format!("\n{}\n{}", summary(&samples), daemon.describe());
+    assert!(
+        of_process >= 0.9,
+        "only {of_process:.3} of the process's time under either name{diag}"
+    );
+    assert!(
+        (share - timed).abs() <= REWRITE_TOLERANCE,
+        "jit_first {share:.3} of the two names, its phase {timed:.3} of the time (allowed ±{REWRITE_TOLERANCE}){diag}"
     );
 }

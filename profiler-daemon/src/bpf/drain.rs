@@ -32,6 +32,9 @@ pub enum Stack {
     Lost,
 }
 
+/// The time unit of [`SampleId::jit_quarter`].
+const JIT_QUARTER_NS: u64 = 250_000_000;
+
 /// Identity of an aggregated sample within a window.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SampleId {
@@ -53,6 +56,12 @@ pub struct SampleId {
     /// The Python frames of a CPython thread, leaf first, settled (see
     /// `PyLoc`), when the kernel read them.
     pub python: Option<Arc<[PyLoc]>>,
+    /// For a process with JIT code, the quarter second (of
+    /// CLOCK_MONOTONIC, plus one) in which the sample was taken, by which
+    /// its JIT frames are named (`Symbolizer::user_stack_of`); 0: unknown,
+    /// or no JIT code. Coarser than the sample's time so that samples of
+    /// one stack stay one key, finer than the maps' reads (each second).
+    pub jit_quarter: u32,
 }
 
 impl SampleId {
@@ -60,6 +69,18 @@ impl SampleId {
     /// characters escaped (see `text::display_name`).
     pub fn thread_name(&self) -> String {
         crate::model::text::display_name(&self.thread)
+    }
+
+    /// The quarter second of kernel time `time_ns`, for
+    /// [`Self::jit_quarter`].
+    pub fn jit_quarter_of(time_ns: u64) -> u32 {
+        u32::try_from(time_ns / JIT_QUARTER_NS + 1).unwrap_or(u32::MAX)
+    }
+
+    /// The end of [`Self::jit_quarter`] (kernel time, ns), if known: its
+    /// JIT code is named as it was by then.
+    pub fn jit_time(&self) -> Option<u64> {
+        (self.jit_quarter != 0).then(|| u64::from(self.jit_quarter) * JIT_QUARTER_NS)
     }
 }
 
@@ -172,6 +193,7 @@ fn sample_id(key: &SampleKey, user: Stack, kernel: Stack) -> SampleId {
         go_labels: key.go_labels,
         go_wait: 0,
         python: None,
+        jit_quarter: 0,
     }
 }
 
@@ -227,6 +249,7 @@ mod tests {
             go_labels: 0,
             go_wait: 0,
             python: None,
+            jit_quarter: 0,
         };
         assert_eq!(window.samples[&ok], 10);
         assert_eq!(ok.thread_name(), "work");

@@ -174,6 +174,13 @@ impl ProcessInfo {
         self.snapshot_at
     }
 
+    /// Whether it has anonymous executable memory (JIT code).
+    pub fn has_anonymous_code(&self) -> bool {
+        self.mappings
+            .iter()
+            .any(|m| m.object.is_none() && m.mapping.path == ANON_NAME)
+    }
+
     /// Whether the process was marked exited.
     pub fn is_exited(&self) -> bool {
         self.exited.is_some()
@@ -574,13 +581,7 @@ impl ProcessTable {
     pub fn live_with_anonymous_code(&self) -> Vec<(u32, u32)> {
         self.procs
             .iter()
-            .filter(|(_, info)| {
-                !info.is_exited()
-                    && info
-                        .mappings()
-                        .iter()
-                        .any(|m| m.object.is_none() && m.mapping.path == ANON_NAME)
-            })
+            .filter(|(_, info)| !info.is_exited() && info.has_anonymous_code())
             .map(|(&tgid, _)| (tgid, self.generation(tgid)))
             .collect()
     }

@@ -208,8 +208,12 @@ pub(crate) fn add_stack_sample<const N: usize>(
     procs.ensure(sample.tgid);
     let generation = procs.generation_at(sample.tgid, sample.time_ns);
     let stack_len = (sample.stack_len as usize).min(N);
+    let mut jit_quarter = 0;
     let user = match procs.get_image(sample.tgid, generation) {
         Some(info) => {
+            if info.has_anonymous_code() {
+                jit_quarter = SampleId::jit_quarter_of(sample.time_ns);
+            }
             let (unwound, _) = unwinder.unwind_hinted(
                 info,
                 sample.tid,
@@ -239,6 +243,7 @@ pub(crate) fn add_stack_sample<const N: usize>(
         go_labels: 0,
         go_wait: 0,
         python,
+        jit_quarter,
     };
     cpu.add(id, sample.tap);
 }

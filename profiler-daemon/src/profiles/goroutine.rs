@@ -77,7 +77,7 @@ pub(crate) fn build_goroutine_profile(
             // Running: its stack is the thread's, not saved anywhere.
             true => frames.push(marker_frame("[running]".to_string())),
             false => push_stack(&mut frames, &id.user, "user", |ips, leaf_words| {
-                symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words)
+                symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words, None)
             }),
         }
         let mut labels = sample_labels(settings, procs, id);
@@ -140,6 +140,7 @@ fn sample_id(procs: &ProcessTable, group: &Group) -> SampleId {
         go_labels: 0,
         go_wait: group.wait,
         python: None,
+        jit_quarter: 0,
     }
 }
 

@@ -306,6 +306,7 @@ pub(crate) fn add_heap_alloc<const N: usize>(
         go_labels: 0,
         go_wait: 0,
         python,
+        jit_quarter: 0,
     };
     // An allocation read after its image was replaced or its process
     // exited is no longer in use: that address space is gone (its live
@@ -425,6 +426,7 @@ mod tests {
             go_labels: 0,
             go_wait: 0,
             python: None,
+            jit_quarter: 0,
         }
     }
 

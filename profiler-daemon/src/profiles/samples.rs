@@ -75,7 +75,13 @@ pub(crate) fn user_frames(
     ips: &[u64],
     leaf_words: [u64; 2],
 ) -> Vec<Frame> {
-    let native = symbolizer.user_walk_of(procs, (id.tgid, id.generation), ips, leaf_words);
+    let native = symbolizer.user_walk_of(
+        procs,
+        (id.tgid, id.generation),
+        ips,
+        leaf_words,
+        id.jit_time(),
+    );
     match &id.python {
         Some(python) => {
             let segments = symbolizer.python.segments(python);

@@ -276,6 +276,7 @@ fn add_wait(
         go_labels: event.go_labels,
         go_wait: go_wait_of(&mut waits.go_releases, event.tgid, event.flags),
         python,
+        jit_quarter: 0,
     };
     if kind == wait_event::BLOCK
         && let Some(reason) = go_wait_reasons::key_text(id.go_wait)
@@ -403,6 +404,7 @@ pub(crate) fn read_offcpu_event<const N: usize>(
         go_labels: event.go_labels,
         go_wait: 0,
         python: python_frames(codes, event.tgid, &event.python),
+        jit_quarter: 0,
     };
     waits.offcpu.add(id, event.duration_ns, waits.block_rate_ns);
 }
@@ -554,6 +556,7 @@ mod tests {
             go_labels: 0,
             go_wait: 0,
             python: None,
+            jit_quarter: 0,
         }
     }
 

@@ -20,13 +20,14 @@ impl Symbolizer {
         image: (u32, u32),
         ips: &[u64],
         leaf_words: [u64; 2],
+        at: Option<u64>,
     ) -> Vec<Frame> {
         match self.with_leaf_caller(procs, image, ips, leaf_words) {
             Some(fixed) => {
                 self.stats.go_leaf_callers += 1;
-                self.user_stack_of(procs, image, &fixed)
+                self.user_stack_of(procs, image, &fixed, at)
             }
-            None => self.user_stack_of(procs, image, ips),
+            None => self.user_stack_of(procs, image, ips, at),
         }
     }
 

@@ -254,17 +254,20 @@ impl Symbolizer {
     #[cfg(test)]
     pub fn user_stack(&mut self, procs: &mut ProcessTable, tgid: u32, addrs: &[u64]) -> Vec<Frame> {
         let generation = procs.generation(tgid);
-        self.user_stack_of(procs, (tgid, generation), addrs)
+        self.user_stack_of(procs, (tgid, generation), addrs, None)
     }
 
     /// As [`Self::user_stack`], for the process image `generation` of
     /// `tgid` (see [`ProcessTable::generation`]): a sample taken before an
-    /// exec resolves against the image it ran.
+    /// exec resolves against the image it ran. JIT code is named by the
+    /// perf-map region that may have been written by kernel time `at`
+    /// (see `perf_map::PerfMaps::lookup`); None: the last written.
     pub fn user_stack_of(
         &mut self,
         procs: &mut ProcessTable,
         (tgid, generation): (u32, u32),
         addrs: &[u64],
+        at: Option<u64>,
     ) -> Vec<Frame> {
         self.user_calls += 1;
         if self.user_calls.is_multiple_of(RELEASE_EVERY) {
@@ -280,7 +283,7 @@ impl Symbolizer {
         for (idx, (&address, found)) in lookup.iter().zip(located).enumerate() {
             let Some(MappedObject { mapping, object }) = found else {
                 // JIT code mapped since the last snapshot, maybe.
-                let lines = self.perf_maps.lookup((tgid, generation), address);
+                let lines = self.perf_maps.lookup((tgid, generation), address, at);
                 if lines.is_none() {
                     self.stats.unmapped += 1;
                     self.stats.failures += 1;
@@ -298,7 +301,7 @@ impl Symbolizer {
             let mut lines = Arc::clone(&self.empty);
             match object {
                 None => match is_anonymous(&mapping.path)
-                    .then(|| self.perf_maps.lookup((tgid, generation), address))
+                    .then(|| self.perf_maps.lookup((tgid, generation), address, at))
                     .flatten()
                 {
                     Some(named) => lines = named,

@@ -9,6 +9,13 @@
 //! runtimes append), and from the start when it was replaced or shrank.
 //! Bounded: at most `MAX_ENTRIES` regions per process and `MAX_PROCESSES`
 //! processes; a line that does not parse is skipped and counted.
+//!
+//! A runtime frees code and writes other code over it: a sample is named
+//! by the region that was there when it was taken. Lines carry no time, so
+//! each region is taken as written halfway between the read that found it
+//! and the one before; a sample whose time is known takes, of the regions
+//! over its address, the last written by then. The maps of live JIT
+//! processes are read every second.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -46,9 +53,10 @@ struct PerfMap {
     file: (u64, u64),
     /// Bytes read so far (lines are added from there).
     read: u64,
-    /// Regions sorted by start: (start, end, name, the line's place in
-    /// the map).
-    regions: Vec<(u64, u64, Arc<[Line]>, u64)>,
+    /// Regions sorted by start.
+    regions: Vec<Region>,
+    /// When it was last read (CLOCK_MONOTONIC ns; 0: not yet).
+    read_at: u64,
     /// Lines taken so far.
     lines: u64,
     /// Regions appended since the last sort.
@@ -56,6 +64,19 @@ struct PerfMap {
     checked: Instant,
     used: u64,
     full: bool,
+}
+
+/// A code region of a map.
+struct Region {
+    start: u64,
+    end: u64,
+    name: Arc<[Line]>,
+    /// The line's place in the map.
+    place: u64,
+    /// Kernel time (CLOCK_MONOTONIC ns) at which it is taken as written:
+    /// halfway between the read that found it and the one before (0: it
+    /// was there at the first).
+    since: u64,
 }
 
 /// A process image: its pid and generation (`ProcessTable::generation`),
@@ -72,8 +93,9 @@ pub struct PerfMaps {
 
 impl PerfMaps {
     /// The name of the JIT code at `address` in process image `image`,
-    /// if its perf map has one.
-    pub fn lookup(&mut self, image: Image, address: u64) -> Option<Arc<[Line]>> {
+    /// if its perf map has one: by the region there at kernel time `at`
+    /// (see the module's doc), or the last written (None).
+    pub fn lookup(&mut self, image: Image, address: u64, at: Option<u64>) -> Option<Arc<[Line]>> {
         self.tick += 1;
         if !self.maps.contains_key(&image) && self.maps.len() >= MAX_PROCESSES {
             self.evict();
@@ -97,7 +119,7 @@ impl PerfMaps {
         if map.checked.elapsed() >= RECHECK || map.regions.is_empty() {
             map.update(stats);
         }
-        let found = map.find(address);
+        let found = map.find(address, at);
         if found.is_some() {
             stats.frames += 1;
         }
@@ -110,7 +132,7 @@ impl PerfMaps {
     /// the window's end.
     pub fn watch(&mut self, images: &[Image]) {
         for &image in images {
-            self.lookup(image, 0);
+            self.lookup(image, 0, None);
         }
     }
 
@@ -143,6 +165,7 @@ impl PerfMap {
             file: (meta.dev(), meta.ino()),
             read: 0,
             regions: Vec::new(),
+            read_at: 0,
             lines: 0,
             unsorted: false,
             checked: Instant::now(),
@@ -155,6 +178,13 @@ impl PerfMap {
     /// was replaced or shrank).
     fn update(&mut self, stats: &mut PerfMapStats) {
         self.checked = Instant::now();
+        let now = crate::bpf::park_budget::monotonic_ns();
+        // Written between the last read and now: taken as written halfway.
+        let since = match self.read_at {
+            0 => 0,
+            last => last + now.saturating_sub(last) / 2,
+        };
+        self.read_at = now;
         let Ok(file) = File::open(&self.path) else {
             return;
         };
@@ -164,6 +194,7 @@ impl PerfMap {
             self.read = 0;
             self.regions.clear();
             self.lines = 0;
+            self.read_at = 0;
             self.full = false;
         }
         if meta.len() == self.read || self.full {
@@ -189,44 +220,50 @@ impl PerfMap {
             }
             match parse_line(&line) {
                 Some((start, size, name)) => {
-                    self.unsorted |= self.regions.last().is_some_and(|&(s, ..)| s > start);
+                    self.unsorted |= self.regions.last().is_some_and(|r| r.start > start);
                     self.lines += 1;
-                    self.regions.push((
+                    self.regions.push(Region {
                         start,
-                        start.saturating_add(size),
-                        Arc::from([Line {
+                        end: start.saturating_add(size),
+                        name: Arc::from([Line {
                             function: name.to_owned(),
                             file: None,
                             line: 0,
                         }]),
-                        self.lines,
-                    ));
+                        place: self.lines,
+                        since,
+                    });
                 }
                 None => stats.bad_lines += 1,
             }
         }
         if self.unsorted {
-            self.regions.sort_by_key(|&(start, ..)| start);
+            self.regions.sort_by_key(|r| r.start);
             self.unsorted = false;
         }
     }
 
-    /// Of the regions that cover `address`, the one written last: a
-    /// region written later over the same addresses replaces the earlier
-    /// (code freed, and other code put there), whether it starts at, before
-    /// or after the earlier one's start. Only the 64 regions that start
-    /// nearest below `address` are looked at.
-    fn find(&self, address: u64) -> Option<Arc<[Line]>> {
-        let after = self
-            .regions
-            .partition_point(|&(start, ..)| start <= address);
-        self.regions[..after]
-            .iter()
-            .rev()
-            .take(64)
-            .filter(|&&(_, end, ..)| address < end)
-            .max_by_key(|&&(.., place)| place)
-            .map(|(_, _, lines, _)| Arc::clone(lines))
+    /// Of the regions that cover `address`, the one written last, of
+    /// those taken as written before kernel time `at` if it is given
+    /// (the first written, if none may have): a region written later over
+    /// the same addresses replaces the earlier (code freed, and other code
+    /// put there), whether it starts at, before or after the earlier one's
+    /// start. Only the 64 regions that start nearest below `address` are
+    /// looked at.
+    fn find(&self, address: u64, at: Option<u64>) -> Option<Arc<[Line]>> {
+        let after = self.regions.partition_point(|r| r.start <= address);
+        let covering = || {
+            self.regions[..after]
+                .iter()
+                .rev()
+                .take(64)
+                .filter(move |r| address < r.end)
+        };
+        let live = covering()
+            .filter(|r| at.is_none_or(|at| r.since < at))
+            .max_by_key(|r| r.place);
+        live.or_else(|| covering().min_by_key(|r| r.place))
+            .map(|r| Arc::clone(&r.name))
     }
 }
 
@@ -288,7 +325,7 @@ mod tests {
         let mut map = PerfMap::at(path.clone()).expect("the map");
         let mut stats = PerfMapStats::default();
         map.update(&mut stats);
-        let name = |map: &PerfMap, a: u64| map.find(a).map(|l| l[0].function.clone());
+        let name = |map: &PerfMap, a: u64| map.find(a, None).map(|l| l[0].function.clone());
         assert_eq!(name(&map, 0x1050).as_deref(), Some("first"));
         assert_eq!(name(&map, 0x2005).as_deref(), Some("second"));
         assert_eq!(name(&map, 0x1100), None);
@@ -308,6 +345,20 @@ mod tests {
         assert_eq!(name(&map, 0x4120).as_deref(), Some("written_over"));
         assert_eq!(name(&map, 0x4150).as_deref(), Some("first_there"));
         assert_eq!(name(&map, 0x4050).as_deref(), Some("written_over"));
+        // By time: a sample taken before the rewrite (halfway between the
+        // reads) is named by what was there then.
+        let before = map.read_at;
+        std::thread::sleep(Duration::from_millis(2));
+        writeln!(f, "4100 100 third").expect("write");
+        map.update(&mut stats);
+        let at =
+            |map: &PerfMap, a: u64, t: u64| map.find(a, Some(t)).map(|l| l[0].function.clone());
+        let halfway = before + (map.read_at - before) / 2;
+        assert_eq!(at(&map, 0x4150, halfway).as_deref(), Some("first_there"));
+        assert_eq!(at(&map, 0x4150, halfway + 1).as_deref(), Some("third"));
+        assert_eq!(name(&map, 0x4150).as_deref(), Some("third"));
+        // Before every region there: the first written.
+        assert_eq!(at(&map, 0x4150, 0).as_deref(), Some("first_there"));
         // Replaced: read from the start.
         drop(f);
         std::fs::remove_file(&path).expect("remove");
