@@ -155,6 +155,22 @@ fn node_functions_are_named_from_the_perf_map() {
         "spinHeavy's share of the two {share:.3}, the program timed {timed_share:.3} (allowed ±{SHARE_TOLERANCE}){diag}"
     );
     assert!(daemon.summary_field("perf_map_frames") > 0, "{diag}");
+    // Without --interpreted-frames-native-stack the interpreted code (the
+    // script's top level here) is V8's one trampoline: counted, and the
+    // log says how to name it, once.
+    assert!(
+        daemon.summary_field("v8_interpreted_frames_unnamed") > 0,
+        "{diag}"
+    );
+    let told = daemon
+        .stderr_lines()
+        .iter()
+        .filter(|l| l.contains("--interpreted-frames-native-stack"))
+        .count();
+    assert_eq!(
+        told, 1,
+        "the log must say once how to name interpreted frames{diag}"
+    );
 }
 
 /// What one run of `node_io.js` gave: for its main thread, in the

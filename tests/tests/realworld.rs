@@ -397,6 +397,7 @@ fn typescript_against_node_cpu_prof() {
         TOP,
         "Node's profile has too few functions:\n{table}"
     );
+
     assert!(
         failures.is_empty(),
         "more than {:.0} points from node --cpu-prof:\n  {}\n{table}{}",

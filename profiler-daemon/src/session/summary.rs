@@ -274,6 +274,7 @@ pub(crate) fn log_summary(
         perf_map_frames = s.perf_map_frames,
         perf_map_bad_lines = s.perf_map_bad_lines,
         perf_maps_truncated = s.perf_maps_truncated,
+        v8_interpreted_frames_unnamed = s.v8_interpreted_frames_unnamed,
         frames_without_covering_symbol = s.uncovered,
         process_snapshots = p.snapshots,
         process_snapshot_failures = p.failures,

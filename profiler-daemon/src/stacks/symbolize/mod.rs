@@ -99,6 +99,9 @@ pub struct SymbolizeStats {
     /// than are kept.
     pub perf_map_bad_lines: u64,
     pub perf_maps_truncated: u64,
+    /// Frames in V8's shared interpreter trampoline of processes with a
+    /// perf map (see `perf_map::PerfMaps::note_interpreted`).
+    pub v8_interpreted_frames_unnamed: u64,
     /// Frames left unsymbolized because the symbol found before them does
     /// not cover them (its size ends before, or it lies in another section).
     pub uncovered: u64,
@@ -331,6 +334,7 @@ impl Symbolizer {
         for (object, pending) in misses.into_values() {
             self.resolve_in_object(&object, &pending, &mut frames);
         }
+        self.perf_maps.note_interpreted((tgid, generation), &frames);
         self.shed(false);
         frames
     }
@@ -760,6 +764,7 @@ impl Symbolizer {
             perf_map_frames: maps.frames,
             perf_map_bad_lines: maps.bad_lines,
             perf_maps_truncated: maps.truncated,
+            v8_interpreted_frames_unnamed: maps.interpreted_unnamed,
             ..self.stats
         }
     }

@@ -25,7 +25,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::model::frames::Line;
+use tracing::info;
+
+use crate::model::frames::{Frame, Line};
 
 /// Regions kept per process (a long-running Node service writes some
 /// tens of thousands): the map's lines past it are left unread.
@@ -44,7 +46,15 @@ pub struct PerfMapStats {
     pub bad_lines: u64,
     /// Maps that had more regions than are kept.
     pub truncated: u64,
+    /// Frames of processes with a map in V8's shared interpreter
+    /// trampoline: JavaScript functions the map cannot tell apart.
+    pub interpreted_unnamed: u64,
 }
+
+/// The code every interpreted function of V8 runs in, unless Node is
+/// started with `--interpreted-frames-native-stack` (then each has a copy,
+/// named in the map).
+const V8_INTERPRETER: &str = "Builtins_InterpreterEntryTrampoline";
 
 /// One process's map.
 struct PerfMap {
@@ -64,6 +74,8 @@ struct PerfMap {
     checked: Instant,
     used: u64,
     full: bool,
+    /// Whether the log said that its interpreted frames share a name.
+    told_interpreted: bool,
 }
 
 /// A code region of a map.
@@ -136,6 +148,38 @@ impl PerfMaps {
         }
     }
 
+    /// Counts the frames of a stack of `image` (named) that lie in V8's
+    /// shared interpreter trampoline, if the process has a perf map (it
+    /// asked for its JavaScript to be named), and says once per process
+    /// how to name them: a Node run with `--perf-basic-prof` alone names
+    /// none of its interpreted functions, most of a program's cold code
+    /// (in a TypeScript compiler run, the trampoline was in 97% of the
+    /// main thread's samples). With `--interpreted-frames-native-stack`
+    /// the functions of Node's own startup snapshot (its module loader)
+    /// still run in it.
+    pub fn note_interpreted(&mut self, image: Image, frames: &[Frame]) {
+        let Some(Ok(map)) = self.maps.get_mut(&image) else {
+            return;
+        };
+        let unnamed = frames
+            .iter()
+            .filter(|f| f.lines.last().is_some_and(|l| l.function == V8_INTERPRETER))
+            .count() as u64;
+        if unnamed == 0 {
+            return;
+        }
+        self.stats.interpreted_unnamed += unnamed;
+        if !map.told_interpreted {
+            map.told_interpreted = true;
+            info!(
+                pid = image.0,
+                "frames in V8's one {V8_INTERPRETER} are interpreted JavaScript functions the perf map cannot tell apart \
+                 (counted as v8_interpreted_frames_unnamed): Node names each with --interpreted-frames-native-stack \
+                 besides --perf-basic-prof, all but those of its own startup snapshot"
+            );
+        }
+    }
+
     fn evict(&mut self) {
         if let Some((&oldest, _)) = self
             .maps
@@ -171,6 +215,7 @@ impl PerfMap {
             checked: Instant::now(),
             used: 0,
             full: false,
+            told_interpreted: false,
         })
     }
 
