@@ -91,6 +91,19 @@ pub fn assert_only_profiles(dir: &Path, kind: &str) {
 
 /// Reads and decodes every `kind` profile in `dir`, ordered by window start
 /// (then name). Panics naming the file if one does not decode.
+/// The `.cpuprofile` that `node --cpu-prof --cpu-prof-dir DIR` wrote into
+/// `dir` (Node's own profiler), as JSON.
+pub fn read_node_cpu_profile(dir: &Path) -> serde_json::Value {
+    let file = std::fs::read_dir(dir)
+        .expect("node --cpu-prof's directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "cpuprofile"))
+        .expect("a .cpuprofile from node --cpu-prof");
+    serde_json::from_slice(&std::fs::read(&file).expect("reading the .cpuprofile"))
+        .expect("the .cpuprofile is JSON")
+}
+
 pub fn read_profiles(dir: &Path, kind: &str) -> Vec<ProfileFile> {
     let mut files: Vec<ProfileFile> = dir_entries(dir)
         .into_iter()

@@ -27,7 +27,8 @@ use std::time::Duration;
 use profiler_tests::daemon::{Daemon, require_root};
 use profiler_tests::process::child_of;
 use profiler_tests::profiles::{
-    FlatSample, cpu_where, flatten_all, of_pid, read_profiles, summary, total_cpu,
+    FlatSample, cpu_where, flatten_all, of_pid, read_node_cpu_profile, read_profiles, summary,
+    total_cpu,
 };
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{
@@ -307,14 +308,7 @@ fn node_event_loop_stacks_reach_their_root() {
 /// Self samples of spinHeavy and spinLight in the `.cpuprofile` Node's own
 /// profiler wrote into `dir` (its nodes' `hitCount`).
 fn node_self_samples(dir: &Path) -> (u64, u64) {
-    let file = std::fs::read_dir(dir)
-        .expect("node --cpu-prof's directory")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "cpuprofile"))
-        .expect("a .cpuprofile");
-    let profile: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&file).expect("read")).expect("JSON");
+    let profile = read_node_cpu_profile(dir);
     let (mut heavy, mut light) = (0, 0);
     for node in profile["nodes"].as_array().expect("nodes") {
         let hits = node["hitCount"].as_u64().unwrap_or(0);

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
-use profiler_tests::profiles::{flatten_all, of_pid, read_profiles};
+use profiler_tests::profiles::{flatten_all, of_pid, read_node_cpu_profile, read_profiles};
 use profiler_tests::py_spy::{SpyFrame, py_spy_stacks, start_py_spy_blocking};
 use profiler_tests::temp_dir;
 use profiler_tests::workloads::{Running, WholeLife, field, parse_report, profile_whole_life};
@@ -98,6 +98,72 @@ fn inclusive<'a>(
     by
 }
 
+/// Profilerd's inclusive shares against the reference's, for the
+/// reference's [`TOP`] heaviest functions.
+struct TopCompared {
+    /// One line per function: ours, theirs, the difference, the name.
+    table: String,
+    /// The largest |ours - theirs|.
+    worst: f64,
+    /// The functions off by more than the tolerance, said.
+    failures: Vec<String>,
+    compared: usize,
+}
+
+fn compare_top(
+    ours: &BTreeMap<String, f64>,
+    theirs: &BTreeMap<String, f64>,
+    tolerance: f64,
+    reference: &str,
+) -> TopCompared {
+    let mut top: Vec<(&String, f64)> = theirs.iter().map(|(k, &v)| (k, v)).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    top.truncate(TOP);
+    let mut compared = TopCompared {
+        table: String::new(),
+        worst: 0.0,
+        failures: Vec::new(),
+        compared: top.len(),
+    };
+    for (function, their_share) in &top {
+        let our_share = ours.get(*function).copied().unwrap_or(0.0);
+        let off = (our_share - their_share).abs();
+        compared.worst = compared.worst.max(off);
+        compared.table.push_str(&format!(
+            "  {:>6.2}% {:>6.2}% {:+6.2}  {function}\n",
+            our_share * 100.0,
+            their_share * 100.0,
+            (our_share - their_share) * 100.0
+        ));
+        if off > tolerance {
+            compared.failures.push(format!(
+                "{function}: {:.2}% against {reference}'s {:.2}%",
+                our_share * 100.0,
+                their_share * 100.0
+            ));
+        }
+    }
+    compared
+}
+
+impl TopCompared {
+    /// Fails unless [`TOP`] functions were compared, each within
+    /// `tolerance`.
+    fn check(&self, tolerance: f64, reference: &str, diag: &str) {
+        let table = &self.table;
+        assert_eq!(
+            self.compared, TOP,
+            "{reference}'s profile has too few functions:\n{table}"
+        );
+        assert!(
+            self.failures.is_empty(),
+            "more than {:.0} points from {reference}:\n  {}\n{table}{diag}",
+            tolerance * 100.0,
+            self.failures.join("\n  "),
+        );
+    }
+}
+
 #[test]
 fn sympy_against_py_spy() {
     require_root();
@@ -159,47 +225,14 @@ fn sympy_against_py_spy() {
             (functions, *n as f64)
         },
     ));
-    let mut top: Vec<(&String, f64)> = theirs.iter().map(|(k, &v)| (k, v)).collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1));
-    top.truncate(TOP);
-    let mut table = String::new();
-    let mut worst: f64 = 0.0;
-    let mut failures = Vec::new();
-    for (function, spy_share) in &top {
-        let our_share = ours.get(*function).copied().unwrap_or(0.0);
-        let off = (our_share - spy_share).abs();
-        worst = worst.max(off);
-        table.push_str(&format!(
-            "  {:>6.2}% {:>6.2}% {:+6.2}  {function}\n",
-            our_share * 100.0,
-            spy_share * 100.0,
-            (our_share - spy_share) * 100.0
-        ));
-        if off > SHARE_TOLERANCE {
-            failures.push(format!(
-                "{function}: {:.2}% against py-spy's {:.2}%",
-                our_share * 100.0,
-                spy_share * 100.0
-            ));
-        }
-    }
+    let top = compare_top(&ours, &theirs, SHARE_TOLERANCE, "py-spy");
     println!(
-        "sympy, {} rounds: profilerd / py-spy inclusive shares of py-spy's top {TOP} (worst {:.2} points):\n{table}",
+        "sympy, {} rounds: profilerd / py-spy inclusive shares of py-spy's top {TOP} (worst {:.2} points):\n{}",
         field(&report, "rounds"),
-        worst * 100.0
+        top.worst * 100.0,
+        top.table
     );
-    assert_eq!(
-        top.len(),
-        TOP,
-        "py-spy's profile has too few functions:\n{table}"
-    );
-    assert!(
-        failures.is_empty(),
-        "more than {:.0} points from py-spy:\n  {}\n{table}{}",
-        SHARE_TOLERANCE * 100.0,
-        failures.join("\n  "),
-        daemon.describe()
-    );
+    top.check(SHARE_TOLERANCE, "py-spy", &daemon.describe());
 }
 
 /// A function of the TypeScript compiler as profilerd names it from
@@ -235,15 +268,7 @@ fn tsc_key(function: &str, line: u64) -> String {
 /// collector runs, where profilerd sees the allocating stack under it),
 /// `(idle)` and `(program)` (not JavaScript; off the CPU, for `(idle)`).
 fn node_prof_stacks(dir: &Path) -> Vec<(BTreeSet<String>, f64)> {
-    let file = std::fs::read_dir(dir)
-        .expect("node --cpu-prof's directory")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|e| e == "cpuprofile"))
-        .expect("a .cpuprofile from node --cpu-prof");
-    let profile: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&file).expect("reading the .cpuprofile"))
-            .expect("the .cpuprofile is JSON");
+    let profile = read_node_cpu_profile(dir);
     let nodes = profile["nodes"].as_array().expect("nodes");
     let mut parent = BTreeMap::new();
     let mut by_id = BTreeMap::new();
@@ -362,47 +387,13 @@ fn typescript_against_node_cpu_prof() {
         (functions, s.cpu_ns as f64)
     }));
     let theirs = inclusive(node_prof_stacks(&own).into_iter());
-    let mut top: Vec<(&String, f64)> = theirs.iter().map(|(k, &v)| (k, v)).collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1));
-    top.truncate(TOP);
-    let mut table = String::new();
-    let mut worst: f64 = 0.0;
-    let mut failures = Vec::new();
-    for (function, node_share) in &top {
-        let our_share = ours.get(*function).copied().unwrap_or(0.0);
-        let off = (our_share - node_share).abs();
-        worst = worst.max(off);
-        table.push_str(&format!(
-            "  {:>6.2}% {:>6.2}% {:+6.2}  {function}\n",
-            our_share * 100.0,
-            node_share * 100.0,
-            (our_share - node_share) * 100.0
-        ));
-        if off > NODE_SHARE_TOLERANCE {
-            failures.push(format!(
-                "{function}: {:.2}% against node --cpu-prof's {:.2}%",
-                our_share * 100.0,
-                node_share * 100.0
-            ));
-        }
-    }
+    let top = compare_top(&ours, &theirs, NODE_SHARE_TOLERANCE, "node --cpu-prof");
     println!(
-        "tsc, {} rounds: profilerd / node --cpu-prof inclusive shares of Node's top {TOP} (worst {:.2} points; {} frames named from perf maps):\n{table}",
+        "tsc, {} rounds: profilerd / node --cpu-prof inclusive shares of Node's top {TOP} (worst {:.2} points; {} frames named from perf maps):\n{}",
         field(&report, "rounds"),
-        worst * 100.0,
-        daemon.summary_field("perf_map_frames")
+        top.worst * 100.0,
+        daemon.summary_field("perf_map_frames"),
+        top.table
     );
-    assert_eq!(
-        top.len(),
-        TOP,
-        "Node's profile has too few functions:\n{table}"
-    );
-
-    assert!(
-        failures.is_empty(),
-        "more than {:.0} points from node --cpu-prof:\n  {}\n{table}{}",
-        NODE_SHARE_TOLERANCE * 100.0,
-        failures.join("\n  "),
-        daemon.describe()
-    );
+    top.check(NODE_SHARE_TOLERANCE, "node --cpu-prof", &daemon.describe());
 }

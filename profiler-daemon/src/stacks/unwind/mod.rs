@@ -878,6 +878,17 @@ fn frame_pointer_step(
 mod tests {
     use super::*;
 
+    /// A stack read from (address, word) pairs; other addresses fail.
+    fn stack_of(words: &[(u64, u64)]) -> impl FnMut(u64) -> Result<u64, ()> + '_ {
+        |addr| {
+            words
+                .iter()
+                .find(|&&(a, _)| a == addr)
+                .map(|&(_, w)| w)
+                .ok_or(())
+        }
+    }
+
     #[test]
     fn jit_frames_are_stepped_by_their_frame_pointers() {
         // A frame at bp 0x1000 (saved bp 0x1040, return address 0x5000),
@@ -888,13 +899,7 @@ mod tests {
             (0x1040, 0),
             (0x1048, 0x6000),
         ];
-        let mut read = |addr: u64| {
-            words
-                .iter()
-                .find(|&&(a, _)| a == addr)
-                .map(|&(_, w)| w)
-                .ok_or(())
-        };
+        let mut read = stack_of(&words);
         let (ret, next) = frame_pointer_step(0xff0, 0x1000, &mut read).expect("a step");
         assert_eq!((ret, next.sp(), next.bp()), (0x5000, 0x1010, 0x1040));
         let (ret, next) = frame_pointer_step(next.sp(), next.bp(), &mut read).expect("a step");
@@ -1236,13 +1241,7 @@ mod tests {
         // return address in code; the word on top of the stack (sp
         // 0xfe0) is one of its locals.
         let words = [(0xfe0, 0x3ff), (0x1000, 0x1040), (0x1008, code + 4)];
-        let mut read = |addr: u64| {
-            words
-                .iter()
-                .find(|&&(a, _)| a == addr)
-                .map(|&(_, w)| w)
-                .ok_or(())
-        };
+        let mut read = stack_of(&words);
         let leaf = UnwindRegsX86_64::new(code, 0xfe0, 0x1000);
         let (ret, next) = leaf_caller_by_frame_pointer(info, &leaf, 0x3ff, &mut read)
             .expect("by the frame pointer");
