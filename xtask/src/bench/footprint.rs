@@ -9,8 +9,11 @@
 //! Per run: time and CPU from start to ready (the daemon's threads'
 //! schedstat), threads at ready, CPU after the first window, peak RSS
 //! (VmHWM, ring mappings included) and the part of it in BPF ring
-//! mappings, and the memory the kernel charges for the daemon's BPF maps
-//! (memlock from fdinfo, each map once).
+//! mappings, the memory the kernel charges for the daemon's BPF maps
+//! (memlock from fdinfo, each map once), and from the daemon's exit
+//! summary how full its caches got (`cache_peak_bytes` of
+//! `cache_budget_bytes`) and how many processes it snapshotted (the busy
+//! node's churn).
 //!
 //! With `--baseline BIN`, each profile set is also run (without its
 //! switched-off variants) by that build, right after this one's run, on
@@ -50,6 +53,11 @@ struct Figures {
     peak_rss_kib: u64,
     ring_rss_kib: u64,
     bpf_bytes: u64,
+    /// The exit summary's `cache_peak_bytes`, `cache_budget_bytes` and
+    /// `process_snapshots`.
+    cache_peak: u64,
+    cache_budget: u64,
+    snapshots: u64,
 }
 
 pub fn measure(bin: &Path, baseline: Option<&Path>, work: &Path, seconds: u64) -> Result<String> {
@@ -157,10 +165,16 @@ fn run_once(
     let perf_ns = super::cpu::wait_rusage(perf_pid)?;
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let (status, _) = daemon.finish(Duration::from_secs(20))?;
+    let (status, log) = daemon.finish(Duration::from_secs(20))?;
     if !status.success() {
         bail!("profilerd --profiles {profiles} exited with {status}");
     }
+    let summary = |key: &str| summary_field(&log, key);
+    let (cache_peak, cache_budget, snapshots) = (
+        summary("cache_peak_bytes")?,
+        summary("cache_budget_bytes")?,
+        summary("process_snapshots")?,
+    );
     let _ = fs::remove_dir_all(&out);
     let (after_first_ns, after_first_secs) = match after_first {
         Some((at, cpu)) => (end_cpu.saturating_sub(cpu), at.elapsed().as_secs_f64()),
@@ -181,7 +195,19 @@ fn run_once(
         peak_rss_kib,
         ring_rss_kib,
         bpf_bytes,
+        cache_peak,
+        cache_budget,
+        snapshots,
     })
+}
+
+/// Field `key=N` of the exit summary in the daemon's `log`.
+fn summary_field(log: &[String], key: &str) -> Result<u64> {
+    log.iter()
+        .rev()
+        .filter(|l| l.contains(" summary "))
+        .find_map(|l| super::waits::summary_field(l, key))
+        .with_context(|| format!("no {key}= in the daemon's exit summary"))
 }
 
 /// Resident memory of the daemon's BPF ring mappings (`anon_inode:bpf-map`
@@ -269,14 +295,14 @@ fn report(runs: &[Figures], seconds: u64) -> String {
         "# Footprint\n\nCommand: `cargo xtask bench --footprint` ({seconds} s per run). \
          System-wide, default settings (99 Hz), 10 s windows, two CPUs kept busy; \
          the busy node also runs `tests/workloads/busy_node.sh`.\n\n\
-         | build | node | --profiles | start → ready | CPU to ready | threads at ready | CPU after the first window | perf record -F 99 -a -g | profilerd / perf | peak RSS (VmHWM) | of which ring mappings | BPF maps (memlock) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n"
+         | build | node | --profiles | start → ready | CPU to ready | threads at ready | CPU after the first window | perf record -F 99 -a -g | profilerd / perf | peak RSS (VmHWM) | of which ring mappings | BPF maps (memlock) | caches at most (of budget) | processes snapshotted |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in runs {
         let share = r.after_first_ns as f64 / (r.after_first_secs.max(1e-9) * 1e9) * 100.0;
         let perf_share = r.perf_ns as f64 / (r.window_secs * 1e9) * 100.0;
         out += &format!(
-            "| {} | {} | {} | {:.0} ms | {:.1} ms | {} | {:.3}% of a core | {:.3}% | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} MiB |\n",
+            "| {} | {} | {} | {:.0} ms | {:.1} ms | {} | {:.3}% of a core | {:.3}% | {:.2} | {:.1} MiB | {:.1} MiB | {:.1} MiB | {:.1} MiB ({:.0}%) | {} |\n",
             r.build,
             r.load,
             match r.switched_off {
@@ -292,6 +318,9 @@ fn report(runs: &[Figures], seconds: u64) -> String {
             r.peak_rss_kib as f64 / 1024.0,
             r.ring_rss_kib as f64 / 1024.0,
             r.bpf_bytes as f64 / (1024.0 * 1024.0),
+            r.cache_peak as f64 / (1024.0 * 1024.0),
+            r.cache_peak as f64 / r.cache_budget.max(1) as f64 * 100.0,
+            r.snapshots,
         );
     }
     out

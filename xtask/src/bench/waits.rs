@@ -661,7 +661,7 @@ fn task_switches(pid: u32) -> Result<u64> {
 }
 
 /// `key=N` of a summary line.
-fn summary_field(line: &str, key: &str) -> Option<u64> {
+pub(super) fn summary_field(line: &str, key: &str) -> Option<u64> {
     line.split_whitespace()
         .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
