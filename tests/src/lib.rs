@@ -34,6 +34,7 @@ pub mod cgroups;
 pub mod daemon;
 pub mod flame_graph;
 pub mod http;
+pub mod node;
 pub mod otlp;
 pub mod perf;
 pub mod pprof_tool;

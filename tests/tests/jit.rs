@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::node::{node_args, v8_log_in};
 use profiler_tests::process::child_of;
 use profiler_tests::profiles::{
     FlatSample, cpu_where, flatten_all, of_pid, read_node_cpu_profile, read_profiles, summary,
@@ -38,20 +39,6 @@ use profiler_tests::workloads::{
 /// |profiled heavy share / timed heavy share - 1| bound, and the least
 /// share of the process's samples whose leaf the map names.
 const SHARE_TOLERANCE: f64 = 0.05;
-
-/// V8's `--logfile` argument for a log in `dir`: with `--perf-basic-prof`
-/// Node also writes a V8 log, by default into its working directory.
-fn v8_log_in(dir: &Path) -> String {
-    format!("--logfile={}", dir.join("v8.log").display())
-}
-
-/// Node's arguments for a perf map, its V8 log kept at `v8_log` (see
-/// [`v8_log_in`]), then `rest`.
-fn node_args<'a>(v8_log: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec!["--perf-basic-prof", "--no-logfile-per-isolate", v8_log];
-    args.extend_from_slice(rest);
-    args
-}
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/cpu_ratio.js")

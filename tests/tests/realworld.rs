@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use profiler_tests::daemon::{Daemon, require_root};
+use profiler_tests::node::{node_args, v8_log_in};
 use profiler_tests::profiles::{flatten_all, of_pid, read_node_cpu_profile, read_profiles};
 use profiler_tests::py_spy::{SpyFrame, py_spy_stacks, start_py_spy_blocking};
 use profiler_tests::temp_dir;
@@ -331,7 +332,7 @@ fn typescript_against_node_cpu_prof() {
     let tmp = temp_dir();
     let out = tmp.path().join("out");
     let own = tmp.path().join("own");
-    let v8_log = format!("--logfile={}", tmp.path().join("v8.log").display());
+    let v8_log = v8_log_in(tmp.path());
     // Interpreted functions share one trampoline unless Node copies it
     // for each (`--interpreted-frames-native-stack`); without inlining,
     // each function's optimized code is its own, as in Node's profile,
@@ -342,21 +343,21 @@ fn typescript_against_node_cpu_prof() {
         daemon,
     } = profile_whole_life(
         &node,
-        &[
-            "--perf-basic-prof",
-            "--interpreted-frames-native-stack",
-            "--no-turbo-inlining",
-            "--no-logfile-per-isolate",
+        &node_args(
             &v8_log,
-            "--cpu-prof",
-            "--cpu-prof-interval",
-            NODE_PROF_INTERVAL_US,
-            "--cpu-prof-dir",
-            own.to_str().expect("UTF-8 path"),
-            script.to_str().expect("UTF-8 path"),
-            typescript.to_str().expect("UTF-8 path"),
-            TSC_SECONDS,
-        ],
+            &[
+                "--interpreted-frames-native-stack",
+                "--no-turbo-inlining",
+                "--cpu-prof",
+                "--cpu-prof-interval",
+                NODE_PROF_INTERVAL_US,
+                "--cpu-prof-dir",
+                own.to_str().expect("UTF-8 path"),
+                script.to_str().expect("UTF-8 path"),
+                typescript.to_str().expect("UTF-8 path"),
+                TSC_SECONDS,
+            ],
+        ),
         &out,
         HZ,
         &["--profiles", "cpu"],
